@@ -1,0 +1,3 @@
+from bnbwd_cli.cli import main
+
+main()
