@@ -1,0 +1,54 @@
+"""Data formats: NCX / NXC, their spec aliases, and axis naming."""
+
+from __future__ import annotations
+
+from bnbwd_cli.errors import BnbwdError
+
+# alias -> (canonical format, rank the alias fixes or None)
+FORMAT_ALIASES: dict[str, tuple[str, int | None]] = {
+    "NCX": ("NCX", None),
+    "NXC": ("NXC", None),
+    "NC": ("NCX", 2),  # rank 2: both layouts are the same (N, C)
+    "NCW": ("NCX", 3),
+    "NWC": ("NXC", 3),
+    "NCHW": ("NCX", 4),
+    "NHWC": ("NXC", 4),
+    "NCDHW": ("NCX", 5),
+    "NDHWC": ("NXC", 5),
+}
+
+SPATIAL_LETTERS = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
+
+
+def canonical_format(name: str) -> str:
+    """'nhwc' -> 'NXC'. Raises BnbwdError for an unknown name."""
+    try:
+        return FORMAT_ALIASES[name.upper()][0]
+    except KeyError:
+        known = ", ".join(FORMAT_ALIASES)
+        raise BnbwdError(f"data_format is {name!r}, expected one of {known}") from None
+
+
+def resolve_format(name: str, ndim: int) -> str:
+    """Canonical format for a tensor of rank `ndim`, checking the rank an alias implies."""
+    canonical = canonical_format(name)
+    fixed_rank = FORMAT_ALIASES[name.upper()][1]
+    if fixed_rank is not None and fixed_rank != ndim:
+        raise BnbwdError(f"data_format {name.upper()} needs a rank-{fixed_rank} src, found rank {ndim}")
+    return canonical
+
+
+def channel_axis(data_format: str, ndim: int) -> int:
+    """Index of the channel axis: 1 for NCX, last for NXC."""
+    return 1 if canonical_format(data_format) == "NCX" else ndim - 1
+
+
+def axis_letters(data_format: str, ndim: int) -> tuple[str, ...]:
+    """Names of the axes, for coordinates in reports: ('n','c','h','w') for NCHW, ('n','h','w','c') for NHWC."""
+    n_spatial = max(ndim - 2, 0)
+    spatial = SPATIAL_LETTERS.get(n_spatial, tuple(f"x{i}" for i in range(1, n_spatial + 1)))
+    if ndim < 2:
+        return ("n", "c")[:ndim]
+    if canonical_format(data_format) == "NCX":
+        return ("n", "c", *spatial)
+    return ("n", *spatial, "c")
