@@ -1,0 +1,592 @@
+"""Compare computed tensors with references: tolerance model, statistics, key matching.
+
+Pure: arrays in, frozen dataclasses out. No printing and no files (report.py renders,
+verify_cli.py reads). Everything is computed in float64 after upcasting both sides
+(bfloat16 through float32, as ml_dtypes recommends).
+
+The tolerance model, per output:
+
+- element-wise: an element passes when ``|a - r| <= atol + rtol * |r|`` *or* its ULP
+  distance is ``<= ulp``. ``atol`` is absolute, not scaled: batch-norm's ``diff_src``
+  cancels, so elements near zero carry absolute, not relative, error.
+- whole tensor: the relative L2 error ``||a - r||2 / ||r||2`` must be ``<= rel_l2``
+  (benchdnn's gate for batch-norm backward). Skipped when ``||r||2 == 0``.
+- ``max_mismatch``: how many failing elements are tolerated (a count or a percentage).
+- NaN/Inf positions are compared first: a NaN fails unless both sides are NaN and
+  ``equal_nan`` is set; infinities must match in sign. Those failures count as
+  mismatches and are also counted separately.
+
+ULP distance is ``|a - r| / ulp_D(r)`` where ``D`` is the *output's* dtype (the coarser of
+the two sides when they differ) and ``ulp_D(r) = 2**(max(e, emin) - p)`` with
+``e = floor(log2 |r|)``, ``emin`` the dtype's minimum normal exponent and ``p`` its explicit
+mantissa bits (52, 23, 10, 7). That is ``np.spacing`` of ``r`` rounded to ``D``, computed
+the same way for every dtype (bfloat16 has no ``np.spacing``); it is measured at the
+reference, so it need not be an integer when the reference is not representable in D.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+# Short dtype names used in reports, JSON and the defaults table.
+_DTYPE_NAMES: dict[np.dtype, str] = {
+    np.dtype(np.float64): "f64",
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float16): "f16",
+    np.dtype(ml_dtypes.bfloat16): "bf16",
+}
+# (explicit mantissa bits, minimum normal exponent) per dtype name.
+_FLOAT_FORMAT: dict[str, tuple[int, int]] = {"f64": (52, -1022), "f32": (23, -126), "f16": (10, -14), "bf16": (7, -126)}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The tolerances in force for one output."""
+
+    atol: float
+    rtol: float
+    ulp: float
+    rel_l2: float
+
+
+# Why these defaults:
+# - f64: reductions over M elements in a different order differ by ~sqrt(M)*eps relative
+#   (~1e-13 at M = 1e6); rtol 1e-9 leaves room for that, atol 1e-12 for cancelled diff_src.
+# - f32: torch.testing uses atol 1e-5; rtol 1e-5 (~84 ulp) admits float32 accumulation
+#   order differences (numpy's naive axis-0 sum is ~3e-5 off at M = 4e6 and *should* show).
+# - f16 / bf16: results are rounded once to the output dtype; two correct kernels disagree
+#   by about one rounding (eps = 9.8e-4 / 7.8e-3), rtol ~1 ulp (f16) and 2 ulp (bf16,
+#   torch.testing's 1.6e-2), atol at the same scale for values near zero.
+# - ulp 1: a one-ulp disagreement is a rounding direction, never a bug.
+# - rel_l2 = k * 2**-mantissa_bits: k = 2 for f16/bf16 (final rounding dominates),
+#   k = 2**6 for f32 and 2**20 for f64 (accumulation order dominates; consistent with rtol).
+_REL_L2_SCALE = {"f64": 2.0**20, "f32": 2.0**6, "f16": 2.0, "bf16": 2.0}
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
+    "f64": Tolerance(atol=1e-12, rtol=1e-9, ulp=1.0, rel_l2=_REL_L2_SCALE["f64"] * 2.0**-52),
+    "f32": Tolerance(atol=1e-5, rtol=1e-5, ulp=1.0, rel_l2=_REL_L2_SCALE["f32"] * 2.0**-23),
+    "f16": Tolerance(atol=1e-3, rtol=1e-3, ulp=1.0, rel_l2=_REL_L2_SCALE["f16"] * 2.0**-10),
+    "bf16": Tolerance(atol=1e-2, rtol=1.6e-2, ulp=1.0, rel_l2=_REL_L2_SCALE["bf16"] * 2.0**-7),
+}
+
+
+def dtype_name(dtype: np.dtype) -> str | None:
+    """Short name ("f64", "f32", "f16", "bf16") of a comparable dtype, None otherwise."""
+    return _DTYPE_NAMES.get(np.dtype(dtype))
+
+
+def comparison_dtype(actual: np.dtype, reference: np.dtype) -> str:
+    """The dtype whose tolerances and ULP grid apply: the coarser of the two sides."""
+    names = [dtype_name(actual), dtype_name(reference)]
+    if None in names:
+        raise ValueError(f"not comparable: {actual} vs {reference}")
+    return min(names, key=lambda n: _FLOAT_FORMAT[n][0])
+
+
+@dataclass(frozen=True)
+class MaxMismatch:
+    """How many failing elements an output may have: a count, or a percentage of its size."""
+
+    value: float = 0.0
+    percent: bool = False
+
+    def allowed(self, size: int) -> int:
+        if self.percent:
+            return int(math.floor(size * self.value / 100.0))
+        return int(self.value)
+
+    def __str__(self) -> str:
+        return f"{self.value:g}%" if self.percent else f"{int(self.value)}"
+
+
+@dataclass(frozen=True)
+class PerOutput:
+    """One option's value: a global override and per-output overrides (by either key)."""
+
+    default: object = None
+    by_name: Mapping[str, object] = field(default_factory=dict)
+
+    def lookup(self, names: Iterable[str]) -> object:
+        for name in names:
+            if name in self.by_name:
+                return self.by_name[name]
+        return self.default
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """The user's tolerance overrides; unset values fall back to DEFAULT_TOLERANCES."""
+
+    atol: PerOutput = field(default_factory=PerOutput)
+    rtol: PerOutput = field(default_factory=PerOutput)
+    ulp: PerOutput = field(default_factory=PerOutput)
+    rel_l2: PerOutput = field(default_factory=PerOutput)
+    max_mismatch: PerOutput = field(default_factory=PerOutput)
+    equal_nan: bool = False
+
+    def tolerance_for(self, names: Sequence[str], dtype: str) -> Tolerance:
+        base = DEFAULT_TOLERANCES[dtype]
+        values = {}
+        for attr in ("atol", "rtol", "ulp", "rel_l2"):
+            override = getattr(self, attr).lookup(names)
+            values[attr] = getattr(base, attr) if override is None else float(override)
+        return Tolerance(**values)
+
+    def max_mismatch_for(self, names: Sequence[str]) -> MaxMismatch:
+        value = self.max_mismatch.lookup(names)
+        return MaxMismatch() if value is None else value
+
+    def output_names(self) -> dict[str, set[str]]:
+        """Option name -> the output names it overrides (to reject names that match nothing)."""
+        return {
+            attr: set(getattr(self, attr).by_name)
+            for attr in ("atol", "rtol", "ulp", "rel_l2", "max_mismatch")
+            if getattr(self, attr).by_name
+        }
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Located:
+    """A statistic and the index where it occurs (None when there is no such element)."""
+
+    value: float
+    index: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of the worst-k list. ``ratio`` = error / tolerance; > 1 fails."""
+
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+    abs_err: float
+    rel_err: float
+    ulp_err: float
+    ratio: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ChannelStat:
+    """Mismatches and the worst errors in one channel."""
+
+    channel: int
+    elements: int
+    mismatches: int
+    max_abs: float
+    max_ratio: float
+
+
+@dataclass(frozen=True)
+class HistogramBin:
+    """Count of |a - r| in [low, high); the bin low == high == 0 counts exact matches."""
+
+    low: float
+    high: float
+    count: int
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """NaN/Inf counts per side and how many positions fail because of them."""
+
+    nan_actual: int
+    nan_reference: int
+    nan_mismatches: int
+    inf_actual: int
+    inf_reference: int
+    inf_mismatches: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything known about one output's comparison."""
+
+    shape: tuple[int, ...]
+    dtype: str  # the dtype whose tolerances apply
+    actual_dtype: str
+    reference_dtype: str
+    tolerance: Tolerance
+    max_mismatch: MaxMismatch
+    equal_nan: bool
+    elements: int
+    mismatches: int
+    allowed_mismatches: int
+    max_abs: Located
+    max_rel: Located
+    max_ulp: Located
+    rel_l2: float
+    rel_l2_passed: bool
+    min_atol: float  # the smallest atol (rtol, ulp as set) that would pass, inf if none
+    min_rtol: float  # the smallest rtol (atol, ulp as set) that would pass, inf if none
+    nonfinite: NonFinite
+    worst: tuple[Element, ...]
+    channel_axis: int | None
+    axis_names: tuple[str, ...] | None
+    channels: tuple[ChannelStat, ...] | None
+    histogram: tuple[HistogramBin, ...]
+    zero_fraction_actual: float
+    zero_fraction_reference: float
+    mostly_zeros: bool
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatches / self.elements if self.elements else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatches <= self.allowed_mismatches and self.rel_l2_passed
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def to_float64(array: np.ndarray) -> np.ndarray:
+    """Upcast to float64 (bfloat16 via float32: NumPy's bf16 promotion is unreliable)."""
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        return array.astype(np.float32).astype(np.float64)
+    return np.asarray(array, dtype=np.float64)
+
+
+def ulp_spacing(reference: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype``'s representable numbers at |reference| (float64 in, float64 out).
+
+    Subnormal range: the spacing stays at 2**(emin - p), as np.spacing does.
+    """
+    nmant, emin = _FLOAT_FORMAT[dtype]
+    magnitude = np.abs(reference)
+    _, exponent = np.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
+    exponent = np.where(magnitude > 0, exponent - 1, emin)
+    return np.ldexp(1.0, np.maximum(exponent, emin) - nmant)
+
+
+def _safe_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """numerator / denominator with x/0 = inf for x > 0 and 0/0 = 0."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = numerator / denominator
+    ratio[denominator == 0] = np.where(numerator[denominator == 0] > 0, np.inf, 0.0)
+    return ratio
+
+
+def _kth_largest(values: np.ndarray, k: int) -> float:
+    """The k-th largest value (1-based); 0 when there are fewer than k values."""
+    if values.size < k:
+        return 0.0
+    return float(np.partition(values, values.size - k)[values.size - k])
+
+
+def _located(values: np.ndarray, mask: np.ndarray, shape: tuple[int, ...]) -> Located:
+    if not mask.any():
+        return Located(float("nan"), None)
+    masked = np.where(mask, values, -np.inf)
+    flat = int(np.argmax(masked))
+    return Located(float(values[flat]), _unravel(flat, shape))
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def compare_arrays(
+    actual: np.ndarray,
+    reference: np.ndarray,
+    tolerance: Tolerance,
+    *,
+    max_mismatch: MaxMismatch = MaxMismatch(),
+    equal_nan: bool = False,
+    dtype: str | None = None,
+    axis_names: tuple[str, ...] | None = None,
+    channel_axis: int | None = None,
+    top_k: int = 10,
+) -> Comparison:
+    """Compare two arrays of the same shape, element by element and as a whole.
+
+    ``actual`` and ``reference``: same shape, floating dtypes (f64, f32, f16, bf16).
+    ``dtype``: the dtype whose ULP grid applies (default: the coarser side's).
+    ``axis_names``/``channel_axis``: the tensor's layout, for coordinates and the
+    per-channel table (None: plain indices, no per-channel table).
+    """
+    if actual.shape != reference.shape:
+        raise ValueError(f"shapes differ: {actual.shape} vs {reference.shape}")
+    shape = tuple(int(s) for s in reference.shape)
+    dtype = dtype or comparison_dtype(actual.dtype, reference.dtype)
+    a = to_float64(actual).reshape(-1)
+    r = to_float64(reference).reshape(-1)
+    size = a.size
+
+    finite = np.isfinite(a) & np.isfinite(r)
+    nan_a, nan_r = np.isnan(a), np.isnan(r)
+    any_nan = nan_a | nan_r
+    nonfinite_ok = (nan_a & nan_r & equal_nan) | (np.isinf(a) & np.isinf(r) & (a == r))
+    nonfinite_bad = ~finite & ~nonfinite_ok
+    nonfinite = NonFinite(
+        nan_actual=int(nan_a.sum()),
+        nan_reference=int(nan_r.sum()),
+        nan_mismatches=int((nonfinite_bad & any_nan).sum()),
+        inf_actual=int(np.isinf(a).sum()),
+        inf_reference=int(np.isinf(r).sum()),
+        inf_mismatches=int((nonfinite_bad & ~any_nan).sum()),
+    )
+
+    af, rf = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
+    abs_err = np.abs(af - rf)
+    abs_ref = np.abs(rf)
+    bound = tolerance.atol + tolerance.rtol * abs_ref
+    with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
+        ulp_err = abs_err / ulp_spacing(rf, dtype)
+    within_ulp = ulp_err <= tolerance.ulp
+    fails = nonfinite_bad | (finite & ~((abs_err <= bound) | within_ulp))
+    mismatches = int(fails.sum())
+    allowed = max_mismatch.allowed(size)
+
+    # How far each element is from passing: error / tolerance under the looser rule.
+    ratio = np.minimum(_safe_ratio(abs_err, bound), _safe_ratio(ulp_err, np.full(size, float(tolerance.ulp))))
+    ratio[nonfinite_bad] = np.inf
+    rel_err = _safe_ratio(abs_err, abs_ref)
+
+    need_atol = np.where(within_ulp, 0.0, np.maximum(0.0, abs_err - tolerance.rtol * abs_ref))
+    need_rtol = np.where(within_ulp | (abs_err <= tolerance.atol), 0.0, _safe_ratio(abs_err - tolerance.atol, abs_ref))
+    need_atol[nonfinite_bad] = np.inf
+    need_rtol[nonfinite_bad] = np.inf
+
+    diff_norm = float(np.linalg.norm(abs_err))
+    ref_norm = float(np.linalg.norm(rf))
+    if ref_norm > 0:
+        rel_l2 = diff_norm / ref_norm
+        rel_l2_passed = rel_l2 <= tolerance.rel_l2
+    else:  # nothing to be relative to: the element-wise check decides
+        rel_l2 = 0.0 if diff_norm == 0 else math.inf
+        rel_l2_passed = True
+
+    zero_a = float((a == 0).mean()) if size else 0.0
+    zero_r = float((r == 0).mean()) if size else 0.0
+    return Comparison(
+        shape=shape,
+        dtype=dtype,
+        actual_dtype=dtype_name(actual.dtype) or str(actual.dtype),
+        reference_dtype=dtype_name(reference.dtype) or str(reference.dtype),
+        tolerance=tolerance,
+        max_mismatch=max_mismatch,
+        equal_nan=equal_nan,
+        elements=size,
+        mismatches=mismatches,
+        allowed_mismatches=allowed,
+        max_abs=_located(abs_err, finite, shape),
+        max_rel=_located(rel_err, finite & (rf != 0), shape),
+        max_ulp=_located(ulp_err, finite, shape),
+        rel_l2=rel_l2,
+        rel_l2_passed=rel_l2_passed,
+        min_atol=_kth_largest(need_atol, allowed + 1),
+        min_rtol=_kth_largest(need_rtol, allowed + 1),
+        nonfinite=nonfinite,
+        worst=_worst(a, r, abs_err, rel_err, ulp_err, ratio, fails, shape, top_k),
+        channel_axis=channel_axis if len(shape) >= 2 else None,
+        axis_names=axis_names,
+        channels=_channels(fails, abs_err, ratio, shape, channel_axis),
+        histogram=log_histogram(abs_err[finite]),
+        zero_fraction_actual=zero_a,
+        zero_fraction_reference=zero_r,
+        mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
+    )
+
+
+def _worst(a, r, abs_err, rel_err, ulp_err, ratio, fails, shape, top_k) -> tuple[Element, ...]:
+    """The top_k elements by error/tolerance (ties: lower index first); exact matches omitted."""
+    candidates = np.flatnonzero(ratio > 0)
+    if top_k <= 0 or candidates.size == 0:
+        return ()
+    order = np.lexsort((candidates, -ratio[candidates]))[:top_k]
+    return tuple(
+        Element(
+            index=_unravel(int(i), shape),
+            actual=float(a[i]),
+            expected=float(r[i]),
+            abs_err=float(abs(a[i] - r[i])) if not math.isnan(a[i] - r[i]) else math.nan,
+            rel_err=float(rel_err[i]) if np.isfinite(a[i]) and np.isfinite(r[i]) else math.nan,
+            ulp_err=float(ulp_err[i]) if np.isfinite(a[i]) and np.isfinite(r[i]) else math.nan,
+            ratio=float(ratio[i]),
+            passed=not bool(fails[i]),
+        )
+        for i in candidates[order]
+    )
+
+
+def _channels(fails, abs_err, ratio, shape, channel_axis) -> tuple[ChannelStat, ...] | None:
+    if channel_axis is None or len(shape) < 2:
+        return None
+    count = shape[channel_axis]
+
+    def per_channel(values: np.ndarray) -> np.ndarray:
+        return np.moveaxis(values.reshape(shape), channel_axis, -1).reshape(-1, count)
+
+    f, d, q = per_channel(fails), per_channel(abs_err), per_channel(ratio)
+    rows = f.shape[0]
+    return tuple(
+        ChannelStat(
+            channel=c,
+            elements=rows,
+            mismatches=int(f[:, c].sum()),
+            max_abs=float(d[:, c].max()) if rows else 0.0,
+            max_ratio=float(q[:, c].max()) if rows else 0.0,
+        )
+        for c in range(count)
+    )
+
+
+def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin, ...]:
+    """Counts of finite |a - r| per decade [10**k, 10**(k+1)), after a bin of exact zeros.
+
+    At most ``max_bins`` decades: the lowest bin then starts at 0 and collects everything
+    below it (exact zeros still have their own bin).
+    """
+    zeros = int((abs_err == 0).sum())
+    bins = [HistogramBin(0.0, 0.0, zeros)]
+    nonzero = abs_err[abs_err > 0]
+    if nonzero.size == 0:
+        return tuple(bins)
+    decades = np.floor(np.log10(nonzero)).astype(int)
+    top = int(decades.max())
+    bottom = max(int(decades.min()), top - max_bins + 1)
+    for k in range(bottom, top + 1):
+        low_edge = k == bottom and int(decades.min()) < bottom
+        in_bin = (decades <= k) if low_edge else (decades == k)
+        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), int(in_bin.sum())))
+    return tuple(bins)
+
+
+# --------------------------------------------------------------------------- key matching
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """An actual key and the reference key it is compared with."""
+
+    actual_key: str
+    reference_key: str
+
+    @property
+    def name(self) -> str:
+        """Report name: the reference key, or ``actual=reference`` when they differ."""
+        if self.actual_key == self.reference_key:
+            return self.reference_key
+        return f"{self.actual_key}={self.reference_key}"
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """Names a per-output override may use (actual key first)."""
+        return (self.actual_key, self.reference_key)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A structural failure: kind is "missing", "extra", "shape", "dtype" or "empty"."""
+
+    kind: str
+    name: str
+    message: str
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    pairs: tuple[Pairing, ...]
+    problems: tuple[Problem, ...]
+
+
+def match_keys(
+    actual_keys: Sequence[str],
+    reference_keys: Sequence[str],
+    key_map: Mapping[str, str] | None = None,
+    only: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+) -> KeyMatch:
+    """Pair actual keys with reference keys (by name; ``key_map`` maps actual -> reference).
+
+    ``only``/``ignore`` select by either key. A reference key without an actual partner is
+    "missing", an unpaired actual key is "extra": both are structural failures.
+    Order follows the reference.
+    """
+    key_map = dict(key_map or {})
+    only, ignore = set(only), set(ignore)
+    problems: list[Problem] = []
+    for a_key, r_key in key_map.items():
+        if a_key not in actual_keys:
+            problems.append(Problem("missing", a_key, f"--map {a_key}={r_key}: actual has no key {a_key!r}"))
+        if r_key not in reference_keys:
+            problems.append(Problem("missing", r_key, f"--map {a_key}={r_key}: reference has no key {r_key!r}"))
+    unknown = sorted(only - set(actual_keys) - set(reference_keys) - set(key_map))
+    for name in unknown:
+        problems.append(Problem("missing", name, f"--only {name}: no such key in actual or reference"))
+
+    def selected(*names: str) -> bool:
+        return (not only or any(n in only for n in names)) and not any(n in ignore for n in names)
+
+    reverse = {r: a for a, r in key_map.items()}
+    pairs: list[Pairing] = []
+    paired_actual: set[str] = set()
+    for r_key in reference_keys:
+        a_key = reverse.get(r_key, r_key)
+        if not selected(a_key, r_key):
+            continue
+        if a_key in actual_keys:
+            pairs.append(Pairing(a_key, r_key))
+            paired_actual.add(a_key)
+        else:
+            problems.append(Problem("missing", r_key, f"{r_key}: in reference, missing from actual"))
+    for a_key in actual_keys:
+        r_key = key_map.get(a_key, a_key)
+        if a_key not in paired_actual and selected(a_key, r_key) and not (a_key in key_map and r_key not in reference_keys):
+            problems.append(Problem("extra", a_key, f"{a_key}: in actual, missing from reference"))
+    if not pairs and not problems:
+        problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
+    return KeyMatch(tuple(pairs), tuple(problems))
+
+
+# --------------------------------------------------------------------------- structure
+
+_LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}
+
+
+def permutation_hint(actual_shape: Sequence[int], reference_shape: Sequence[int]) -> str | None:
+    """Say which axis permutation would make the shapes agree (never applied), if any."""
+    a, r = tuple(actual_shape), tuple(reference_shape)
+    if len(a) != len(r) or sorted(a) != sorted(r):
+        if math.prod(a) == math.prod(r):
+            return f"same number of elements ({math.prod(a)}): a reshape, not a transpose, would make them agree"
+        return None
+    ndim = len(r)
+    if ndim in _LAYOUT_NAMES:
+        ncx, nxc = _LAYOUT_NAMES[ndim]
+        to_nxc = (0, *range(2, ndim), 1)
+        to_ncx = (0, ndim - 1, *range(1, ndim - 1))
+        if a == tuple(r[i] for i in to_nxc):
+            return f"actual looks like the {nxc} transpose of reference ({ncx}); bnbwd never transposes: convert one side"
+        if a == tuple(r[i] for i in to_ncx):
+            return f"actual looks like the {ncx} transpose of reference ({nxc}); bnbwd never transposes: convert one side"
+    if ndim <= 6:
+        for perm in itertools.permutations(range(ndim)):
+            if a == tuple(r[i] for i in perm):
+                return f"actual looks like reference transposed with axes {perm}; bnbwd never transposes"
+    return None
+
+
+def structural_problem(name: str, actual: np.ndarray, reference: np.ndarray) -> Problem | None:
+    """A reason the pair cannot be compared (dtype, shape), or None."""
+    for side, array in (("actual", actual), ("reference", reference)):
+        if dtype_name(array.dtype) is None:
+            return Problem(
+                "dtype", name, f"{name}: {side} has dtype {array.dtype}, which cannot be compared (expected f64, f32, f16 or bf16)"
+            )
+    if actual.shape != reference.shape:
+        hint = permutation_hint(actual.shape, reference.shape)
+        message = f"{name}: actual has shape {tuple(actual.shape)}, reference {tuple(reference.shape)}"
+        return Problem("shape", name, f"{message}; {hint}" if hint else message)
+    return None
