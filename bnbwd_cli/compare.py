@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
+from bnbwd_cli import layout
+from bnbwd_cli.errors import ExitCode
+
 # Short dtype names used in reports, JSON and the defaults table.
 _DTYPE_NAMES: dict[np.dtype, str] = {
     np.dtype(np.float64): "f64",
@@ -590,3 +593,104 @@ def structural_problem(name: str, actual: np.ndarray, reference: np.ndarray) -> 
         message = f"{name}: actual has shape {tuple(actual.shape)}, reference {tuple(reference.shape)}"
         return Problem("shape", name, f"{message}; {hint}" if hint else message)
     return None
+
+
+# --------------------------------------------------------------------------- tensor sets
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """One output's row: a comparison, or the structural problem that prevented it."""
+
+    name: str
+    actual_key: str | None
+    reference_key: str | None
+    comparison: Comparison | None
+    problem: Problem | None
+
+    @property
+    def status(self) -> str:
+        """"pass", "fail", or the problem's kind ("missing", "extra", "shape", "dtype")."""
+        if self.problem is not None:
+            return self.problem.kind
+        return "pass" if self.comparison.passed else "fail"
+
+
+@dataclass(frozen=True)
+class SetComparison:
+    """All outputs of two tensor sets, plus key-level problems (e.g. an empty selection)."""
+
+    outputs: tuple[OutputResult, ...]
+    problems: tuple[Problem, ...]
+    settings: CompareSettings
+
+    @property
+    def all_problems(self) -> tuple[Problem, ...]:
+        return self.problems + tuple(o.problem for o in self.outputs if o.problem is not None)
+
+    @property
+    def status(self) -> str:
+        """"structural" beats "mismatch" beats "pass"."""
+        if self.all_problems:
+            return "structural"
+        return "mismatch" if any(o.status == "fail" for o in self.outputs) else "pass"
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return {"pass": ExitCode.OK, "mismatch": ExitCode.MISMATCH, "structural": ExitCode.INPUT}[self.status]
+
+
+def tensor_layout(data_format: str | None, ndim: int) -> tuple[tuple[str, ...] | None, int | None]:
+    """(axis names, channel axis) of an output in ``data_format``; 1-D outputs are (C,)."""
+    if data_format is None:
+        return None, None
+    if ndim == 1:
+        return ("c",), None
+    if ndim < 1:
+        return None, None
+    return layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim)
+
+
+def compare_sets(
+    actual: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    settings: CompareSettings,
+    *,
+    key_map: Mapping[str, str] | None = None,
+    only: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    data_format: str | None = None,
+    top_k: int = 10,
+) -> SetComparison:
+    """Match keys, then compare each pair; structural failures become rows, never skips."""
+    match = match_keys(list(actual), list(reference), key_map, only, ignore)
+    outputs: list[OutputResult] = []
+    for pair in match.pairs:
+        a, r = actual[pair.actual_key], reference[pair.reference_key]
+        problem = structural_problem(pair.name, a, r)
+        comparison = None
+        if problem is None:
+            dtype = comparison_dtype(a.dtype, r.dtype)
+            axis_names, channel_axis = tensor_layout(data_format, r.ndim)
+            comparison = compare_arrays(
+                a,
+                r,
+                settings.tolerance_for(pair.names, dtype),
+                max_mismatch=settings.max_mismatch_for(pair.names),
+                equal_nan=settings.equal_nan,
+                dtype=dtype,
+                axis_names=axis_names,
+                channel_axis=channel_axis,
+                top_k=top_k,
+            )
+        outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
+    key_problems = []
+    for problem in match.problems:
+        if problem.kind in ("missing", "extra") and not problem.message.startswith("--"):
+            in_actual = problem.kind == "extra"
+            outputs.append(
+                OutputResult(problem.name, problem.name if in_actual else None, None if in_actual else problem.name, None, problem)
+            )
+        else:
+            key_problems.append(problem)
+    return SetComparison(tuple(outputs), tuple(key_problems), settings)

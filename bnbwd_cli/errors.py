@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     MISMATCH = 1  # verification found numerical differences beyond tolerance
     USAGE = 2  # click's own usage errors
     INPUT = 3  # unreadable, malformed or inconsistent input; structural mismatch
+    INTERNAL = 4  # a bug in bnbwd (the traceback is shown with --traceback)
 
 
 class BnbwdError(click.ClickException):

@@ -1,0 +1,261 @@
+"""The click layer: parse, gather inputs, call the core once, write, render."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from bnbwd_cli import __version__
+from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.kernels import batchnorm_backward
+from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
+from bnbwd_cli.profiles import (
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    PROFILES,
+    check_epsilon,
+    inputs_from_bundle,
+    validate_inputs,
+)
+from bnbwd_cli.run_summary import RunFacts, make_console, render_run, run_json
+from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, write_npy_dir, write_npz
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
+
+
+class BnbwdGroup(click.Group):
+    """Maps failures that are not user errors to one line and a stable exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MemoryError:
+            raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
+        except KeyboardInterrupt:
+            click.echo("error: interrupted; no output was written", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
+            if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
+                raise
+            click.echo(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)", err=True)
+            ctx.exit(ExitCode.INTERNAL)
+
+
+@click.group(cls=BnbwdGroup, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="bnbwd")
+@click.option("--traceback", is_flag=True, help="Show a Python traceback on internal errors.")
+def main(traceback: bool) -> None:
+    """Batch-normalization training backward pass, from tensors on disk.
+
+    \b
+    Exit codes: 0 ok, 1 verification mismatch, 2 usage error,
+                3 input error (unreadable, malformed or inconsistent input).
+    """
+
+
+RUN_EPILOG = """\b
+Examples:
+  bnbwd run fixtures/example.npz -o grads.npz
+  bnbwd run --src x.npy --diff-dst dy.npy --mean m.npy --variance v.npy \\
+            --gamma g.npy --epsilon 1e-5 --format NCHW --out-dir grads/
+  bnbwd run bundle.npz --spec tensorflow --inference -o - | other-tool
+  cat dy.npy | bnbwd run bundle.npz --diff-dst - -o grads.npz
+
+\b
+Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
+beta) or by any spec's alias (input, input_forward, x, normalized_delta,
+output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
+plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
+PATH is FILE.npy, FILE.npz:key, or - (stdin, one array). Raw 2-byte void
+arrays (|V2, how np.save stores ml_dtypes.bfloat16) are read as bfloat16;
+--bf16 NAME reinterprets a uint16/int16 input as bfloat16 too.
+
+\b
+Outputs: diff_src (dtype of src), diff_gamma and diff_beta (dtype of mean).
+Reduced precision is computed in float32 with float64 sums, rounded once.
+"""
+
+
+def _output_paths(output: str | None, out_dir: Path | None, outputs: tuple[str, ...]) -> list[Path]:
+    if output and output != "-":
+        return [Path(output)]
+    if out_dir is not None:
+        return [out_dir / f"{name}.npy" for name in outputs]
+    return []
+
+
+def _input_paths(bundle: str | None, sources: dict[str, str]) -> list[Path]:
+    paths = [bundle] if bundle else []
+    paths += [source.rpartition(":")[0] if ".npz:" in source.lower() else source for source in sources.values()]
+    return [Path(p) for p in paths if p != "-"]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_destinations(destinations: list[Path], inputs: list[Path]) -> None:
+    """Fail before any work if an output cannot be written or would overwrite an input."""
+    for path in destinations:
+        parent = path.parent
+        if not parent.is_dir():
+            raise BnbwdError(f"output {path}: directory {parent} does not exist")
+        if path.is_dir():
+            raise BnbwdError(f"output {path}: is a directory, expected a file name")
+        if not os.access(parent, os.W_OK):
+            raise BnbwdError(f"output {path}: directory {parent} is not writable")
+        for source in inputs:
+            if _same_file(path, source) or path.resolve() == source.resolve():
+                raise BnbwdError(f"output {path}: is also an input ({source}); refusing to overwrite it")
+
+
+def _reinterpret_bf16(name: str, array: np.ndarray) -> np.ndarray:
+    if array.dtype == BFLOAT16:
+        return array
+    if array.dtype.itemsize != 2 or array.dtype.kind not in "uiV":
+        raise BnbwdError(f"--bf16 {name}: {name} has dtype {array.dtype}, expected 2-byte raw data (uint16, int16, V2)")
+    return array.view(BFLOAT16)
+
+
+def _progress_callback(console, enabled: bool):
+    """A rich progress bar on stderr, or None."""
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
+                   TimeRemainingColumn(), console=console, transient=True)
+    task = bar.add_task("backward", total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+@main.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
+@click.argument("bundle", required=False, metavar="[BUNDLE.npz|-]")
+@click.option("--src", type=ArraySource(), help="Forward input (input, input_forward, x).")
+@click.option("--diff-dst", type=ArraySource(), help="Gradient w.r.t. the output (output_delta, y_backprop).")
+@click.option("--mean", type=ArraySource(), help="Per-channel batch mean, shape (C,).")
+@click.option("--variance", type=ArraySource(), help="Per-channel batch variance, shape (C,).")
+@click.option("--gamma", type=ArraySource(), help="Per-channel scale (optional: 1 if absent).")
+@click.option("--beta", type=ArraySource(), help="Per-channel shift: checked, not used by the math.")
+@click.option("--epsilon", type=float, help="Added to the variance (tensorflow default 1e-4; others: required).")
+@click.option("--format", "data_format", type=FORMAT_CHOICE,
+              help="Layout: NCX or NXC, or an alias (NC, NCW, NWC, NCHW, NHWC, NCDHW, NDHWC).  [default: the spec's]")
+@click.option("--spec", type=click.Choice(list(PROFILES)), default="generic", show_default=True,
+              help="Whose defaults and dtype rules apply.")
+@click.option("--inference", is_flag=True, help="TF is_training=False: diff_src = gamma*invstd*diff_dst.")
+@click.option("--variance-is-invstd", is_flag=True, help="variance holds 1/sqrt(var+eps) (cuDNN reserve space); epsilon unused.")
+@click.option("--outputs", type=OutputList(), default=",".join(OUTPUT_NAMES), show_default=True,
+              help="Which outputs to produce.")
+@click.option("--no-param-grads", is_flag=True, help="Produce diff_src only (same as --outputs diff_src).")
+@click.option("-o", "--output", metavar="OUT.npz|-", help="Write the outputs to one .npz (- = stdout).")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc.")
+@click.option("--bf16", "bf16_inputs", multiple=True, type=click.Choice(INPUT_NAMES),
+              help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
+@click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
+@click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
+@click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
+def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
+        variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size,
+        json_target, quiet) -> None:
+    """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
+    sources = {name: value for name, value in zip(INPUT_NAMES, (src, diff_dst, mean, variance, gamma, beta)) if value}
+    stdin_users = [name for name, value in [("BUNDLE", bundle), *sources.items()] if value == "-"]
+    if len(stdin_users) > 1:
+        raise click.UsageError(f"only one input can come from stdin ('-'), got {', '.join(stdin_users)}")
+    if output and out_dir:
+        raise click.UsageError("give -o/--output or --out-dir, not both")
+    if output == "-" and json_target == "-":
+        raise click.UsageError("-o - and --json - both want stdout; send one to a file")
+    if output == "-" and sys.stdout.isatty():
+        raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
+    if no_param_grads:
+        outputs = ("diff_src",)
+    destinations = _output_paths(output, out_dir, outputs)
+    if out_dir is not None and not out_dir.is_dir():
+        raise BnbwdError(f"output directory {out_dir} does not exist")
+    _check_destinations(destinations, _input_paths(bundle, sources))
+
+    profile = PROFILES[spec]
+    inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
+    for name, source in sources.items():
+        inputs[name] = read_array(source, name)
+    for name in bf16_inputs:
+        if name in inputs:
+            inputs[name] = _reinterpret_bf16(name, inputs[name])
+    data_format = data_format or attributes.get("data_format") or profile.default_format
+    epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
+    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
+    if profile.paired_param_grads and "diff_gamma" not in outputs:
+        inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
+
+    stderr_console = make_console(stderr=True)
+    progress_bar, on_progress = _progress_callback(
+        stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
+    started = time.perf_counter()
+    if progress_bar:
+        progress_bar.start()
+    try:
+        result = batchnorm_backward(
+            inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+            epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
+            outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
+        )
+    finally:
+        if progress_bar:
+            progress_bar.stop()
+    elapsed = time.perf_counter() - started
+    arrays = {name: getattr(result, name) for name in outputs}
+
+    if output == "-":
+        sys.stdout.buffer.write(npz_bytes(arrays))
+        sys.stdout.buffer.flush()
+    elif output:
+        write_npz(destinations[0], arrays)
+    elif out_dir is not None:
+        write_npy_dir(out_dir, arrays)
+
+    facts = RunFacts(spec=profile.name, data_format=data_format.upper(), canonical_format=canonical,
+                     epsilon=None if variance_is_invstd else epsilon, training=not inference,
+                     inputs=inputs, outputs=arrays, written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
+                     elapsed_s=elapsed)
+    if json_target:
+        _emit_json(json_target, run_json(facts))
+    if not quiet:
+        stdout_busy = output == "-" or json_target == "-"
+        render_run(make_console(stderr=stdout_busy), stderr_console, facts)
+
+
+def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_invstd: bool) -> float:
+    """--epsilon, else the bundle's 'epsilon', else the spec's default; required unless variance is invstd."""
+    epsilon = flag if flag is not None else attributes.get("epsilon", profile.default_epsilon)
+    if epsilon is None:
+        if variance_is_invstd:
+            return 1.0  # unused: the variance input already is 1/sqrt(var + eps)
+        raise click.UsageError(f"missing --epsilon (spec {profile.name} has no default and the bundle has no 'epsilon')")
+    return check_epsilon(epsilon, profile)
+
+
+def _emit_json(target: str, text: str) -> None:
+    if target == "-":
+        click.echo(text)
+        return
+    from bnbwd_cli.tensor_io import atomic_file
+
+    with atomic_file(Path(target)) as stream:
+        stream.write(text.encode() + b"\n")

@@ -1,0 +1,200 @@
+"""What each spec allows: input names and aliases, defaults, dtype rules; and input validation.
+
+Pure: raises BnbwdError with one precise line; knows nothing of files or terminals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, resolve_format
+from bnbwd_cli.tensor_io import FLOAT_DTYPES, dtype_name
+
+INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
+OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
+PARAM_NAMES = ("mean", "variance", "gamma", "beta")  # the (C,) inputs, dtype T2
+
+# canonical name -> names the four specs use for it (nGraph, OpenVINO, oneDNN, TensorFlow)
+ALIASES: dict[str, tuple[str, ...]] = {
+    "src": ("input", "input_forward", "x"),
+    "diff_dst": ("normalized_delta", "output_delta", "y_backprop"),
+    "mean": ("reserve_space_1",),
+    "variance": ("reserve_space_2",),
+    "gamma": ("scale",),
+    "beta": ("offset",),
+}
+# Bundle entries that are not tensors of the op: attributes, and TF's unused reserve_space_3.
+ATTRIBUTE_KEYS = ("epsilon", "data_format")
+IGNORED_KEYS = ("reserve_space_3",)
+
+F16, BF16, F32, F64 = (np.dtype(d) for d in FLOAT_DTYPES)
+REDUCED = (F16, BF16, F32)
+
+
+@dataclass(frozen=True)
+class SpecProfile:
+    """One spec's defaults and restrictions."""
+
+    name: str
+    summary: str
+    default_format: str
+    default_epsilon: float | None  # None: --epsilon is required
+    formats: tuple[str, ...]  # format names (aliases allowed) this spec accepts
+    type_pairs: tuple[tuple[np.dtype, np.dtype], ...] | None  # allowed (T1, T2); None = any float pair
+    same_param_dtypes: bool  # mean/variance/gamma/beta all T2
+    required: tuple[str, ...]  # optional inputs this spec requires
+    epsilon_is_f32: bool  # the spec types epsilon as f32: round it like the framework does
+    paired_param_grads: bool  # oneDNN: diff_gamma and diff_beta both or neither
+
+    def allows_types(self, t1: np.dtype, t2: np.dtype) -> bool:
+        return self.type_pairs is None or (t1, t2) in self.type_pairs
+
+    def describe_types(self) -> str:
+        if self.type_pairs is None:
+            return "any of f16/bf16/f32/f64 for each"
+        return ", ".join(f"{dtype_name(a)}/{dtype_name(b)}" for a, b in self.type_pairs)
+
+
+ANY_FORMAT = tuple(FORMAT_ALIASES)
+PROFILES: dict[str, SpecProfile] = {
+    p.name: p
+    for p in (
+        SpecProfile("generic", "any float combination the math allows", "NXC", None, ANY_FORMAT,
+                    None, False, (), False, False),
+        SpecProfile("ngraph", "nGraph BatchNormTrainingBackprop: NCX, gamma and beta required, one dtype",
+                    "NCX", None, ("NCX", "NC", "NCW", "NCHW", "NCDHW"),
+                    tuple((t, t) for t in FLOAT_DTYPES), True, ("gamma", "beta"), False, False),
+        SpecProfile("openvino", "OpenVINO BatchNormTrainingBackprop-1", "NXC", None, ANY_FORMAT,
+                    ((F32, F32), (F16, F32), (BF16, F32), (BF16, BF16)), True, (), True, False),
+        SpecProfile("onednn", "oneDNN Graph BatchNormTrainingBackward", "NXC", None, ANY_FORMAT,
+                    ((F32, F32), (BF16, F32), (BF16, BF16), (F16, F32)), True, (), True, True),
+        SpecProfile("tensorflow", "TensorFlow FusedBatchNormGradV3: 4-D NHWC/NCHW, f32 stats, eps 1e-4",
+                    "NHWC", 1e-4, ("NHWC", "NCHW"),
+                    ((F32, F32), (F16, F32), (BF16, F32)), True, ("gamma",), True, False),
+    )
+}
+
+
+def canonical_input_name(key: str) -> str | None:
+    """'y_backprop' -> 'diff_dst'; None for a key that names no input."""
+    for name, aliases in ALIASES.items():
+        if key == name or key in aliases:
+            return name
+    return None
+
+
+def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """Split a bundle into inputs by canonical name and attributes (epsilon, data_format)."""
+    inputs: dict[str, np.ndarray] = {}
+    seen_as: dict[str, str] = {}
+    attributes: dict[str, object] = {}
+    for key, array in bundle.items():
+        if key in ATTRIBUTE_KEYS:
+            attributes[key] = _attribute(key, array, label)
+            continue
+        if key in IGNORED_KEYS:
+            continue
+        name = canonical_input_name(key)
+        if name is None:
+            known = ", ".join([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS])
+            raise BnbwdError(f"{label}: unknown key {key!r}; expected one of {known}")
+        if name in inputs:
+            raise BnbwdError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
+        inputs[name], seen_as[name] = array, key
+    return inputs, attributes
+
+
+def _attribute(key: str, array: np.ndarray, label: str) -> object:
+    if array.ndim != 0:
+        raise BnbwdError(f"{label}: {key!r} must be a 0-d entry, found shape {array.shape}")
+    if key == "epsilon":
+        if array.dtype.kind not in "fiu":
+            raise BnbwdError(f"{label}: 'epsilon' must be a real number, found dtype {array.dtype}")
+        return float(array)
+    if array.dtype.kind not in "US":
+        raise BnbwdError(f"{label}: 'data_format' must be a string, found dtype {array.dtype}")
+    value = array.item()
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
+def check_epsilon(epsilon: float, profile: SpecProfile) -> float:
+    """Epsilon > 0 and finite; rounded to float32 where the spec types it f32 (as the frameworks store it)."""
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise BnbwdError(f"epsilon is {epsilon!r}, expected a finite number > 0")
+    return float(np.float32(epsilon)) if profile.epsilon_is_f32 else float(epsilon)
+
+
+def validate_inputs(
+    inputs: dict[str, np.ndarray],
+    profile: SpecProfile,
+    data_format: str,
+    *,
+    variance_is_invstd: bool,
+    outputs: tuple[str, ...],
+) -> str:
+    """Check names, ranks, shapes and dtypes against the profile. Returns the canonical format."""
+    for name in ("src", "diff_dst", "mean", "variance", *profile.required):
+        if name not in inputs:
+            flag = "--" + name.replace("_", "-")
+            raise BnbwdError(f"missing input {name} (spec {profile.name}): give {flag} or a bundle key {name!r}")
+    for name, array in inputs.items():
+        if array.dtype not in FLOAT_DTYPES:
+            raise BnbwdError(f"{name} has dtype {array.dtype}, expected a float type (f16, bf16, f32, f64)")
+    src, diff_dst = inputs["src"], inputs["diff_dst"]
+    if src.ndim < 2:
+        raise BnbwdError(f"src has rank {src.ndim} (shape {src.shape}), expected rank >= 2: (N, C, ...) or (N, ..., C)")
+    allowed = {name.upper() for name in profile.formats}
+    if data_format.upper() not in allowed:
+        raise BnbwdError(f"data_format {data_format} is not allowed by spec {profile.name} (allowed: {', '.join(profile.formats)})")
+    canonical = resolve_format(data_format, src.ndim)
+    if diff_dst.shape != src.shape:
+        raise BnbwdError(f"diff_dst has shape {diff_dst.shape}, expected {src.shape} = shape of src")
+    if diff_dst.dtype != src.dtype:
+        raise BnbwdError(f"diff_dst has dtype {dtype_name(diff_dst.dtype)}, expected {dtype_name(src.dtype)} = dtype of src")
+    channels = src.shape[channel_axis(canonical, src.ndim)]
+    for name in PARAM_NAMES:
+        if name in inputs and inputs[name].shape != (channels,):
+            raise BnbwdError(f"{name} has shape {inputs[name].shape}, expected ({channels},) = C of src ({canonical})")
+    _check_types(inputs, profile)
+    _check_variance(inputs["variance"], variance_is_invstd)
+    if profile.paired_param_grads and (("diff_gamma" in outputs) != ("diff_beta" in outputs)):
+        raise BnbwdError("spec onednn produces diff_gamma and diff_beta both or neither; asked for one")
+    return canonical
+
+
+def _check_types(inputs: dict[str, np.ndarray], profile: SpecProfile) -> None:
+    t1, t2 = inputs["src"].dtype, inputs["mean"].dtype
+    params = [name for name in PARAM_NAMES if name in inputs]
+    must_match = params if profile.same_param_dtypes else ["variance"]
+    for name in must_match:
+        if inputs[name].dtype != t2:
+            raise BnbwdError(
+                f"{name} has dtype {dtype_name(inputs[name].dtype)}, expected {dtype_name(t2)} = dtype of mean "
+                f"(spec {profile.name})"
+            )
+    if not profile.allows_types(t1, t2):
+        raise BnbwdError(
+            f"spec {profile.name} does not allow src {dtype_name(t1)} with mean/variance {dtype_name(t2)} "
+            f"(allowed src/stats: {profile.describe_types()})"
+        )
+
+
+def _check_variance(variance: np.ndarray, variance_is_invstd: bool) -> None:
+    values = variance.astype(np.float64) if variance.dtype != BF16 else variance.astype(np.float32)
+    if variance_is_invstd:
+        bad = np.flatnonzero(~(values > 0) | ~np.isfinite(values))
+        if bad.size:
+            c = int(bad[0])
+            raise BnbwdError(f"variance (as invstd) at c={c} is {values[c]!r}, expected finite > 0 ({bad.size} channels bad)")
+        return
+    bad = np.flatnonzero(~(values >= 0))  # catches NaN too
+    if bad.size:
+        c = int(bad[0])
+        raise BnbwdError(
+            f"variance at c={c} is {float(values[c])!r}, expected >= 0 ({bad.size} channels bad; "
+            "use --variance-is-invstd if it holds 1/sqrt(var+eps))"
+        )

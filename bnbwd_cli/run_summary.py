@@ -1,0 +1,123 @@
+"""What `bnbwd run` tells the person or the script that ran it: a rich table, warnings, JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bnbwd_cli.tensor_io import dtype_name
+
+SCHEMA_VERSION = 1
+STATS_CHUNK = 1 << 20  # elements per chunk: summary statistics never make a full-size temporary
+
+
+@dataclass(frozen=True)
+class OutputStats:
+    minimum: float
+    maximum: float
+    nonfinite: int
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    spec: str
+    data_format: str
+    canonical_format: str
+    epsilon: float | None
+    training: bool
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    written: list[str]
+    elapsed_s: float
+    stats: dict[str, OutputStats] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.stats.update({name: output_stats(array) for name, array in self.outputs.items()})
+
+
+def make_console(stderr: bool = False) -> Console:
+    """Rich picks colour only for terminals; stderr for errors, warnings and progress."""
+    return Console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False)
+
+
+def output_stats(array: np.ndarray) -> OutputStats:
+    """Min, max (over finite values) and the count of NaN/Inf, in chunks of float32/float64."""
+    flat = array.reshape(-1)
+    lowest, highest, nonfinite = np.inf, -np.inf, 0
+    for start in range(0, flat.size, STATS_CHUNK):
+        chunk = flat[start : start + STATS_CHUNK]
+        chunk = chunk.astype(np.float32) if chunk.dtype.itemsize == 2 else chunk
+        finite = np.isfinite(chunk)
+        nonfinite += int(chunk.size - np.count_nonzero(finite))
+        if finite.any():
+            values = chunk[finite]
+            lowest, highest = min(lowest, float(values.min())), max(highest, float(values.max()))
+    return OutputStats(lowest if flat.size else float("nan"), highest if flat.size else float("nan"), nonfinite)
+
+
+def nonfinite_warning(facts: RunFacts) -> str | None:
+    bad = {name: s.nonfinite for name, s in facts.stats.items() if s.nonfinite}
+    if not bad:
+        return None
+    listing = ", ".join(f"{name} {count}" for name, count in bad.items())
+    return (f"warning: non-finite outputs ({listing} NaN/Inf values): NaN/Inf in src or diff_dst propagate "
+            "through their channel's sums into every output of that channel, as in the frameworks")
+
+
+def render_run(console: Console, error_console: Console, facts: RunFacts) -> None:
+    warning = nonfinite_warning(facts)
+    if warning:
+        error_console.print(warning, style="yellow", markup=False)
+    table = Table(title=None, show_edge=False, header_style="bold")
+    for column in ("output", "shape", "dtype", "min", "max", "NaN/Inf"):
+        table.add_column(column, justify="left" if column in ("output", "dtype") else "right")
+    for name, array in facts.outputs.items():
+        stats = facts.stats[name]
+        table.add_row(name, str(array.shape), dtype_name(array.dtype), f"{stats.minimum:.6g}", f"{stats.maximum:.6g}",
+                      str(stats.nonfinite))
+    src = facts.inputs["src"]
+    mode = "training" if facts.training else "inference"
+    epsilon = "n/a (variance is invstd)" if facts.epsilon is None else f"{facts.epsilon:g}"
+    console.print(
+        f"bnbwd run: src {src.shape} {dtype_name(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
+        f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.elapsed_s * 1e3:.1f} ms",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(table)
+    if facts.written:
+        console.print("wrote " + ", ".join(facts.written), markup=False)
+
+
+def run_json(facts: RunFacts) -> str:
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "command": "run",
+        "spec": facts.spec,
+        "data_format": facts.data_format,
+        "canonical_format": facts.canonical_format,
+        "epsilon": facts.epsilon,
+        "training": facts.training,
+        "elapsed_s": facts.elapsed_s,
+        "inputs": {name: _describe(array) for name, array in facts.inputs.items()},
+        "outputs": {
+            name: {**_describe(array), "min": _finite_or_none(facts.stats[name].minimum),
+                   "max": _finite_or_none(facts.stats[name].maximum), "nonfinite": facts.stats[name].nonfinite}
+            for name, array in facts.outputs.items()
+        },
+        "written": facts.written,
+    }
+    return json.dumps(document, indent=2)
+
+
+def _describe(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape), "dtype": dtype_name(array.dtype)}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if np.isfinite(value) else None
