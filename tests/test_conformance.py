@@ -1,0 +1,132 @@
+"""bnbwd agrees with PyTorch and TensorFlow on the committed fixtures.
+
+Every case in fixtures/conformance/manifest.json (written by
+scripts/make_fixtures.py, which needs torch/tensorflow; these tests do not) is
+run through the real CLI, `bnbwd run BUNDLE <spec profile and flags>`, and its
+outputs are compared with the framework's stored outputs two ways:
+
+- the normalised error max|bnbwd - framework| / max|framework| (float64 after
+  upcasting) must stay within the manifest's per-dtype bound;
+- bnbwd's own element-wise comparison (compare.compare_arrays with its default
+  tolerances for the output dtype) must pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bnbwd_cli import compare
+from bnbwd_cli.cli import main
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+CASES = MANIFEST["cases"]
+OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPE_NAMES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32),
+               "float16": np.dtype(np.float16), "bfloat16": BF16}
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    # np.load gives bf16 back as raw |V2; the manifest says which arrays are bf16.
+    return arrays
+
+
+def _as_dtype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if a.dtype.kind == "V" and a.dtype.itemsize == 2 and dtype == BF16:
+        return a.view(BF16)
+    return a
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32).astype(np.float64) if a.dtype == BF16 else a.astype(np.float64)
+
+
+def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:
+    """max|actual - reference| / max|reference| in float64 (plain max when the reference is all zero)."""
+    a, r = _f64(actual), _f64(reference)
+    if r.size == 0:
+        return 0.0
+    err = float(np.max(np.abs(a - r)))
+    scale = float(np.max(np.abs(r)))
+    return err / scale if scale > 0 else err
+
+
+def _expected_dtypes(entry: dict) -> dict[str, np.dtype]:
+    t1, t2 = DTYPE_NAMES[entry["dtype"]], DTYPE_NAMES[entry["stats_dtype"]]
+    return {"diff_src": t1, "diff_gamma": t2, "diff_beta": t2}
+
+
+def _run(bundle: Path, args: list[str], out: Path) -> dict[str, np.ndarray]:
+    result = CliRunner().invoke(main, ["run", str(bundle), *args, "-o", str(out)])
+    assert result.exit_code == 0, f"bnbwd run exited {result.exit_code}: {result.output}"
+    return _load(out)
+
+
+@pytest.mark.parametrize("entry", CASES, ids=[c["name"] for c in CASES])
+def test_bnbwd_run_matches_framework(entry: dict, tmp_path: Path) -> None:
+    got = _run(FIXTURES / entry["bundle"], entry["bnbwd_args"], tmp_path / "out.npz")
+    ref = _load(FIXTURES / entry["expected"])
+    dtypes = _expected_dtypes(entry)
+    assert set(OUTPUTS) <= set(got), f"outputs: {sorted(got)}"
+    for key in OUTPUTS:
+        a, r = _as_dtype(got[key], dtypes[key]), _as_dtype(ref[key], dtypes[key])
+        assert a.dtype == dtypes[key], f"{key}: dtype {a.dtype}, framework gives {dtypes[key]}"
+        assert a.shape == r.shape, f"{key}: shape {a.shape}, framework gives {r.shape}"
+        err = normalised_diff(a, r)
+        bound = entry["tolerance"][key]
+        assert err <= bound, f"{key}: normalised difference {err:.3g} > {bound:g} ({entry['dtype']} case)"
+        result = compare.compare_arrays(a, r, compare.DEFAULT_TOLERANCES[compare.comparison_dtype(a.dtype, r.dtype)])
+        assert result.passed, (
+            f"{key}: {result.mismatches}/{result.elements} elements outside bnbwd's default "
+            f"{result.dtype} tolerance {result.tolerance}; max abs {result.max_abs}, rel L2 {result.rel_l2:.3g}")
+
+
+@pytest.mark.parametrize("entry", CASES, ids=[c["name"] for c in CASES])
+def test_fixture_files_match_manifest(entry: dict) -> None:
+    """The committed arrays are the ones the manifest describes (no hand edits, no LFS pointers)."""
+    for part in ("bundle", "expected"):
+        prefix = "inputs" if part == "bundle" else "expected"
+        arrays = _load(FIXTURES / entry[part])
+        for key, arr in arrays.items():
+            digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+            assert entry["sha256"][f"{prefix}/{key}"] == digest, f"{entry[part]}:{key} changed"
+        assert {k.split("/", 1)[1] for k in entry["sha256"] if k.startswith(prefix + "/")} == set(arrays)
+    assert set(_load(FIXTURES / entry["bundle"])) == set(entry["bundle_keys"])
+
+
+def test_manifest_provenance_and_coverage() -> None:
+    for e in CASES:
+        for field in ("framework", "framework_version", "op", "args", "seed", "bnbwd_args", "tolerance",
+                      "framework_vs_oracle"):
+            assert e.get(field) not in (None, ""), f"{e['name']}: no {field}"
+    torch = [e for e in CASES if e["framework"] == "pytorch"]
+    tf = [e for e in CASES if e["framework"] == "tensorflow"]
+    # PyTorch: NCX ranks 2-5, channels-last 4D/5D, f64, bf16 with f32 stats, gamma absent, train and eval.
+    assert {len(e["shape"]) for e in torch if e["layout"] == "NCX"} >= {2, 3, 4, 5}
+    assert {len(e["shape"]) for e in torch if e["layout"] == "NXC"} >= {4, 5}
+    assert any(e["dtype"] == "float64" for e in torch)
+    assert any(e["dtype"] == "bfloat16" and e["stats_dtype"] == "float32" for e in torch)
+    assert any(not e["gamma"] for e in torch)
+    assert {e["train"] for e in torch} == {True, False}
+    assert {e["variance_convention"] for e in torch} == {"variance", "invstd"}
+    # TensorFlow: NHWC and NCHW, f32/f16/bf16 x with f32 scale, is_training both ways, non-default epsilon.
+    assert {(e["layout"], e["dtype"]) for e in tf} >= {(lay, dt) for lay in ("NXC", "NCX")
+                                                        for dt in ("float32", "float16", "bfloat16")}
+    assert all(e["stats_dtype"] == "float32" for e in tf)
+    assert {e["train"] for e in tf} == {True, False}
+    assert any(e["epsilon"] != 1e-4 for e in tf)
+
+
+def test_fixtures_stay_small() -> None:
+    total = sum(p.stat().st_size for p in FIXTURES.iterdir())
+    assert total < 3_000_000, f"fixtures/conformance is {total / 1e6:.2f} MB"
