@@ -24,6 +24,7 @@ from bnbwd_cli.profiles import (
 )
 from bnbwd_cli.run_summary import RunFacts, make_console, render_run, run_json
 from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, write_npy_dir, write_npz
+from bnbwd_cli.verify_cli import verify
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
@@ -259,3 +260,6 @@ def _emit_json(target: str, text: str) -> None:
 
     with atomic_file(Path(target)) as stream:
         stream.write(text.encode() + b"\n")
+
+
+main.add_command(verify)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -43,7 +44,7 @@ def fmt(value: float) -> str:
         return "inf" if value > 0 else "-inf"
     if value == 0:
         return "0"
-    return f"{value:.2e}"
+    return f"{value:.1e}"
 
 
 def fmt_value(value: float) -> str:
@@ -54,7 +55,7 @@ def fmt_value(value: float) -> str:
 def fmt_ulp(value: float) -> str:
     if math.isnan(value):
         return "-"
-    return f"{value:.3g}" if value < 1e6 else f"{value:.2e}"
+    return f"{value:.3g}" if value < 1e4 else f"{value:.0e}"
 
 
 def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -> str:
@@ -84,7 +85,15 @@ def _mismatch_text(c: Comparison) -> str:
 
 
 def _table(title: str | None = None) -> Table:
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+        show_edge=False,
+    )
 
 
 # --------------------------------------------------------------------------- rich report
@@ -100,11 +109,8 @@ def render_report(
 ) -> None:
     """Print the whole report: header, tolerances, summary, details, verdict."""
     console.print(Text(f"bnbwd verify: actual {actual_label} vs reference {reference_label}", style="bold"))
-    console.print(
-        "element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; "
-        "each output also needs ||a-r||2/||r||2 <= rel_l2",
-        highlight=False,
-    )
+    console.print("element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp", highlight=False)
+    console.print("output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2", highlight=False)
     _render_tolerances(console, result)
     _render_summary(console, result)
     for problem in result.all_problems:
@@ -131,24 +137,26 @@ def _render_tolerances(console: Console, result: SetComparison) -> None:
         table.add_row(output.name, c.dtype, *cells, f"{c.allowed_mismatches} ({c.max_mismatch})", "yes" if c.equal_nan else "no")
     if table.row_count:
         console.print(table)
-    console.print("defaults: " + "; ".join(f"{n} {tolerance_text(t)}" for n, t in DEFAULT_TOLERANCES.items()), highlight=False)
+    console.print("defaults by dtype:", highlight=False)
+    for name, tol in DEFAULT_TOLERANCES.items():
+        console.print(f"  {name:>4}  {tolerance_text(tol)}", highlight=False)
     console.print()
 
 
 def _render_summary(console: Console, result: SetComparison) -> None:
     table = _table("Summary")
-    headers = ("output", "shape", "dtype", "status", "mismatched", "max abs", "max rel", "max ULP", "rel L2", "min atol", "min rtol")
+    headers = ("output", "shape", "dtype", "status", "mismatched", "max abs", "max rel", "max ULP", "rel L2", "min atol")
     for header in headers:
         table.add_column(header, justify="left" if header in ("output", "shape", "dtype", "status") else "right")
     for output in result.outputs:
         c = output.comparison
         if c is None:
-            table.add_row(output.name, "-", "-", _status_text(output.status), *["-"] * 7)
+            table.add_row(output.name, "-", "-", _status_text(output.status), *["-"] * 6)
             continue
         dtype = c.dtype if c.actual_dtype == c.reference_dtype else f"{c.actual_dtype}/{c.reference_dtype}"
         table.add_row(
             output.name,
-            str(c.shape),
+            "(" + ",".join(str(s) for s in c.shape) + ("," if len(c.shape) == 1 else "") + ")",
             dtype,
             _status_text(output.status),
             _mismatch_text(c),
@@ -157,7 +165,6 @@ def _render_summary(console: Console, result: SetComparison) -> None:
             fmt_ulp(c.max_ulp.value),
             fmt(c.rel_l2),
             fmt(c.min_atol),
-            fmt(c.min_rtol),
         )
     console.print(table)
     console.print()
@@ -172,19 +179,22 @@ def _render_details(console: Console, output: OutputResult) -> None:
         highlight=False,
     )
     where = c.axis_names
-    console.print(
-        f"max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
-        f"max rel {fmt(c.max_rel.value)} at {coordinates(c.max_rel.index, where)}; "
-        f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}",
-        highlight=False,
-    )
+    for label, located, text in (
+        ("max abs", c.max_abs, fmt(c.max_abs.value)),
+        ("max rel", c.max_rel, fmt(c.max_rel.value)),
+        ("max ULP", c.max_ulp, fmt_ulp(c.max_ulp.value)),
+    ):
+        console.print(f"{label} {text} at {coordinates(located.index, where)}", highlight=False)
     gate = "ok" if c.rel_l2_passed else "FAIL"
     console.print(f"rel L2 {fmt(c.rel_l2)} (bound {c.tolerance.rel_l2:.2g}): {gate}", highlight=False)
-    console.print(
-        f"would pass (element-wise) with atol >= {fmt(c.min_atol)} (rtol as set) "
-        f"or rtol >= {fmt(c.min_rtol)} (atol as set)",
-        highlight=False,
-    )
+    if math.isinf(c.min_atol) and math.isinf(c.min_rtol) and c.nonfinite.nan_mismatches + c.nonfinite.inf_mismatches:
+        console.print("no tolerance would pass: NaN/Inf positions differ", highlight=False)
+    else:
+        console.print(
+            f"would pass (element-wise) with atol >= {fmt(c.min_atol)} (rtol as set) "
+            f"or rtol >= {fmt(c.min_rtol)} (atol as set)",
+            highlight=False,
+        )
     n = c.nonfinite
     if n.nan_actual or n.nan_reference or n.inf_actual or n.inf_reference:
         console.print(
@@ -238,6 +248,8 @@ def _render_channels(console: Console, c: Comparison, limit: int) -> None:
         title = f"No channel has mismatches; closest of {len(c.channels)}"
     if len(shown) < len(bad):
         title += f" (worst {len(shown)} shown)"
+    if len(bad) == 1 and len(c.channels) > 1:
+        title += f": all mismatches are in c={bad[0].channel} (a bad per-channel reduction or parameter?)"
     table = _table(title)
     for header in ("c", "mismatched", "max abs", "max err/tol"):
         table.add_column(header, justify="right")
@@ -277,6 +289,20 @@ def _render_verdict(console: Console, result: SetComparison) -> None:
         console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
     else:
         console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s)", style="bold red"))
+
+
+def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
+    """One ``error: ...`` line per structural problem, for stderr (scripts grep it)."""
+    for problem in result.all_problems:
+        print(f"error: {problem.message}", file=file or sys.stderr)
+
+
+def make_console(file: TextIO | None = None) -> Console:
+    """The stdout console: colour only on a terminal; 100 columns when piped (unless COLUMNS)."""
+    console = Console(file=file, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(file=file, highlight=False, width=100)
+    return console
 
 
 # --------------------------------------------------------------------------- JSON
