@@ -8,7 +8,7 @@ outputs are compared with the framework's stored outputs two ways:
 - the normalised error max|bnbwd - framework| / max|framework| (float64 after
   upcasting) must stay within the manifest's per-dtype bound;
 - bnbwd's own element-wise comparison (compare.compare_arrays with its default
-  tolerances for the output dtype) must pass.
+  tolerances for the output dtype, and `bnbwd verify` on the files) must pass.
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ def test_bnbwd_run_matches_framework(entry: dict, tmp_path: Path) -> None:
         assert result.passed, (
             f"{key}: {result.mismatches}/{result.elements} elements outside bnbwd's default "
             f"{result.dtype} tolerance {result.tolerance}; max abs {result.max_abs}, rel L2 {result.rel_l2:.3g}")
+    # The same comparison as a user would run it: the verify command, default tolerances.
+    verify = CliRunner().invoke(main, ["verify", str(tmp_path / "out.npz"), str(FIXTURES / entry["expected"]),
+                                       "--json", "-"])
+    assert verify.exit_code == 0, verify.output
 
 
 @pytest.mark.parametrize("entry", CASES, ids=[c["name"] for c in CASES])
