@@ -114,7 +114,7 @@ def render_report(
     _render_tolerances(console, result)
     _render_summary(console, result)
     for problem in result.all_problems:
-        console.print(Text(f"error: {problem.message}", style="bold red"))
+        console.print(Text(f"error: {problem.message}", style="bold red"), soft_wrap=True)
     for output in result.outputs:
         if output.comparison is not None and (verbose or not output.comparison.passed):
             _render_details(console, output)
@@ -221,7 +221,8 @@ def _render_details(console: Console, output: OutputResult) -> None:
 
 
 def _render_worst(console: Console, c: Comparison) -> None:
-    table = _table(f"Worst {len(c.worst)} elements by error / tolerance")
+    count = len(c.worst)
+    table = _table(f"Worst {count} element{'s' if count != 1 else ''} by error / tolerance")
     for header in ("where", "actual", "expected", "abs err", "rel err", "ULP", "err/tol", ""):
         table.add_column(header, justify="left" if header == "where" else "right")
     for e in c.worst:
@@ -248,14 +249,14 @@ def _render_channels(console: Console, c: Comparison, limit: int) -> None:
         title = f"No channel has mismatches; closest of {len(c.channels)}"
     if len(shown) < len(bad):
         title += f" (worst {len(shown)} shown)"
-    if len(bad) == 1 and len(c.channels) > 1:
-        title += f": all mismatches are in c={bad[0].channel} (a bad per-channel reduction or parameter?)"
     table = _table(title)
     for header in ("c", "mismatched", "max abs", "max err/tol"):
         table.add_column(header, justify="right")
     for ch in shown:
         table.add_row(str(ch.channel), _channel_mismatch(ch), fmt(ch.max_abs), fmt(ch.max_ratio) if math.isinf(ch.max_ratio) else f"{ch.max_ratio:.3g}")
     console.print(table)
+    if len(bad) == 1 and len(c.channels) > 1:
+        console.print(f"all mismatches are in channel c={bad[0].channel}: a bad per-channel reduction or parameter?", highlight=False)
 
 
 def _channel_mismatch(ch: ChannelStat) -> str:

@@ -1,0 +1,267 @@
+"""Golden report text (fixed-width console, no colour) and the JSON schema, pinned."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from bnbwd_cli.compare import CompareSettings, PerOutput, SetComparison, compare_sets
+from bnbwd_cli.report import SCHEMA_VERSION, coordinates, fmt, render_report, report_document, write_json
+
+
+def render(result: SetComparison, verbose: bool = False) -> str:
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    render_report(console, result, actual_label="actual.npz", reference_label="reference.npz", verbose=verbose)
+    # rich pads table titles with spaces; editors strip trailing blanks from the golden text
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"
+
+
+def mismatch_case() -> SetComparison:
+    """diff_src: channel 1 off at two elements; diff_gamma: one ulp off (passes); diff_beta exact."""
+    reference = {
+        "diff_src": np.array([[[[0.5, -0.25], [1.0, 0.0]], [[2.0, -1.0], [0.125, 4.0]]]], dtype=np.float32),
+        "diff_gamma": np.array([1.5, -2.0], dtype=np.float32),
+        "diff_beta": np.array([0.0, 3.0], dtype=np.float32),
+    }
+    actual = {key: value.copy() for key, value in reference.items()}
+    actual["diff_src"][0, 1, 1, 0] = 0.25
+    actual["diff_src"][0, 1, 0, 1] = -1.0001
+    actual["diff_gamma"][1] = np.float32(-2.0) + np.float32(2**-22)
+    settings = CompareSettings(atol=PerOutput(by_name={"diff_gamma": 1e-4}))
+    return compare_sets(actual, reference, settings, data_format="NCHW", top_k=3)
+
+
+def structural_case() -> SetComparison:
+    reference = {"diff_src": np.zeros((2, 3, 4, 4), np.float32), "diff_gamma": np.ones(3, np.float32), "diff_beta": np.ones(3, np.float32)}
+    actual = {"diff_src": np.zeros((2, 4, 4, 3), np.float32), "diff_gamma": np.ones(3, np.float32), "junk": np.ones(3, np.float32)}
+    return compare_sets(actual, reference, CompareSettings(), data_format="NCHW")
+
+
+GOLDEN_VERBOSE = '''\
+bnbwd verify: actual actual.npz vs reference reference.npz
+element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
+output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
+Tolerances in force (* = overridden; defaults by dtype below)
+output      dtype     atol   rtol  ulp  rel L2 bound  max mismatch  NaN == NaN
+──────────────────────────────────────────────────────────────────────────────
+diff_src    f32      1e-05  1e-05    1       7.6e-06         0 (0)          no
+diff_gamma  f32    0.0001*  1e-05    1       7.6e-06         0 (0)          no
+diff_beta   f32      1e-05  1e-05    1       7.6e-06         0 (0)          no
+defaults by dtype:
+   f64  atol=1e-12 rtol=1e-09 ulp=1 rel_l2=2.3e-10
+   f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06
+   f16  atol=0.001 rtol=0.001 ulp=1 rel_l2=0.002
+  bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016
+
+Summary
+output      shape      dtype  status  mismatched  max abs  max rel  max ULP   rel L2  min atol
+──────────────────────────────────────────────────────────────────────────────────────────────
+diff_src    (1,2,2,2)  f32    FAIL       2 (25%)  1.2e-01  1.0e+00    8e+06  2.6e-02   1.2e-01
+diff_gamma  (2,)       f32    PASS        0 (0%)  2.4e-07  1.2e-07        1  9.5e-08         0
+diff_beta   (2,)       f32    PASS        0 (0%)        0        0        0        0         0
+
+diff_src: FAIL ─────────────────────────────────────────────────────────────────────────────────────
+Mismatched elements: 2 / 8 (25%), allowed 0
+max abs 1.2e-01 at n=0 c=1 h=1 w=0
+max rel 1.0e+00 at n=0 c=1 h=1 w=0
+max ULP 8e+06 at n=0 c=1 h=1 w=0
+rel L2 2.6e-02 (bound 7.6e-06): FAIL
+would pass (element-wise) with atol >= 1.2e-01 (rtol as set) or rtol >= 1.0e+00 (atol as set)
+Worst 2 elements by error / tolerance
+where                 actual  expected  abs err  rel err    ULP   err/tol
+────────────────────────────────────────────────────────────────────────────
+n=0 c=1 h=1 w=0         0.25     0.125  1.2e-01  1.0e+00  8e+06  1.11e+04  x
+n=0 c=1 h=0 w=1  -1.00010002        -1  1.0e-04  1.0e-04    839         5  x
+Channels with mismatches: 1 of 2
+c  mismatched  max abs  max err/tol
+───────────────────────────────────
+1       2 / 4  1.2e-01     1.11e+04
+all mismatches are in channel c=1: a bad per-channel reduction or parameter?
+|a-r| histogram (finite elements)
+|a-r|           count
+─────────────────────────────────────────────────────
+0 (exact)           6  ##############################
+[1e-04, 1e-03)      1  #####
+[1e-03, 1e-02)      0
+[1e-02, 1e-01)      0
+[1e-01, 1e+00)      1  #####
+
+diff_gamma: PASS ───────────────────────────────────────────────────────────────────────────────────
+Mismatched elements: 0 / 2 (0%), allowed 0
+max abs 2.4e-07 at c=1
+max rel 1.2e-07 at c=1
+max ULP 1 at c=1
+rel L2 9.5e-08 (bound 7.6e-06): ok
+would pass (element-wise) with atol >= 0 (rtol as set) or rtol >= 0 (atol as set)
+Worst 1 element by error / tolerance
+where       actual  expected  abs err  rel err  ULP  err/tol
+───────────────────────────────────────────────────────────────
+c=1    -1.99999976        -2  2.4e-07  1.2e-07    1  0.00199
+|a-r| histogram (finite elements)
+|a-r|           count
+─────────────────────────────────────────────────────
+0 (exact)           1  ##############################
+[1e-07, 1e-06)      1  ##############################
+
+diff_beta: PASS ────────────────────────────────────────────────────────────────────────────────────
+Mismatched elements: 0 / 2 (0%), allowed 0
+max abs 0 at c=0
+max rel 0 at c=1
+max ULP 0 at c=0
+rel L2 0 (bound 7.6e-06): ok
+would pass (element-wise) with atol >= 0 (rtol as set) or rtol >= 0 (atol as set)
+|a-r| histogram (finite elements)
+|a-r|      count
+────────────────────────────────────────────────
+0 (exact)      2  ##############################
+
+FAIL (exit 1): numerical mismatch in diff_src
+'''
+
+GOLDEN_STRUCTURAL = '''\
+bnbwd verify: actual actual.npz vs reference reference.npz
+element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
+output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
+Tolerances in force (* = overridden; defaults by dtype below)
+output      dtype   atol   rtol  ulp  rel L2 bound  max mismatch  NaN == NaN
+────────────────────────────────────────────────────────────────────────────
+diff_gamma  f32    1e-05  1e-05    1       7.6e-06         0 (0)          no
+defaults by dtype:
+   f64  atol=1e-12 rtol=1e-09 ulp=1 rel_l2=2.3e-10
+   f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06
+   f16  atol=0.001 rtol=0.001 ulp=1 rel_l2=0.002
+  bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016
+
+Summary
+output      shape  dtype  status   mismatched  max abs  max rel  max ULP  rel L2  min atol
+──────────────────────────────────────────────────────────────────────────────────────────
+diff_src    -      -      SHAPE             -        -        -        -       -         -
+diff_gamma  (3,)   f32    PASS         0 (0%)        0        0        0       0         0
+diff_beta   -      -      MISSING           -        -        -        -       -         -
+junk        -      -      EXTRA             -        -        -        -       -         -
+
+error: diff_src: actual has shape (2, 4, 4, 3), reference (2, 3, 4, 4); actual looks like the NHWC transpose of reference (NCHW); bnbwd never transposes: convert one side
+error: diff_beta: in reference, missing from actual
+error: junk: in actual, missing from reference
+FAIL (exit 3): 3 structural problem(s)
+'''
+
+
+def test_golden_verbose_report():
+    assert render(mismatch_case(), verbose=True) == GOLDEN_VERBOSE
+
+
+def test_golden_structural_report():
+    assert render(structural_case()) == GOLDEN_STRUCTURAL
+
+
+def test_default_report_details_only_failing_outputs():
+    text = render(mismatch_case())
+    assert "diff_src: FAIL" in text and "diff_gamma: PASS" not in text
+    assert "Mismatched elements: 2 / 8 (25%), allowed 0" in text
+
+
+def test_mostly_zeros_warning_and_nan_counts_rendered():
+    reference = {"diff_src": np.arange(1.0, 9.0, dtype=np.float32).reshape(1, 2, 2, 2)}
+    actual = {"diff_src": np.zeros((1, 2, 2, 2), np.float32)}
+    actual["diff_src"][0, 0, 0, 0] = np.nan
+    text = render(compare_sets(actual, reference, CompareSettings(), data_format="NHWC"))
+    assert "warning: actual is 87.5% exact zeros, reference 0%: was the output written at all?" in text
+    assert "NaN: actual 1, reference 0, mismatched 1; Inf: actual 0, reference 0, mismatched 0" in text
+    assert "n=0 h=0 w=0 c=0" in text  # NHWC coordinates
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(float("nan"), "-"), (float("inf"), "inf"), (0.0, "0"), (1.234e-5, "1.2e-05")], ids=["nan", "inf", "zero", "num"]
+)
+def test_number_format(value, text):
+    assert fmt(value) == text
+
+
+def test_coordinates():
+    assert coordinates((3, 17, 5, 9), ("n", "c", "h", "w")) == "n=3 c=17 h=5 w=9"
+    assert coordinates((3, 17), None) == "(3, 17)"
+
+
+def _types(value):
+    """The JSON document's shape: dict keys and value types, lists by their first element."""
+    if isinstance(value, dict):
+        return {key: _types(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_types(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_json_schema_pinned():
+    document = report_document(mismatch_case(), actual_label="a.npz", reference_label="r.npz")
+    json.dumps(document, allow_nan=False)
+    assert document["schema_version"] == SCHEMA_VERSION == 1
+    assert (document["status"], document["exit_code"]) == ("mismatch", 1)
+    schema = _types(document)
+    assert schema["default_tolerances"]["bf16"] == {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float"}
+    output = schema["outputs"][0]
+    assert output.keys() == {"name", "actual_key", "reference_key", "status", "comparison"}
+    comparison = output["comparison"]
+    assert comparison == {
+        "shape": ["int"],
+        "dtype": "str",
+        "actual_dtype": "str",
+        "reference_dtype": "str",
+        "tolerance": {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float", "max_mismatch": "str", "equal_nan": "bool"},
+        "elements": "int",
+        "mismatches": "int",
+        "mismatch_fraction": "float",
+        "allowed_mismatches": "int",
+        "max_abs": {"value": "float", "index": ["int"], "where": "str"},
+        "max_rel": {"value": "float", "index": ["int"], "where": "str"},
+        "max_ulp": {"value": "float", "index": ["int"], "where": "str"},
+        "rel_l2": "float",
+        "rel_l2_passed": "bool",
+        "min_atol": "float",
+        "min_rtol": "float",
+        "nan": {"actual": "int", "reference": "int", "mismatches": "int"},
+        "inf": {"actual": "int", "reference": "int", "mismatches": "int"},
+        "axis_names": ["str"],
+        "channel_axis": "int",
+        "worst": [
+            {
+                "index": ["int"],
+                "where": "str",
+                "actual": "float",
+                "expected": "float",
+                "abs_err": "float",
+                "rel_err": "float",
+                "ulp_err": "float",
+                "ratio": "float",
+                "passed": "bool",
+            }
+        ],
+        "channels": [{"channel": "int", "elements": "int", "mismatches": "int", "max_abs": "float", "max_ratio": "float"}],
+        "histogram": [{"low": "float", "high": "float", "count": "int"}],
+        "zero_fraction_actual": "float",
+        "zero_fraction_reference": "float",
+        "mostly_zeros": "bool",
+    }
+    diff_src = document["outputs"][0]["comparison"]
+    assert diff_src["max_abs"] == {"value": 0.125, "index": [0, 1, 1, 0], "where": "n=0 c=1 h=1 w=0"}
+    assert [c["mismatches"] for c in diff_src["channels"]] == [0, 2]
+
+
+def test_json_structural_rows_and_non_finite_encoding(tmp_path):
+    document = report_document(structural_case(), actual_label="a", reference_label="r")
+    assert (document["status"], document["exit_code"]) == ("structural", 3)
+    assert [(o["name"], o["status"], o["comparison"]) for o in document["outputs"] if o["comparison"] is None] == [
+        ("diff_src", "shape", None),
+        ("diff_beta", "missing", None),
+        ("junk", "extra", None),
+    ]
+    assert [p["kind"] for p in document["problems"]] == ["shape", "missing", "extra"]
+    nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, CompareSettings())
+    path = tmp_path / "r.json"
+    write_json(report_document(nan_case, actual_label="a", reference_label="r"), str(path))
+    loaded = json.loads(path.read_text())["outputs"][0]["comparison"]
+    assert loaded["min_atol"] == "inf" and loaded["worst"][0]["abs_err"] is None
