@@ -189,7 +189,7 @@ def _check_variance(variance: np.ndarray, variance_is_invstd: bool) -> None:
         bad = np.flatnonzero(~(values > 0) | ~np.isfinite(values))
         if bad.size:
             c = int(bad[0])
-            raise BnbwdError(f"variance (as invstd) at c={c} is {values[c]!r}, expected finite > 0 ({bad.size} channels bad)")
+            raise BnbwdError(f"variance (as invstd) at c={c} is {float(values[c])!r}, expected finite > 0 ({bad.size} channels bad)")
         return
     bad = np.flatnonzero(~(values >= 0))  # catches NaN too
     if bad.size:
