@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -94,7 +94,6 @@ class Case:
     omit: tuple[str, ...] = ()
     epsilon_flag: bool = False  # pass --epsilon on the command line instead of the bundle
     note: str = ""
-    extra: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 def _torch_cases() -> list[Case]:
@@ -190,7 +189,7 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
     forward pass would save them). Inference: arbitrary running statistics.
     """
     rng = np.random.default_rng(case.seed)
-    n, ch = case.shape[0], case.shape[1]
+    ch = case.shape[1]
     offset = 3.0 if "largeM" in case.name else 0.0
     chan = (1, ch) + (1,) * (len(case.shape) - 2)
     loc = rng.uniform(-1.0, 1.0, ch).reshape(chan) + offset
@@ -205,7 +204,6 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
     else:
         mean64 = loc.reshape(ch) + rng.uniform(-0.2, 0.2, ch)
         var64 = (scale.reshape(ch) ** 2) * rng.uniform(0.7, 1.3, ch)
-    del n
     return {"src": src, "diff_dst": diff_dst, "mean": _to_dtype(mean64, case.stats_dtype),
             "variance": _to_dtype(var64, case.stats_dtype), "gamma": gamma}
 

@@ -35,10 +35,9 @@ DTYPE_NAMES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32),
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
+    # bf16 comes back as raw |V2; _as_dtype reinterprets it where the manifest says bf16.
     with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
-    # np.load gives bf16 back as raw |V2; the manifest says which arrays are bf16.
-    return arrays
+        return {k: z[k] for k in z.files}
 
 
 def _as_dtype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
