@@ -1,0 +1,172 @@
+"""`bnbwd verify` through the real CLI: one test per exit code, JSON, directories, --map."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def outputs(rng) -> dict[str, np.ndarray]:
+    return {
+        "diff_src": rng.standard_normal((2, 4, 3, 3)).astype(np.float32),
+        "diff_gamma": rng.standard_normal(4).astype(np.float32),
+        "diff_beta": rng.standard_normal(4).astype(np.float32),
+    }
+
+
+def save(path, arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_exit_0_identical_outputs(cli, tmp_path, outputs):
+    path = save(tmp_path / "out.npz", outputs)
+    result = cli("verify", path, path)
+    assert result.exit_code == 0, result.output
+    assert "PASS: 3 output(s) within tolerance" in result.stdout
+    assert "f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06" in result.stdout  # defaults in the header
+    assert result.stderr == ""
+
+
+def test_exit_1_one_channel_off_points_at_channel(cli, tmp_path, outputs):
+    actual = save(tmp_path / "out.npz", outputs)
+    perturbed = {k: v.copy() for k, v in outputs.items()}
+    perturbed["diff_src"][:, 2] += 1e-3
+    perturbed["diff_src"][1, 2, 0, 2] += 0.5
+    reference = save(tmp_path / "ref.npz", perturbed)
+    result = cli("verify", actual, reference, "--format", "NCHW")
+    assert result.exit_code == 1, result.output
+    assert "FAIL (exit 1): numerical mismatch in diff_src" in result.stdout
+    assert "Mismatched elements: 18 / 72 (25%), allowed 0" in result.stdout
+    assert "all mismatches are in channel c=2" in result.stdout
+    worst_row = result.stdout.split("Worst 10 elements")[1].splitlines()[3]
+    assert worst_row.startswith("n=1 c=2 h=0 w=2")
+
+
+def test_exit_1_becomes_0_with_tolerance_overrides(cli, tmp_path, outputs):
+    actual = save(tmp_path / "out.npz", outputs)
+    perturbed = {k: v.copy() for k, v in outputs.items()}
+    perturbed["diff_gamma"][1] += 1e-3
+    reference = save(tmp_path / "ref.npz", perturbed)
+    assert cli("verify", actual, reference).exit_code == 1
+    result = cli("verify", actual, reference, "--atol", "diff_gamma=2e-3", "--rel-l2", "diff_gamma=1e-2")
+    assert result.exit_code == 0, result.output
+    assert "0.002*" in result.stdout
+    assert cli("verify", actual, reference, "--max-mismatch", "1", "--rel-l2", "1").exit_code == 0
+    assert cli("verify", actual, reference, "--max-mismatch", "diff_gamma=25%", "--rel-l2", "1").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--atol", "diff_gamma=abc"], "'diff_gamma=abc': 'abc' is not a number"),
+        (["--rtol", "-1"], "must be a finite number >= 0"),
+        (["--max-mismatch", "5x"], "expected a count (e.g. 5) or a percentage"),
+        (["--map", "x_backprop"], "expected ACTUAL_KEY=REFERENCE_KEY"),
+        (["--format", "NHCW"], "Invalid value for '--format'"),
+        (["--atol", "diff_gama=1e-4"], "--atol names diff_gama, which is not an output"),
+    ],
+    ids=["atol-nan", "rtol-negative", "max-mismatch", "map", "format", "unknown-output"],
+)
+def test_exit_2_usage(cli, tmp_path, outputs, args, message):
+    path = save(tmp_path / "out.npz", outputs)
+    result = cli("verify", path, path, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_exit_3_missing_and_extra_keys(cli, tmp_path, outputs):
+    reference = save(tmp_path / "ref.npz", outputs)
+    actual = save(tmp_path / "out.npz", {"diff_src": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"], "junk": outputs["diff_beta"]})
+    result = cli("verify", actual, reference)
+    assert result.exit_code == 3, result.output
+    assert "error: diff_beta: in reference, missing from actual" in result.stderr
+    assert "error: junk: in actual, missing from reference" in result.stderr
+    assert "MISSING" in result.stdout and "EXTRA" in result.stdout
+
+
+def test_exit_3_shape_mismatch_names_the_transpose(cli, tmp_path, outputs):
+    reference = save(tmp_path / "ref.npz", outputs)
+    actual = save(tmp_path / "out.npz", {**outputs, "diff_src": np.moveaxis(outputs["diff_src"], 1, -1)})
+    result = cli("verify", actual, reference)
+    assert result.exit_code == 3
+    assert (
+        "error: diff_src: actual has shape (2, 3, 3, 4), reference (2, 4, 3, 3); "
+        "actual looks like the NHWC transpose of reference (NCHW)" in result.stderr
+    )
+
+
+def test_exit_3_unreadable_file_and_uncomparable_dtype(cli, tmp_path, outputs):
+    good = save(tmp_path / "out.npz", outputs)
+    result = cli("verify", str(tmp_path / "nope.npz"), good)
+    assert result.exit_code == 3 and "nope.npz" in result.stderr and result.stderr.startswith("error: ")
+    ints = tmp_path / "diff_src.npy"
+    np.save(ints, outputs["diff_src"].astype(np.int32))
+    result = cli("verify", str(ints), good, "--only", "diff_src")
+    assert result.exit_code == 3
+    assert "diff_src: actual has dtype int32, which cannot be compared" in result.stderr
+
+
+def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
+    actual = save(tmp_path / "out.npz", outputs)
+    perturbed = {**outputs, "diff_beta": outputs["diff_beta"] + np.float32(1.0)}
+    reference = save(tmp_path / "ref.npz", perturbed)
+    result = cli("verify", actual, reference, "--json", "-")
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == 1 and document["status"] == "mismatch"
+    assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "fail"]
+
+
+def test_json_to_file_alongside_report(cli, tmp_path, outputs):
+    path = save(tmp_path / "out.npz", outputs)
+    target = tmp_path / "report.json"
+    result = cli("verify", path, path, "--json", str(target))
+    assert result.exit_code == 0 and "PASS" in result.stdout
+    assert json.loads(target.read_text())["exit_code"] == 0
+
+
+def test_directory_of_npy_against_npz_and_bf16_from_v2(cli, tmp_path, outputs):
+    directory = tmp_path / "kernel_out"
+    directory.mkdir()
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in outputs.items()}
+    for key, value in bf16.items():
+        np.save(directory / f"{key}.npy", value)  # stored as |V2
+    reference = save(tmp_path / "ref.npz", outputs)
+    result = cli("verify", str(directory), reference, "-v")
+    assert result.exit_code == 0, result.output
+    assert "bf16/f32" in result.stdout
+    assert re.search(r"diff_src\s+bf16\s+0\.01\s+0\.016\s", result.stdout)  # the coarser dtype's tolerances
+
+
+def test_map_only_ignore(cli, tmp_path, outputs):
+    tf_names = {"x_backprop": outputs["diff_src"], "scale_backprop": outputs["diff_gamma"], "offset_backprop": outputs["diff_beta"]}
+    actual = save(tmp_path / "tf.npz", tf_names)
+    reference = save(tmp_path / "ref.npz", outputs)
+    assert cli("verify", actual, reference).exit_code == 3
+    mapped = cli(
+        "verify", actual, reference, "--map", "x_backprop=diff_src", "--map", "scale_backprop=diff_gamma", "--map", "offset_backprop=diff_beta"
+    )
+    assert mapped.exit_code == 0, mapped.output
+    assert "x_backprop=diff_src" in mapped.stdout
+    partial = cli("verify", actual, reference, "--map", "x_backprop=diff_src", "--only", "diff_src")
+    assert partial.exit_code == 0, partial.output
+    ignored = cli("verify", actual, reference, "--map", "x_backprop=diff_src", "--ignore", "scale_backprop,offset_backprop,diff_gamma,diff_beta")
+    assert ignored.exit_code == 0, ignored.output
+
+
+def test_no_colour_when_not_a_terminal(cli, tmp_path, outputs):
+    path = save(tmp_path / "out.npz", outputs)
+    assert "\x1b[" not in cli("verify", path, path).stdout
+
+
+def test_help_states_defaults_and_bf16(cli):
+    result = cli("verify", "--help")
+    assert result.exit_code == 0
+    for text in ("bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016", "|V2", "bfloat16", "Examples:", "--map"):
+        assert text in result.stdout
