@@ -23,8 +23,8 @@ from bnbwd_cli.profiles import (
     validate_inputs,
 )
 from bnbwd_cli.run_summary import RunFacts, make_console, render_run, run_json
-from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, write_npy_dir, write_npz
-from bnbwd_cli.verify_cli import verify
+from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, read_tensor_set, write_npy_dir, write_npz
+from bnbwd_cli.verify_cli import comparison_options, report_comparison, verify
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
@@ -171,9 +171,12 @@ def _progress_callback(console, enabled: bool):
 @click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
+@click.option("--reference", metavar="REF", help="Compare the outputs with REF (.npz, .npy or a directory) "
+              "and report as `bnbwd verify` does; exit 1 on mismatch. The options below tune it.")
+@comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size,
-        json_target, quiet) -> None:
+        json_target, quiet, reference, comparison) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
     sources = {name: value for name, value in zip(INPUT_NAMES, (src, diff_dst, mean, variance, gamma, beta)) if value}
     stdin_users = [name for name, value in [("BUNDLE", bundle), *sources.items()] if value == "-"]
@@ -191,6 +194,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     if out_dir is not None and not out_dir.is_dir():
         raise BnbwdError(f"output directory {out_dir} does not exist")
     _check_destinations(destinations, _input_paths(bundle, sources))
+    if reference is not None and not Path(reference).exists():
+        raise BnbwdError(f"reference {reference}: no such file or directory")
 
     profile = PROFILES[spec]
     inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
@@ -235,11 +240,16 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
                      epsilon=None if variance_is_invstd else epsilon, training=not inference,
                      inputs=inputs, outputs=arrays, written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
                      elapsed_s=elapsed)
-    if json_target:
+    stdout_busy = output == "-" or json_target == "-"
+    report_console = make_console(stderr=stdout_busy)
+    if json_target and reference is None:
         _emit_json(json_target, run_json(facts))
     if not quiet:
-        stdout_busy = output == "-" or json_target == "-"
-        render_run(make_console(stderr=stdout_busy), stderr_console, facts)
+        render_run(report_console, stderr_console, facts)
+    if reference is not None:
+        code = report_comparison(arrays, read_tensor_set(reference), comparison, report_console, json_target,
+                                 actual_label="bnbwd run", reference_label=reference, data_format=canonical)
+        click.get_current_context().exit(int(code))
 
 
 def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_invstd: bool) -> float:
