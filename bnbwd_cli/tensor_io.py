@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import sys
 import tempfile
@@ -57,7 +58,9 @@ def _read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -
         raise BnbwdError(f"{what}: holds Python objects (dtype {dtype}); refusing to unpickle")
     if dtype.names is not None:
         raise BnbwdError(f"{what}: has a structured dtype {dtype}, expected a plain float array")
-    needed = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    if any(dim < 0 for dim in shape):
+        raise BnbwdError(f"{what}: header declares shape {tuple(shape)} with a negative dimension")
+    needed = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot wrap around to 0
     if available_bytes is not None:
         header_end = stream.tell()
         if needed > available_bytes - header_end:
@@ -75,7 +78,10 @@ def _read_npy_stream(stream: BinaryIO, available_bytes: int | None, what: str) -
     if len(data) != needed:
         raise BnbwdError(f"{what}: truncated: expected {needed} bytes of data, found {len(data)}")
     order = "F" if fortran_order else "C"
-    array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)
+    try:
+        array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)
+    except ValueError as exc:  # e.g. a zero-size dtype such as V0
+        raise BnbwdError(f"{what}: cannot use the data as shape {shape} {dtype} ({_reason(exc)})") from None
     return as_native(as_bfloat16_if_void(array))
 
 
@@ -101,7 +107,7 @@ def _read_npz_member(archive: zipfile.ZipFile, key: str, what: str) -> np.ndarra
     try:
         with archive.open(info) as stream:
             return _read_npy_stream(stream, info.file_size, what)
-    except READ_ERRORS as exc:
+    except (*READ_ERRORS, RuntimeError) as exc:  # zipfile: RuntimeError for encryption, NotImplementedError for methods
         raise BnbwdError(f"{what}: cannot read {member} ({_reason(exc)})") from None
 
 
