@@ -108,7 +108,7 @@ def render_report(
     verbose: bool = False,
 ) -> None:
     """Print the whole report: header, tolerances, summary, details, verdict."""
-    console.print(Text(f"bnbwd verify: actual {actual_label} vs reference {reference_label}", style="bold"))
+    console.print(Text(f"Comparison: actual {actual_label} vs reference {reference_label}", style="bold"), soft_wrap=True)
     console.print("element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp", highlight=False)
     console.print("output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2", highlight=False)
     _render_tolerances(console, result)

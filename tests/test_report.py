@@ -42,7 +42,7 @@ def structural_case() -> SetComparison:
 
 
 GOLDEN_VERBOSE = '''\
-bnbwd verify: actual actual.npz vs reference reference.npz
+Comparison: actual actual.npz vs reference reference.npz
 element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
 output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
 Tolerances in force (* = overridden; defaults by dtype below)
@@ -123,7 +123,7 @@ FAIL (exit 1): numerical mismatch in diff_src
 '''
 
 GOLDEN_STRUCTURAL = '''\
-bnbwd verify: actual actual.npz vs reference reference.npz
+Comparison: actual actual.npz vs reference reference.npz
 element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
 output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
 Tolerances in force (* = overridden; defaults by dtype below)
