@@ -416,3 +416,21 @@ def test_output_in_missing_directory(cli, bundle, tmp_path):
     assert_input_error(cli("run", path, "-o", tmp_path / "no" / "out.npz"), r"directory .* does not exist")
     assert_input_error(cli("run", path, "--out-dir", tmp_path / "nodir"), r"output directory .* does not exist")
     assert_input_error(cli("run", path, "-o", tmp_path), r"is a directory")
+
+
+def test_refuses_binary_to_a_terminal(bundle):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    path, _ = bundle
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", path, "-o", "-"], stdout=follower,
+                                stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert result.returncode == 2
+    assert b"refusing to write binary .npz data to a terminal" in result.stderr
