@@ -125,7 +125,14 @@ def check_epsilon(epsilon: float, profile: SpecProfile) -> float:
     """Epsilon > 0 and finite; rounded to float32 where the spec types it f32 (as the frameworks store it)."""
     if not math.isfinite(epsilon) or epsilon <= 0:
         raise BnbwdError(f"epsilon is {epsilon!r}, expected a finite number > 0")
-    return float(np.float32(epsilon)) if profile.epsilon_is_f32 else float(epsilon)
+    if not profile.epsilon_is_f32:
+        return float(epsilon)
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = float(np.float32(epsilon))
+    if not math.isfinite(rounded) or rounded <= 0:
+        raise BnbwdError(f"epsilon {epsilon:g} is {rounded:g} as float32 (spec {profile.name} types it f32); "
+                         "use a value float32 can hold")
+    return rounded
 
 
 def validate_inputs(
