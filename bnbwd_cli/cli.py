@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -35,7 +36,10 @@ class BnbwdGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                # NumPy's "invalid value encountered" lines are noise: a run counts and reports NaN/Inf itself.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return super().invoke(ctx)
         except MemoryError:
             raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
         except KeyboardInterrupt:
@@ -97,6 +101,14 @@ def _input_paths(bundle: str | None, sources: dict[str, str]) -> list[Path]:
     paths = [bundle] if bundle else []
     paths += [source.rpartition(":")[0] if ".npz:" in source.lower() else source for source in sources.values()]
     return [Path(p) for p in paths if p != "-"]
+
+
+def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Path]:
+    """The files --reference would read, so that no output overwrites them (a run compared with itself)."""
+    if not reference:
+        return []
+    path = Path(reference)
+    return [path / f"{name}.npy" for name in outputs] if path.is_dir() else [path]
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -193,7 +205,10 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     destinations = _output_paths(output, out_dir, outputs)
     if out_dir is not None and not out_dir.is_dir():
         raise BnbwdError(f"output directory {out_dir} does not exist")
-    _check_destinations(destinations, _input_paths(bundle, sources))
+    json_paths = [Path(json_target)] if json_target and json_target != "-" else []
+    _check_destinations(destinations + json_paths, _input_paths(bundle, sources) + _reference_paths(reference, outputs))
+    if json_paths and any(json_paths[0].resolve() == path.resolve() for path in destinations):
+        raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
     if reference is not None and not Path(reference).exists():
         raise BnbwdError(f"reference {reference}: no such file or directory")
 
