@@ -72,14 +72,14 @@ def nonfinite_warning(facts: RunFacts) -> str | None:
     if not bad:
         return None
     listing = ", ".join(f"{name} {count}" for name, count in bad.items())
-    return (f"warning: non-finite outputs ({listing} NaN/Inf values): NaN/Inf in src or diff_dst propagate "
-            "through their channel's sums into every output of that channel, as in the frameworks")
+    return (f"warning: non-finite outputs ({listing} NaN/Inf values): NaN/Inf in an input propagate "
+            "through its channel's sums into every output of that channel, as in the frameworks")
 
 
 def render_run(console: Console, error_console: Console, facts: RunFacts) -> None:
     warning = nonfinite_warning(facts)
     if warning:
-        error_console.print(warning, style="yellow", markup=False)
+        error_console.print(warning, style="yellow", markup=False, soft_wrap=True)  # one line: log greps
     table = Table(title=None, show_edge=False, header_style="bold")
     for column in ("output", "shape", "dtype", "min", "max", "NaN/Inf"):
         table.add_column(column, justify="left" if column in ("output", "dtype") else "right")
