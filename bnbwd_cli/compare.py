@@ -280,23 +280,61 @@ def _safe_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return ratio
 
 
-def _kth_largest(values: np.ndarray, k: int) -> float:
-    """The k-th largest value (1-based); 0 when there are fewer than k values."""
-    if values.size < k:
-        return 0.0
-    return float(np.partition(values, values.size - k)[values.size - k])
-
-
-def _located(values: np.ndarray, mask: np.ndarray, shape: tuple[int, ...]) -> Located:
-    if not mask.any():
-        return Located(float("nan"), None)
-    masked = np.where(mask, values, -np.inf)
-    flat = int(np.argmax(masked))
-    return Located(float(values[flat]), _unravel(flat, shape))
+_CHUNK = 1 << 20  # elements per pass: float64 temporaries stay ~8 MB each, whatever the tensor size
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+class _Best:
+    """Running maximum of a statistic and the flat index of its first occurrence."""
+
+    def __init__(self) -> None:
+        self.value, self.index = -math.inf, -1
+
+    def update(self, values: np.ndarray, mask: np.ndarray, offset: int) -> None:
+        if not mask.any():
+            return
+        masked = np.where(mask, values, -np.inf)
+        i = int(np.argmax(masked))
+        if masked[i] > self.value:
+            self.value, self.index = float(masked[i]), offset + i
+
+    def located(self, shape: tuple[int, ...]) -> Located:
+        if self.index < 0:
+            return Located(float("nan"), None)
+        return Located(self.value, _unravel(self.index, shape))
+
+
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """Flat positions of the k largest values; ties go to the lowest positions."""
+    if k <= 0 or values.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    if values.size <= k:
+        return np.arange(values.size)
+    threshold = np.partition(values, values.size - k)[values.size - k]
+    above = np.flatnonzero(values > threshold)
+    ties = np.flatnonzero(values == threshold)[: k - above.size]
+    return np.concatenate([above, ties])
+
+
+class _Largest:
+    """The k largest values seen (for the minimum tolerance with k-1 allowed outliers)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.kept = k, np.zeros(0)
+
+    def update(self, values: np.ndarray) -> None:
+        self.kept = np.concatenate([self.kept, values[_top(values, self.k)]])
+        if self.kept.size > 4 * self.k:
+            self.kept = self.kept[_top(self.kept, self.k)]
+
+    def kth(self) -> float:
+        """The k-th largest value; 0 when fewer than k were seen."""
+        if self.kept.size < self.k:
+            return 0.0
+        return float(np.partition(self.kept, self.kept.size - self.k)[self.kept.size - self.k])
 
 
 def compare_arrays(
@@ -317,132 +355,193 @@ def compare_arrays(
     ``dtype``: the dtype whose ULP grid applies (default: the coarser side's).
     ``axis_names``/``channel_axis``: the tensor's layout, for coordinates and the
     per-channel table (None: plain indices, no per-channel table).
+    Works in chunks of the flattened tensors, so memory stays bounded for large outputs.
     """
     if actual.shape != reference.shape:
         raise ValueError(f"shapes differ: {actual.shape} vs {reference.shape}")
     shape = tuple(int(s) for s in reference.shape)
     dtype = dtype or comparison_dtype(actual.dtype, reference.dtype)
-    a = to_float64(actual).reshape(-1)
-    r = to_float64(reference).reshape(-1)
-    size = a.size
-
-    finite = np.isfinite(a) & np.isfinite(r)
-    nan_a, nan_r = np.isnan(a), np.isnan(r)
-    any_nan = nan_a | nan_r
-    nonfinite_ok = (nan_a & nan_r & equal_nan) | (np.isinf(a) & np.isinf(r) & (a == r))
-    nonfinite_bad = ~finite & ~nonfinite_ok
-    nonfinite = NonFinite(
-        nan_actual=int(nan_a.sum()),
-        nan_reference=int(nan_r.sum()),
-        nan_mismatches=int((nonfinite_bad & any_nan).sum()),
-        inf_actual=int(np.isinf(a).sum()),
-        inf_reference=int(np.isinf(r).sum()),
-        inf_mismatches=int((nonfinite_bad & ~any_nan).sum()),
-    )
-
-    af, rf = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
-    abs_err = np.abs(af - rf)
-    abs_ref = np.abs(rf)
-    bound = tolerance.atol + tolerance.rtol * abs_ref
-    with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
-        ulp_err = abs_err / ulp_spacing(rf, dtype)
-    within_ulp = ulp_err <= tolerance.ulp
-    fails = nonfinite_bad | (finite & ~((abs_err <= bound) | within_ulp))
-    mismatches = int(fails.sum())
+    a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
+    size = a_flat.size
     allowed = max_mismatch.allowed(size)
-
-    # How far each element is from passing: error / tolerance under the looser rule.
-    ratio = np.minimum(_safe_ratio(abs_err, bound), _safe_ratio(ulp_err, np.full(size, float(tolerance.ulp))))
-    ratio[nonfinite_bad] = np.inf
-    rel_err = _safe_ratio(abs_err, abs_ref)
-
-    need_atol = np.where(within_ulp, 0.0, np.maximum(0.0, abs_err - tolerance.rtol * abs_ref))
-    need_rtol = np.where(within_ulp | (abs_err <= tolerance.atol), 0.0, _safe_ratio(abs_err - tolerance.atol, abs_ref))
-    need_atol[nonfinite_bad] = np.inf
-    need_rtol[nonfinite_bad] = np.inf
-
-    diff_norm = float(np.linalg.norm(abs_err))
-    ref_norm = float(np.linalg.norm(rf))
-    if ref_norm > 0:
-        rel_l2 = diff_norm / ref_norm
-        rel_l2_passed = rel_l2 <= tolerance.rel_l2
-    else:  # nothing to be relative to: the element-wise check decides
-        rel_l2 = 0.0 if diff_norm == 0 else math.inf
-        rel_l2_passed = True
-
-    zero_a = float((a == 0).mean()) if size else 0.0
-    zero_r = float((r == 0).mean()) if size else 0.0
-    return Comparison(
-        shape=shape,
-        dtype=dtype,
-        actual_dtype=dtype_name(actual.dtype) or str(actual.dtype),
-        reference_dtype=dtype_name(reference.dtype) or str(reference.dtype),
-        tolerance=tolerance,
-        max_mismatch=max_mismatch,
-        equal_nan=equal_nan,
-        elements=size,
-        mismatches=mismatches,
-        allowed_mismatches=allowed,
-        max_abs=_located(abs_err, finite, shape),
-        max_rel=_located(rel_err, finite & (rf != 0), shape),
-        max_ulp=_located(ulp_err, finite, shape),
-        rel_l2=rel_l2,
-        rel_l2_passed=rel_l2_passed,
-        min_atol=_kth_largest(need_atol, allowed + 1),
-        min_rtol=_kth_largest(need_rtol, allowed + 1),
-        nonfinite=nonfinite,
-        worst=_worst(a, r, abs_err, rel_err, ulp_err, ratio, fails, shape, top_k),
-        channel_axis=channel_axis if len(shape) >= 2 else None,
-        axis_names=axis_names,
-        channels=_channels(fails, abs_err, ratio, shape, channel_axis),
-        histogram=log_histogram(abs_err[finite]),
-        zero_fraction_actual=zero_a,
-        zero_fraction_reference=zero_r,
-        mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
-    )
+    state = _Accumulator(shape, tolerance, equal_nan, dtype, channel_axis if len(shape) >= 2 else None, top_k, allowed + 1)
+    for start in range(0, size, _CHUNK):
+        stop = min(start + _CHUNK, size)
+        state.add(to_float64(a_flat[start:stop]), to_float64(r_flat[start:stop]), start)
+    return state.result(a_flat, r_flat, max_mismatch, allowed, axis_names)
 
 
-def _worst(a, r, abs_err, rel_err, ulp_err, ratio, fails, shape, top_k) -> tuple[Element, ...]:
-    """The top_k elements by error/tolerance (ties: lower index first); exact matches omitted."""
-    candidates = np.flatnonzero(ratio > 0)
-    if top_k <= 0 or candidates.size == 0:
-        return ()
-    order = np.lexsort((candidates, -ratio[candidates]))[:top_k]
-    return tuple(
-        Element(
-            index=_unravel(int(i), shape),
-            actual=float(a[i]),
-            expected=float(r[i]),
-            abs_err=float(abs(a[i] - r[i])) if not math.isnan(a[i] - r[i]) else math.nan,
-            rel_err=float(rel_err[i]) if np.isfinite(a[i]) and np.isfinite(r[i]) else math.nan,
-            ulp_err=float(ulp_err[i]) if np.isfinite(a[i]) and np.isfinite(r[i]) else math.nan,
-            ratio=float(ratio[i]),
-            passed=not bool(fails[i]),
+class _Accumulator:
+    """Statistics of one comparison, gathered chunk by chunk."""
+
+    def __init__(self, shape, tolerance: Tolerance, equal_nan: bool, dtype: str, channel_axis, top_k: int, keep: int) -> None:
+        self.shape, self.tol, self.equal_nan, self.dtype = shape, tolerance, equal_nan, dtype
+        self.channel_axis, self.top_k = channel_axis, top_k
+        self.counts = dict.fromkeys(("mismatches", "nan_a", "nan_r", "nan_bad", "inf_a", "inf_r", "inf_bad", "zero_a", "zero_r", "exact"), 0)
+        self.diff_sq = self.ref_sq = 0.0
+        self.max_abs, self.max_rel, self.max_ulp = _Best(), _Best(), _Best()
+        self.need_atol, self.need_rtol = _Largest(keep), _Largest(keep)
+        self.worst_index = np.zeros(0, dtype=np.intp)
+        self.worst_ratio = np.zeros(0)
+        self.worst_fail = np.zeros(0, dtype=bool)
+        self.decades: dict[int, int] = {}
+        if channel_axis is not None:
+            count = shape[channel_axis]
+            self.channel_stride = math.prod(shape[channel_axis + 1 :])
+            self.ch_fail = np.zeros(count, dtype=np.int64)
+            self.ch_abs = np.zeros(count)
+            self.ch_ratio = np.zeros(count)
+
+    def add(self, a: np.ndarray, r: np.ndarray, offset: int) -> None:
+        tol, counts = self.tol, self.counts
+        finite = np.isfinite(a) & np.isfinite(r)
+        nan_a, nan_r = np.isnan(a), np.isnan(r)
+        any_nan = nan_a | nan_r
+        nonfinite_bad = ~finite & ~((nan_a & nan_r & self.equal_nan) | (np.isinf(a) & np.isinf(r) & (a == r)))
+        counts["nan_a"] += int(nan_a.sum())
+        counts["nan_r"] += int(nan_r.sum())
+        counts["nan_bad"] += int((nonfinite_bad & any_nan).sum())
+        counts["inf_a"] += int(np.isinf(a).sum())
+        counts["inf_r"] += int(np.isinf(r).sum())
+        counts["inf_bad"] += int((nonfinite_bad & ~any_nan).sum())
+        counts["zero_a"] += int((a == 0).sum())
+        counts["zero_r"] += int((r == 0).sum())
+
+        af, rf = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
+        abs_err = np.abs(af - rf)
+        abs_ref = np.abs(rf)
+        bound = tol.atol + tol.rtol * abs_ref
+        with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
+            ulp_err = abs_err / ulp_spacing(rf, self.dtype)
+        within_ulp = ulp_err <= tol.ulp
+        fails = nonfinite_bad | (finite & ~((abs_err <= bound) | within_ulp))
+        counts["mismatches"] += int(fails.sum())
+
+        # How far each element is from passing: error / tolerance under the looser rule.
+        ratio = np.minimum(_safe_ratio(abs_err, bound), _safe_ratio(ulp_err, np.full(a.size, float(tol.ulp))))
+        ratio[nonfinite_bad] = np.inf
+
+        need_atol = np.where(within_ulp, 0.0, np.maximum(0.0, abs_err - tol.rtol * abs_ref))
+        need_rtol = np.where(within_ulp | (abs_err <= tol.atol), 0.0, _safe_ratio(abs_err - tol.atol, abs_ref))
+        need_atol[nonfinite_bad] = np.inf
+        need_rtol[nonfinite_bad] = np.inf
+        self.need_atol.update(need_atol)
+        self.need_rtol.update(need_rtol)
+
+        self.diff_sq += float(np.dot(abs_err, abs_err))
+        self.ref_sq += float(np.dot(rf, rf))
+        self.max_abs.update(abs_err, finite, offset)
+        self.max_rel.update(_safe_ratio(abs_err, abs_ref), finite & (rf != 0), offset)
+        self.max_ulp.update(ulp_err, finite, offset)
+
+        top = _top(np.where(ratio > 0, ratio, -1.0), self.top_k)
+        top = top[ratio[top] > 0]
+        self.worst_index = np.concatenate([self.worst_index, offset + top])
+        self.worst_ratio = np.concatenate([self.worst_ratio, ratio[top]])
+        self.worst_fail = np.concatenate([self.worst_fail, fails[top]])
+
+        finite_err = abs_err[finite]
+        self.counts["exact"] += int((finite_err == 0).sum())
+        nonzero = finite_err[finite_err > 0]
+        if nonzero.size:
+            values, numbers = np.unique(np.floor(np.log10(nonzero)).astype(int), return_counts=True)
+            for decade, number in zip(values.tolist(), numbers.tolist()):
+                self.decades[decade] = self.decades.get(decade, 0) + number
+
+        if self.channel_axis is not None:
+            channel = (np.arange(offset, offset + a.size) // self.channel_stride) % self.ch_fail.size
+            self.ch_fail += np.bincount(channel, weights=fails, minlength=self.ch_fail.size).astype(np.int64)
+            np.maximum.at(self.ch_abs, channel, abs_err)
+            np.maximum.at(self.ch_ratio, channel, ratio)
+
+    def result(self, a_flat, r_flat, max_mismatch: MaxMismatch, allowed: int, axis_names) -> Comparison:
+        shape, tol, counts = self.shape, self.tol, self.counts
+        size = math.prod(shape)
+        diff_norm, ref_norm = math.sqrt(self.diff_sq), math.sqrt(self.ref_sq)
+        if ref_norm > 0:
+            rel_l2 = diff_norm / ref_norm
+            rel_l2_passed = rel_l2 <= tol.rel_l2
+        else:  # nothing to be relative to: the element-wise check decides
+            rel_l2 = 0.0 if diff_norm == 0 else math.inf
+            rel_l2_passed = True
+        zero_a = counts["zero_a"] / size if size else 0.0
+        zero_r = counts["zero_r"] / size if size else 0.0
+        return Comparison(
+            shape=shape,
+            dtype=self.dtype,
+            actual_dtype=dtype_name(a_flat.dtype) or str(a_flat.dtype),
+            reference_dtype=dtype_name(r_flat.dtype) or str(r_flat.dtype),
+            tolerance=tol,
+            max_mismatch=max_mismatch,
+            equal_nan=self.equal_nan,
+            elements=size,
+            mismatches=counts["mismatches"],
+            allowed_mismatches=allowed,
+            max_abs=self.max_abs.located(shape),
+            max_rel=self.max_rel.located(shape),
+            max_ulp=self.max_ulp.located(shape),
+            rel_l2=rel_l2,
+            rel_l2_passed=rel_l2_passed,
+            min_atol=self.need_atol.kth(),
+            min_rtol=self.need_rtol.kth(),
+            nonfinite=NonFinite(
+                nan_actual=counts["nan_a"],
+                nan_reference=counts["nan_r"],
+                nan_mismatches=counts["nan_bad"],
+                inf_actual=counts["inf_a"],
+                inf_reference=counts["inf_r"],
+                inf_mismatches=counts["inf_bad"],
+            ),
+            worst=self._worst(a_flat, r_flat),
+            channel_axis=self.channel_axis,
+            axis_names=axis_names,
+            channels=self._channels(size),
+            histogram=_histogram(counts["exact"], self.decades),
+            zero_fraction_actual=zero_a,
+            zero_fraction_reference=zero_r,
+            mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
         )
-        for i in candidates[order]
-    )
 
+    def _worst(self, a_flat, r_flat) -> tuple[Element, ...]:
+        """The top_k elements by error/tolerance (ties: lower index first); exact matches omitted."""
+        order = np.lexsort((self.worst_index, -self.worst_ratio))[: self.top_k]
+        elements = []
+        for i in order:
+            flat = int(self.worst_index[i])
+            a, r = float(to_float64(a_flat[flat : flat + 1])[0]), float(to_float64(r_flat[flat : flat + 1])[0])
+            finite = math.isfinite(a) and math.isfinite(r)
+            err = abs(a - r) if finite else math.nan
+            if finite:
+                spacing = float(ulp_spacing(np.array([r]), self.dtype)[0])
+                rel = err / abs(r) if r != 0 else (math.inf if err > 0 else 0.0)
+                ulp = err / spacing
+            else:
+                rel = ulp = math.nan
+            elements.append(Element(_unravel(flat, self.shape), a, r, err, rel, ulp, float(self.worst_ratio[i]), not bool(self.worst_fail[i])))
+        return tuple(elements)
 
-def _channels(fails, abs_err, ratio, shape, channel_axis) -> tuple[ChannelStat, ...] | None:
-    if channel_axis is None or len(shape) < 2:
-        return None
-    count = shape[channel_axis]
-
-    def per_channel(values: np.ndarray) -> np.ndarray:
-        return np.moveaxis(values.reshape(shape), channel_axis, -1).reshape(-1, count)
-
-    f, d, q = per_channel(fails), per_channel(abs_err), per_channel(ratio)
-    rows = f.shape[0]
-    return tuple(
-        ChannelStat(
-            channel=c,
-            elements=rows,
-            mismatches=int(f[:, c].sum()),
-            max_abs=float(d[:, c].max()) if rows else 0.0,
-            max_ratio=float(q[:, c].max()) if rows else 0.0,
+    def _channels(self, size: int) -> tuple[ChannelStat, ...] | None:
+        if self.channel_axis is None:
+            return None
+        count = self.ch_fail.size
+        rows = size // count if count else 0
+        return tuple(
+            ChannelStat(channel=c, elements=rows, mismatches=int(self.ch_fail[c]), max_abs=float(self.ch_abs[c]), max_ratio=float(self.ch_ratio[c]))
+            for c in range(count)
         )
-        for c in range(count)
-    )
+
+
+def _histogram(exact: int, decades: Mapping[int, int], max_bins: int = 12) -> tuple[HistogramBin, ...]:
+    bins = [HistogramBin(0.0, 0.0, exact)]
+    if not decades:
+        return tuple(bins)
+    top, lowest = max(decades), min(decades)
+    bottom = max(lowest, top - max_bins + 1)
+    for k in range(bottom, top + 1):
+        low_edge = k == bottom and lowest < bottom
+        count = sum(n for d, n in decades.items() if d <= k) if low_edge else decades.get(k, 0)
+        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), count))
+    return tuple(bins)
 
 
 def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin, ...]:
@@ -451,19 +550,10 @@ def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin
     At most ``max_bins`` decades: the lowest bin then starts at 0 and collects everything
     below it (exact zeros still have their own bin).
     """
-    zeros = int((abs_err == 0).sum())
-    bins = [HistogramBin(0.0, 0.0, zeros)]
     nonzero = abs_err[abs_err > 0]
-    if nonzero.size == 0:
-        return tuple(bins)
-    decades = np.floor(np.log10(nonzero)).astype(int)
-    top = int(decades.max())
-    bottom = max(int(decades.min()), top - max_bins + 1)
-    for k in range(bottom, top + 1):
-        low_edge = k == bottom and int(decades.min()) < bottom
-        in_bin = (decades <= k) if low_edge else (decades == k)
-        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), int(in_bin.sum())))
-    return tuple(bins)
+    values, numbers = np.unique(np.floor(np.log10(nonzero)).astype(int), return_counts=True)
+    return _histogram(int((abs_err == 0).sum()), dict(zip(values.tolist(), numbers.tolist())), max_bins)
+
 
 
 # --------------------------------------------------------------------------- key matching

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -290,3 +291,20 @@ def test_structural_problem_shape_and_dtype():
     assert structural_problem("x", np.zeros(3, dtype=np.complex64), np.zeros(3)).kind == "dtype"
     assert permutation_hint((4, 5), (2, 3)) is None
     assert structural_problem("x", np.zeros(3, dtype=ml_dtypes.bfloat16), np.zeros(3)) is None
+
+
+def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
+    """Chunk boundaries (here every 7 elements) change nothing: maxima, ties, top-k, channels, histogram."""
+    import bnbwd_cli.compare as compare
+
+    reference = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    actual = reference + rng.choice([0.0, 1e-6, 1e-4, 1e-2], size=reference.shape).astype(np.float32)
+    actual[1, 2, 3] = np.nan
+    actual[2, 0, 0] = reference[2, 0, 0] + 1e-2  # ties with other 1e-2 errors
+    kwargs = dict(max_mismatch=MaxMismatch(3), channel_axis=1, top_k=6)
+    whole = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
+    monkeypatch.setattr(compare, "_CHUNK", 7)
+    chunked = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
+    assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-12)  # only the sum order differs
+    assert repr(replace(chunked, rel_l2=0.0)) == repr(replace(whole, rel_l2=0.0))  # repr: NaN == NaN
+    assert whole.mismatches > 3 and len(whole.worst) == 6
