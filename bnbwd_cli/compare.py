@@ -313,6 +313,8 @@ def _top(values: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(0, dtype=np.intp)
     if values.size <= k:
         return np.arange(values.size)
+    if k == 1:  # the common case (no outliers allowed): a max, not a partition
+        return np.array([int(np.argmax(values))])
     threshold = np.partition(values, values.size - k)[values.size - k]
     above = np.flatnonzero(values > threshold)
     ties = np.flatnonzero(values == threshold)[: k - above.size]
