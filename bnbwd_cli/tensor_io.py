@@ -145,8 +145,10 @@ def _read_npy_path(path: Path, what: str, mmap: bool) -> np.ndarray:
 
 
 def _stdin_bytes() -> bytes:
+    if sys.stdin is None:  # the shell closed it: `bnbwd run ... --src - <&-`
+        raise BnbwdError("stdin: '-' reads an array from standard input, but stdin is closed")
     stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin
-    if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
+    if hasattr(stream, "isatty") and stream.isatty():
         raise BnbwdError("stdin: '-' reads an array from standard input, but stdin is a terminal")
     try:
         return stream.read()
@@ -245,26 +247,58 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A temp file beside `path`, fsynced and renamed over it on success, removed on any failure."""
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new temp file beside `path` (same directory, so the final rename is atomic): (fd, name)."""
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise BnbwdError(f"output {path}: cannot create a file in {directory} ({_reason(exc)})") from None
+    with contextlib.suppress(OSError):  # mkstemp makes it 0600; outputs get the usual umask-based mode
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+    return fd, temp_name
+
+
+def _sync_and_close(stream: BinaryIO) -> None:
+    stream.flush()
+    os.fsync(stream.fileno())
+    stream.close()
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the renames durable; best effort (not every file system allows opening a directory)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _discard(temp_names: list[str], path: Path, exc: BaseException) -> None:
+    """Remove the temp files; an OSError (disk full, read-only, ...) becomes one user-facing line."""
+    for name in temp_names:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    if isinstance(exc, OSError):
+        raise BnbwdError(f"output {path}: write failed ({_reason(exc)}); nothing was written") from None
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A temp file beside `path`, fsynced and renamed over it on success, removed on any failure."""
+    fd, temp_name = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as stream:
             yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
+            _sync_and_close(stream)
         os.replace(temp_name, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        if isinstance(exc, OSError):
-            raise BnbwdError(f"output {path}: write failed ({_reason(exc)})") from None
+        _discard([temp_name], path, exc)
         raise
+    _sync_directory(path.parent)
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -274,11 +308,24 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray]) -> list[Path]:
-    """Write DIR/<key>.npy for every array; all files appear together or none does."""
-    stack = contextlib.ExitStack()
+    """Write DIR/<key>.npy for every array: all are written and fsynced as temp files first, then renamed.
+
+    A failure while writing (disk full, Ctrl-C) removes every temp file and leaves the directory as it was.
+    """
     paths = [directory / f"{key}.npy" for key in arrays]
-    with stack:
-        streams = [stack.enter_context(atomic_file(path)) for path in paths]
-        for stream, array in zip(streams, arrays.values()):
-            np.save(stream, array, allow_pickle=False)
+    temp_names: list[str] = []
+    path = directory
+    try:
+        for path, array in zip(paths, arrays.values()):
+            fd, temp_name = _create_temp(path)
+            temp_names.append(temp_name)
+            with os.fdopen(fd, "wb") as stream:
+                np.save(stream, array, allow_pickle=False)
+                _sync_and_close(stream)
+        for temp_name, path in zip(temp_names, paths):
+            os.replace(temp_name, path)
+    except BaseException as exc:
+        _discard(temp_names, path, exc)
+        raise
+    _sync_directory(directory)
     return paths
