@@ -43,8 +43,12 @@ class BnbwdGroup(click.Group):
         except MemoryError:
             raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
         except KeyboardInterrupt:
-            click.echo("error: interrupted; no output was written", err=True)
+            click.echo("error: interrupted; no partial output file is left", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
+            _silence_stdout()
+            click.echo("error: stdout was closed before bnbwd finished writing to it (broken pipe)", err=True)
+            ctx.exit(ExitCode.INPUT)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
@@ -52,6 +56,19 @@ class BnbwdGroup(click.Group):
                 raise
             click.echo(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)", err=True)
             ctx.exit(ExitCode.INTERNAL)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. under CliRunner)
+        pass
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError(32, "Broken pipe")  # rich would exit 1 (= mismatch) instead
 
 
 @click.group(cls=BnbwdGroup, context_settings=CONTEXT)
@@ -226,6 +243,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
 
     stderr_console = make_console(stderr=True)
+    stderr_console.on_broken_pipe = _raise_broken_pipe
     progress_bar, on_progress = _progress_callback(
         stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
     started = time.perf_counter()
@@ -257,6 +275,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
                      elapsed_s=elapsed)
     stdout_busy = output == "-" or json_target == "-"
     report_console = make_console(stderr=stdout_busy)
+    report_console.on_broken_pipe = _raise_broken_pipe
     if json_target and reference is None:
         _emit_json(json_target, run_json(facts))
     if not quiet:
