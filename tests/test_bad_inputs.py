@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import re
 import struct
+import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,7 @@ class Case:
     build: Callable[[Workspace], list[str]]  # argv after "run"; "-o out/grads.npz" is added unless given
     code: int
     pattern: str  # regex the error line must match; for code 0, one the stderr must match ("" = empty stderr)
+    stdin: bytes | None = None
 
 
 def bundle_with(**changes) -> Callable[[Workspace], list[str]]:
@@ -347,6 +350,18 @@ CASES = [
     Case("threads-zero", lambda ws: [ws.bundle(), "--threads", "0"], 2, r"--threads"),
     Case("block-size-garbage", lambda ws: [ws.bundle(), "--block-size", "lots"], 2, r"not a size"),
     Case("format-unknown", lambda ws: [ws.bundle(), "--format", "HWCN"], 2, r"--format"),
+    # ---- stdin ('-'): empty, cut short, garbage (closed stdin and real pipes: see the subprocess tests below)
+    Case("stdin-empty", lambda ws: [ws.bundle(), "--diff-dst", "-"], 3, r"diff_dst: stdin is empty", stdin=b""),
+    Case("stdin-truncated", lambda ws: [ws.bundle(), "--diff-dst", "-"], 3, r"diff_dst \(stdin\): header declares",
+         stdin=SRC_NPY[:300]),
+    Case("stdin-garbage", lambda ws: [ws.bundle(), "--src", "-"], 3, r"src \(stdin\): not a valid \.npy", stdin=b"\x00" * 99),
+    Case("stdin-shape-overflow", lambda ws: [ws.bundle(), "--src", "-"], 3, r"src \(stdin\): header declares shape",
+         stdin=huge_header((2**40, 2**40, 2**40))),
+    Case("stdin-negative-shape", lambda ws: [ws.bundle(), "--src", "-"], 3, r"src \(stdin\): .*negative dimension",
+         stdin=huge_header((2, -3, 4, 5), data=b"")),
+    Case("stdin-bundle-truncated", lambda ws: ["-"], 3, r"bundle \(stdin\): not a valid \.npz",
+         stdin=truncated(VALID_BUNDLE_BYTES, 0.7)),
+    Case("stdin-bundle-not-zip", lambda ws: ["-"], 3, r"bundle \(stdin\): not a valid \.npz", stdin=SRC_NPY),
 ]
 
 # Odd but valid: they must work, and agree with the float64 oracle.
@@ -380,7 +395,7 @@ def invoke(ws: Workspace, case: Case):
     args = case.build(ws)
     if not {"-o", "--out-dir"} & set(args):
         args += ["-o", str(ws.out / "grads.npz")]
-    return CliRunner().invoke(main, ["run", *args], catch_exceptions=True), args
+    return CliRunner().invoke(main, ["run", *args], input=case.stdin, catch_exceptions=True), args
 
 
 def assert_clean(result, ws: Workspace) -> None:
@@ -466,3 +481,51 @@ def test_nan_propagates_through_its_channel_only(ws: Workspace) -> None:
 def test_catalogue_is_large_enough() -> None:
     assert len(CASES) + len(VALID_CASES) >= 40
     assert len({c.id for c in CASES + VALID_CASES}) == len(CASES) + len(VALID_CASES)
+
+
+# ---------------------------------------------------------------- real processes and pipes (a few: ~0.3 s each)
+
+
+def bnbwd(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", *args], capture_output=True, timeout=60, **kwargs)
+
+
+def assert_one_error(stderr: bytes, pattern: str) -> None:
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(pattern, lines[0]), stderr.decode()
+
+
+def test_stdin_closed(ws: Workspace) -> None:
+    """`bnbwd run ... --diff-dst - <&-`: Python sees no stdin at all."""
+    completed = subprocess.run(["sh", "-c", f'exec "$0" -m bnbwd_cli run "$1" --diff-dst - -o "$2" <&-', sys.executable,
+                                ws.bundle(), str(ws.out / "grads.npz")], capture_output=True, timeout=60)
+    assert completed.returncode == 3
+    assert_one_error(completed.stderr, r"stdin.*is closed")
+    assert list(ws.out.iterdir()) == []
+
+
+def test_stdin_writer_dies_early(ws: Workspace) -> None:
+    """The process feeding stdin stops after part of the array."""
+    completed = bnbwd(ws.bundle(), "--diff-dst", "-", "-o", str(ws.out / "grads.npz"), input=SRC_NPY[: len(SRC_NPY) // 2])
+    assert completed.returncode == 3
+    assert_one_error(completed.stderr, r"diff_dst \(stdin\): header declares shape \(2, 3, 4, 5\)")
+    assert list(ws.out.iterdir()) == []
+
+
+def test_stdin_pipe_works(ws: Workspace) -> None:
+    completed = bnbwd(ws.bundle(), "--diff-dst", "-", "-q", "-o", str(ws.out / "grads.npz"), input=SRC_NPY)
+    assert completed.returncode == 0, completed.stderr
+    assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
+
+
+@pytest.mark.parametrize("to_stdout", [True, False], ids=["npz-to-stdout", "summary-to-stdout"])
+def test_stdout_closed_early(ws: Workspace, to_stdout: bool) -> None:
+    """`bnbwd run ... -o - | head -c 10`: the reader goes away; one line and exit 3, not a traceback or exit 1."""
+    arrays = make_inputs(shape=(4, 8, 32, 32))  # 128 KiB of diff_src: more than a pipe buffer holds
+    target = "-" if to_stdout else str(ws.out / "grads.npz")
+    process = subprocess.Popen([sys.executable, "-m", "bnbwd_cli", "run", ws.bundle(arrays), "-o", target],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 3
+    assert_one_error(stderr, r"stdout was closed .*broken pipe")
