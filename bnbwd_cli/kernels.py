@@ -11,14 +11,18 @@ for the budget is reduced tile by tile, its partial sums combined in float64, an
 then written tile by tile (~5 passes). NumPy releases the GIL inside its ufuncs, so
 a thread pool over tiles uses every core.
 
-Numerics: inputs are converted tile by tile to the compute dtype (float64 for float64
-src, else float32); sums along the contiguous spatial axis are NumPy's pairwise sums,
-and everything across rows, tiles and threads is accumulated in float64. Each output
-is rounded once, at the end, to its own dtype.
+Per tile: d = src - mean in the compute dtype (float64 for float64 src, else float32;
+f16/bf16 are converted tile by tile, f16 with exact bit manipulation because NumPy's own
+f16 cast is a slow scalar loop); Σdy and Σdy·d are accumulated in float64 (a float32
+product is exact in float64, so the sums survive cancellation); Σdy·xhat = invstd·Σdy·d;
+then diff_src = scale·((dy - mean(dy)) - d·invstd·mean(dy·xhat)), 4 in-cache ufunc
+passes, rounded once to the output dtype. Only ufuncs: NumPy's BLAS-backed calls
+(matmul, vecdot) were measured not to run concurrently from two threads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -81,15 +85,18 @@ def cache_sizes() -> dict[int, int]:
 
 
 def default_block_bytes(threads: int) -> int:
-    """Working-set budget of one tile (src, diff_dst, scratch and output all count).
+    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count).
 
-    Measured on a 2-core EPYC (1 MiB L2, 32 MiB L3), f32 (64,128,56,56): tiles of 1 MiB
-    run at 0.27 s (too many small NumPy calls, and planes get split), 4 MiB 0.07 s,
-    16 MiB 0.054 s. So a thread's share of the last-level cache, capped at 16 MiB.
+    Every thread's tile must stay in cache between the reduce and the write pass, so a
+    thread gets half its share of the last-level cache (the other half absorbs the
+    streaming inputs and outputs), at least 1 MiB and at most 16 MiB. Measured on a
+    2-core EPYC (512 KiB L2 a core, 32 MiB L3), f32 (64,128,56,56): budgets of 4-8 MiB
+    (one 0.8 MB channel plane a tile) beat 16 MiB; under ~1 MiB, per-call overhead wins.
     """
     sizes = cache_sizes()
     last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8
-    share = last_level // max(threads, 1) if max(sizes, default=0) >= 3 else last_level
+    shared = max(sizes, default=0) >= 3  # an L3 is shared by the cores; L1/L2 are per core
+    share = last_level // (2 * max(threads, 1)) if shared else last_level // 2
     return int(min(max(share, DEFAULT_CACHE_BYTES), 16 << 20))
 
 
@@ -128,7 +135,7 @@ class _Scratch(threading.local):
         self.buffers: dict[str, np.ndarray] = {}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         buffer = self.buffers.get(name)
         if buffer is None or buffer.size < size or buffer.dtype != dtype:
             buffer = np.empty(max(size, 1), dtype=dtype)
@@ -136,81 +143,168 @@ class _Scratch(threading.local):
         return buffer[:size].reshape(shape)
 
 
+# ---------------------------------------------------------------- float16 <-> float32
+# NumPy's own float16 casts run a scalar loop (~3 ns an element here, slower than memory);
+# these bit manipulations give the same bits (round to nearest even, subnormals, inf, NaN)
+# in a few vectorised integer passes.
+
+_U32 = np.uint32
+_F16_TO_F32_SCALE = np.float32(2.0**112)  # rebias exponent 15 -> 127, and normalises f16 subnormals
+_F32_DENORM_MAGIC = np.array(((127 - 15) + (23 - 10) + 1) << 23, _U32)
+
+
+def half_to_float(half: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """out (float32) = half (float16), exactly; scratch is uint32 of the same shape."""
+    bits = half.view(np.uint16)
+    out_bits = out.view(_U32)
+    np.bitwise_and(bits, np.uint16(0x7FFF), out=out_bits, dtype=_U32, casting="unsafe")
+    out_bits <<= _U32(13)
+    out *= _F16_TO_F32_SCALE
+    overflow = out_bits >= _U32(0x47800000)  # f16 exponent 31: inf or NaN
+    if overflow.any():
+        out_bits[overflow] |= _U32(0x7F800000)
+    np.right_shift(bits, np.uint16(15), out=scratch, dtype=_U32, casting="unsafe")
+    scratch <<= _U32(31)
+    out_bits |= scratch
+
+
+def float_to_half(values: np.ndarray, out: np.ndarray, magnitude: np.ndarray, result: np.ndarray) -> None:
+    """out (float16) = values (float32) rounded to nearest even; magnitude, result: uint32 scratch."""
+    bits = values.view(_U32)
+    np.bitwise_and(bits, _U32(0x7FFFFFFF), out=magnitude)
+    np.right_shift(magnitude, _U32(13), out=result)  # normal numbers: round half to even on bit 13
+    result &= _U32(1)
+    result += magnitude
+    result += _U32((((15 - 127) << 23) + 0xFFF) & 0xFFFFFFFF)
+    result >>= _U32(13)
+    small = magnitude < _U32(113 << 23)  # below the f16 normal range
+    if small.any():
+        rounded = (magnitude[small].view(np.float32) + _F32_DENORM_MAGIC.view(np.float32)).view(_U32)
+        result[small] = rounded - _F32_DENORM_MAGIC
+    large = magnitude >= _U32((127 + 16) << 23)  # overflow to inf, or NaN
+    if large.any():
+        result[large] = np.where(magnitude[large] > _U32(0xFF << 23), _U32(0x7E00), _U32(0x7C00))
+    np.right_shift(bits, _U32(16), out=magnitude)
+    magnitude &= _U32(0x8000)
+    result |= magnitude
+    np.copyto(out.view(np.uint16), result, casting="unsafe")
+
+
+# ---------------------------------------------------------------- the per-tile passes
+
+
+
 class _Kernel:
-    """One backward computation over an (N, C, S) view; its methods are the per-tile passes."""
+    """One backward computation over an (N, C, S) view; its methods are the per-tile passes.
+
+    Per tile: d = src - mean (one scratch tile, in the compute dtype), then Σdy and Σdy·d
+    (BLAS gemv/dot along contiguous spatial runs for NCX, 16-row float32 chunks for NXC,
+    float64 beyond), then diff_src = a·dy - (b·d + c) with per-channel a, b, c.
+    Σdy·xhat = invstd·Σdy·d is formed in float64 from the sums.
+    """
 
     def __init__(self, src3, dy3, out3, mean, invstd, scale, compute_dtype, count, training):
         self.src3, self.dy3, self.out3 = src3, dy3, out3
         self.compute_dtype = compute_dtype
-        self.mean, self.invstd, self.scale = mean, invstd, scale  # float64 (C,)
+        self.invstd, self.scale = invstd, scale  # float64 (C,)
+        self.mean_c = mean.astype(compute_dtype)[None, :, None]  # per-channel operands, shaped to broadcast
+        self.scale_c = scale.astype(compute_dtype)[None, :, None]
         self.count, self.training = count, training
+        self.input_dtype = src3.dtype
+        self.half = src3.dtype == np.float16
         self.scratch = _Scratch()
 
-    def _per_channel(self, values: np.ndarray, group: Group) -> np.ndarray:
-        return values[group.c0 : group.c1].astype(self.compute_dtype)[None, :, None]
-
-    def _load(self, group: Group, tile: Tile, need_xhat: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """dy and xhat = (src - mean) * invstd of one tile, in the compute dtype."""
-        index = np.s_[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
-        dy = self.dy3[index]
-        shape = dy.shape
-        if dy.dtype != self.compute_dtype:
-            converted = self.scratch.get("dy", shape, self.compute_dtype)
-            converted[...] = dy
-            dy = converted
-        if not need_xhat:
-            return dy, None
-        xhat = self.scratch.get("xhat", shape, self.compute_dtype)
-        np.subtract(self.src3[index], self._per_channel(self.mean, group), out=xhat, dtype=self.compute_dtype)
-        xhat *= self._per_channel(self.invstd, group)
-        return dy, xhat
-
-    def _sums(self, dy: np.ndarray, xhat: np.ndarray) -> np.ndarray:
-        """[Σdy, Σdy·xhat] per channel of the tile, float64, shape (2, channels)."""
-        product = self.scratch.get("product", dy.shape, self.compute_dtype)
-        np.multiply(dy, xhat, out=product)
-        return np.stack([_channel_sum(dy), _channel_sum(product)])
-
-    def _write(self, group: Group, tile: Tile, dy: np.ndarray, xhat: np.ndarray | None, sums: np.ndarray) -> None:
-        """diff_src of one tile from its dy, xhat and the group's complete sums (xhat is overwritten)."""
-        out = self.out3[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
-        scale = self._per_channel(self.scale, group)
-        if not self.training:
-            result = self.scratch.get("xhat", dy.shape, self.compute_dtype)
-            np.multiply(dy, scale, out=result)
+    def _convert(self, name: str, values: np.ndarray) -> np.ndarray:
+        """values in the compute dtype: the view itself, or a converted copy in scratch."""
+        if values.dtype == self.compute_dtype:
+            return values
+        converted = self.scratch.get(name, values.shape, self.compute_dtype)
+        if self.half:
+            half_to_float(values, converted, self.scratch.get("u32a", values.shape, _U32))
         else:
-            mean_dy = (sums[0] / self.count).astype(self.compute_dtype)[None, :, None]
-            mean_dy_xhat = (sums[1] / self.count).astype(self.compute_dtype)[None, :, None]
-            result = xhat
-            result *= mean_dy_xhat
-            np.subtract(dy, result, out=result)
-            result -= mean_dy
-            result *= scale
-        out[...] = result  # the one rounding to the output dtype
+            np.copyto(converted, values)
+        return converted
 
-    def fused(self, group: Group, want_sums: bool, want_diff_src: bool) -> np.ndarray:
+    def _load(self, group: Group, tile: Tile, need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """dy and d = src - mean of one tile, in the compute dtype (d lives in scratch)."""
+        index = np.s_[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+        dy = self._convert("dy", self.dy3[index])
+        if not need_d:
+            return dy, None
+        src = self.src3[index]
+        mean = self.mean_c[:, group.c0 : group.c1]
+        if src.dtype == self.compute_dtype:
+            d = self.scratch.get("d", src.shape, self.compute_dtype)
+            np.subtract(src, mean, out=d)
+        else:
+            d = self._convert("d", src)
+            d -= mean
+        return dy, d
+
+    def _sums(self, dy: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """[Σdy, Σdy·d] per channel of the tile, shape (2, channels), accumulated in float64.
+
+        A float32 product is exact in float64, and float64 sums keep the small results
+        that cancellation leaves (Σdy of zero-mean gradients, say), which float32 partial
+        sums would give up to rounding. Ufunc reductions only: NumPy's BLAS calls
+        (matmul, vecdot) do not run concurrently from two threads here, ufuncs do.
+        """
+        product = self.scratch.get("product64", dy.shape, np.dtype(np.float64))
+        np.multiply(dy, d, out=product, dtype=np.float64)
+        axis = 0 if dy.shape[2] == 1 else 2  # NXC: down the rows, else pairwise along s
+        sums = np.stack([dy.sum(axis=axis, dtype=np.float64), product.sum(axis=axis)])
+        return sums.sum(axis=1) if axis == 2 else sums[:, :, 0]
+
+    def _coefficients(self, group: Group, sums: np.ndarray) -> tuple[np.ndarray, ...]:
+        """mean(dy), invstd·mean(dy·xhat) per channel of the group, shaped to broadcast, compute dtype."""
+        invstd = self.invstd[group.c0 : group.c1]
+        mean_dy = sums[0] / self.count
+        mean_dy_xhat = sums[1] * invstd / self.count
+        return tuple((v.astype(self.compute_dtype)[None, :, None]) for v in (mean_dy, invstd * mean_dy_xhat))
+
+    def _store(self, result: np.ndarray, out: np.ndarray) -> None:
+        """The one rounding to the output dtype."""
+        if self.half:
+            float_to_half(result, out, self.scratch.get("u32a", result.shape, _U32),
+                          self.scratch.get("u32b", result.shape, _U32))
+        else:
+            np.copyto(out, result)
+
+    def _write(self, group: Group, tile: Tile, dy: np.ndarray, d: np.ndarray | None, sums: np.ndarray | None) -> None:
+        """diff_src = scale·((dy - mean(dy)) - d·invstd·mean(dy·xhat)) of one tile.
+
+        dy - mean(dy) comes first: when they nearly cancel (M small, say) it is exact.
+        d, and dy when it is a converted copy, are overwritten.
+        """
+        out = self.out3[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+        scale = self.scale_c[:, group.c0 : group.c1]
+        result = out if out.dtype == self.compute_dtype else dy  # else dy is a converted copy in scratch
+        if self.training:
+            mean_dy, k = self._coefficients(group, sums)
+            d *= k
+            np.subtract(dy, mean_dy, out=result)
+            result -= d
+            result *= scale
+        else:
+            np.multiply(dy, scale, out=result)
+        if result is not out:
+            self._store(result, out)
+
+    def fused(self, group: Group, want_sums: bool, want_diff_src: bool) -> np.ndarray | None:
         tile = group.tiles[0]
-        dy, xhat = self._load(group, tile, need_xhat=want_sums or self.training)
-        sums = self._sums(dy, xhat) if (want_sums or self.training) else None
+        need_sums = want_sums or self.training
+        dy, d = self._load(group, tile, need_d=need_sums)
+        sums = self._sums(dy, d) if need_sums else None
         if want_diff_src:
-            self._write(group, tile, dy, xhat, sums)
+            self._write(group, tile, dy, d, sums)
         return sums
 
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
-        return self._sums(*self._load(group, tile, need_xhat=True))
+        return self._sums(*self._load(group, tile, need_d=True))
 
     def write(self, group: Group, tile: Tile, sums: np.ndarray) -> None:
-        dy, xhat = self._load(group, tile, need_xhat=self.training)
-        self._write(group, tile, dy, xhat, sums)
-
-
-def _channel_sum(values: np.ndarray) -> np.ndarray:
-    """Σ over axes 0 and 2 of an (n, channels, s) tile: pairwise along s, float64 across rows."""
-    if values.shape[2] > 1:
-        values = values.sum(axis=2)
-    else:
-        values = values[:, :, 0]
-    return values.sum(axis=0, dtype=np.float64)
+        dy, d = self._load(group, tile, need_d=self.training)
+        self._write(group, tile, dy, d, sums)
 
 
 def _view3(array: np.ndarray, data_format: str) -> np.ndarray:
@@ -293,8 +387,10 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
     scale = invstd * (_as64(gamma) if gamma is not None else 1.0)
     kernel = _Kernel(src3, dy3, out3, _as64(mean), invstd, scale, compute_dtype, count, training)
 
-    scratch_buffers = 3 if src.dtype != compute_dtype else 2
-    bytes_per_element = src.itemsize * 2 + compute_dtype.itemsize * scratch_buffers + src.itemsize
+    # src, diff_dst and diff_src, plus scratch: d (and a converted dy, and two uint32 for float16)
+    scratch_bytes = compute_dtype.itemsize * (1 if src.dtype == compute_dtype else 2) + (8 if src.dtype == np.float16 else 0)
+    scratch_bytes += 8  # the float64 products dy·d
+    bytes_per_element = src.itemsize * 3 + scratch_bytes
     row_mode = s * src.itemsize < MIN_PLANE_RUN_BYTES
     groups = plan_groups(n, c, s, bytes_per_element, budget, row_mode, threads)
     fused = [g for g in groups if len(g.tiles) == 1]
@@ -343,4 +439,5 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
             if want_diff_src:
                 writes = [(g, t, sums[:, g.c0 : g.c1]) for g in split for t in g.tiles]
                 list(pool.map(run_write, writes))
+    sums[1] *= invstd  # Σdy·xhat = invstd·Σdy·(src - mean), in float64
     return sums
