@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bnbwd_cli import __version__
+from bnbwd_cli import __version__, streaming
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.kernels import batchnorm_backward
 from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
@@ -200,12 +201,14 @@ def _progress_callback(console, enabled: bool):
 @click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
+@click.option("--stream", is_flag=True, help="Out-of-core: map .npy inputs read-only and write diff_src through a "
+              "memmap (needs -o FILE.npz or --out-dir).  [default: on when the inputs exceed 1/4 of available memory]")
 @click.option("--reference", metavar="REF", help="Compare the outputs with REF (.npz, .npy or a directory) "
               "and report as `bnbwd verify` does; exit 1 on mismatch. The options below tune it.")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size,
-        json_target, quiet, reference, comparison) -> None:
+        json_target, quiet, stream, reference, comparison) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
     sources = {name: value for name, value in zip(INPUT_NAMES, (src, diff_dst, mean, variance, gamma, beta)) if value}
     stdin_users = [name for name, value in [("BUNDLE", bundle), *sources.items()] if value == "-"]
@@ -231,8 +234,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
 
     profile = PROFILES[spec]
     inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
+    has_file_output = out_dir is not None or bool(output and output != "-")
+    stream = stream or (has_file_output and streaming.should_stream(sources))
+    if stream and not has_file_output:
+        raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     for name, source in sources.items():
-        inputs[name] = read_array(source, name)
+        inputs[name] = read_array(source, name, mmap=stream and name in ("src", "diff_dst"))
     for name in bf16_inputs:
         if name in inputs:
             inputs[name] = _reinterpret_bf16(name, inputs[name])
@@ -249,12 +256,19 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     started = time.perf_counter()
     if progress_bar:
         progress_bar.start()
+    staged: dict[str, Path] = {}
     try:
-        result = batchnorm_backward(
-            inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-            epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
-            outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
-        )
+        with contextlib.ExitStack() as stack:
+            diff_src_out = None
+            if stream and "diff_src" in outputs:
+                diff_src_out, staged["diff_src"] = stack.enter_context(streaming.staged_diff_src(
+                    output, out_dir, inputs["src"].shape, inputs["src"].dtype))
+            result = batchnorm_backward(
+                inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+                epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
+                outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
+                diff_src_out=diff_src_out,
+            )
     finally:
         if progress_bar:
             progress_bar.stop()
@@ -264,10 +278,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     if output == "-":
         sys.stdout.buffer.write(npz_bytes(arrays))
         sys.stdout.buffer.flush()
+    elif output and staged:
+        streaming.write_npz_staged(destinations[0], arrays, staged)
     elif output:
         write_npz(destinations[0], arrays)
     elif out_dir is not None:
-        write_npy_dir(out_dir, arrays)
+        write_npy_dir(out_dir, {name: array for name, array in arrays.items() if name not in staged})
 
     facts = RunFacts(spec=profile.name, data_format=data_format.upper(), canonical_format=canonical,
                      epsilon=None if variance_is_invstd else epsilon, training=not inference,

@@ -23,6 +23,7 @@ passes, rounded once to the output dtype. Only ufuncs: NumPy's BLAS-backed calls
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,9 @@ from bnbwd_cli.layout import canonical_format, channel_axis
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 # Contiguous runs shorter than this make plane-wise tiles inefficient; tile by rows instead.
 MIN_PLANE_RUN_BYTES = 512
+# Memory-mapped inputs/outputs: drop their resident pages after this many bytes of src processed,
+# so RSS stays bounded in out-of-core runs (page fault-around maps up to 4x the strided bytes a tile reads).
+RELEASE_BYTES = 16 << 20
 
 ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all)
 
@@ -110,7 +114,7 @@ def usable_cores() -> int:
 def plan_groups(n: int, c: int, s: int, bytes_per_element: int, budget: int, row_mode: bool, threads: int) -> list[Group]:
     """Cover the (N, C, S) view with tiles of about `budget` bytes of working set."""
     per_budget = max(budget // bytes_per_element, 1)  # elements one tile may hold
-    if row_mode:
+    if row_mode and s <= per_budget:
         # Rows of (channels x S) are contiguous: tile by row ranges over as many channels as fit.
         width = c if c * s <= per_budget else max(per_budget // s, 1)
         rows = max(per_budget // (width * s), 1)
@@ -307,6 +311,32 @@ class _Kernel:
         self._write(group, tile, dy, d, sums)
 
 
+def _file_mappings(*arrays: np.ndarray | None) -> list[mmap.mmap]:
+    """The mmap objects behind memory-mapped arrays (np.load(mmap_mode=...), np.memmap)."""
+    found = []
+    for array in arrays:
+        while array is not None:
+            mapping = getattr(array, "_mmap", None)
+            if isinstance(mapping, mmap.mmap):
+                found.append(mapping)
+                break
+            array = array.base if isinstance(array, np.ndarray) else None
+    return found
+
+
+def _release(mappings: list[mmap.mmap]) -> None:
+    """Unmap the resident pages of file mappings: they stay in the page cache, out of our RSS.
+
+    Dirty pages of a shared (output) mapping are kept by the page cache and written back;
+    a tile still in flight just faults its pages in again.
+    """
+    for mapping in mappings:
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
 def _view3(array: np.ndarray, data_format: str) -> np.ndarray:
     """(N, C, S) for NCX, (M, C, 1) for NXC. A view when the array is C-contiguous."""
     if canonical_format(data_format) == "NCX":
@@ -391,7 +421,10 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
     scratch_bytes = compute_dtype.itemsize * (1 if src.dtype == compute_dtype else 2) + (8 if src.dtype == np.float16 else 0)
     scratch_bytes += 8  # the float64 products dy·d
     bytes_per_element = src.itemsize * 3 + scratch_bytes
-    row_mode = s * src.itemsize < MIN_PLANE_RUN_BYTES
+    mappings = _file_mappings(src, diff_dst, diff_src)
+    # Memory-mapped data: tiles of whole rows, contiguous in the file, so a tile maps only its
+    # own pages (a strided channel plane would map the page-cache folios of its neighbours too).
+    row_mode = s * src.itemsize < MIN_PLANE_RUN_BYTES or bool(mappings)
     groups = plan_groups(n, c, s, bytes_per_element, budget, row_mode, threads)
     fused = [g for g in groups if len(g.tiles) == 1]
     split = [g for g in groups if len(g.tiles) > 1]
@@ -399,11 +432,16 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
     done = [0]
     lock = threading.Lock()
 
+    released = [0]
+
     def tick(group: Group, tile: Tile) -> None:
-        if progress is not None:
-            with lock:
-                done[0] += (tile.n1 - tile.n0) * (group.c1 - group.c0) * (tile.s1 - tile.s0)
+        with lock:
+            done[0] += (tile.n1 - tile.n0) * (group.c1 - group.c0) * (tile.s1 - tile.s0)
+            if progress is not None:
                 progress(done[0], total)
+            if mappings and (done[0] - released[0]) * src.itemsize >= RELEASE_BYTES:
+                _release(mappings)
+                released[0] = done[0]
 
     def run_fused(group: Group) -> np.ndarray:
         result = kernel.fused(group, want_sums, want_diff_src)
