@@ -1,0 +1,135 @@
+"""Tiling, threading, f16 conversion and the out-of-core path of the blocked core."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bnbwd_cli import kernels, streaming
+from bnbwd_cli.kernels import batchnorm_backward, float_to_half, half_to_float, plan_groups
+from bnbwd_cli.reference import reference_backward
+from tests.oracle import BOUNDS, normalised_error
+
+SHAPES = [((3, 5, 7, 9), "NCX"), ((3, 7, 9, 5), "NXC"), ((2, 3, 1000), "NCX"), ((4, 3), "NCX"), ((1, 1, 1), "NXC")]
+
+
+def _inputs(rng, shape, data_format, dtype=np.float32):
+    channels = shape[1] if data_format == "NCX" else shape[-1]
+    return (rng.normal(2.0, 3.0, shape).astype(dtype), rng.normal(size=shape).astype(dtype),
+            rng.normal(2.0, 0.5, channels).astype(np.float32), rng.uniform(1, 4, channels).astype(np.float32),
+            rng.uniform(0.5, 2, channels).astype(np.float32))
+
+
+def _covered(groups, n, c, s) -> np.ndarray:
+    hits = np.zeros((n, c, s), int)
+    for group in groups:
+        for tile in group.tiles:
+            hits[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1] += 1
+    return hits
+
+
+@pytest.mark.parametrize("row_mode", [False, True], ids=["planes", "rows"])
+@pytest.mark.parametrize("budget", [1, 7, 64, 1000, 1 << 20])
+@pytest.mark.parametrize("n,c,s", [(1, 1, 1), (3, 5, 7), (2, 1, 100), (5, 9, 1), (1, 3, 1000)])
+def test_plan_covers_every_element_once(n, c, s, budget, row_mode):
+    assert (_covered(plan_groups(n, c, s, 4, budget, row_mode, threads=2), n, c, s) == 1).all()
+
+
+@pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
+@pytest.mark.parametrize("block_bytes", [64, 4096, None], ids=["tiny", "small", "default"])
+def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
+    args = _inputs(rng, shape, data_format)
+    base = batchnorm_backward(*args, epsilon=1e-5, data_format=data_format, threads=1)
+    other = batchnorm_backward(*args, epsilon=1e-5, data_format=data_format, threads=2, block_bytes=block_bytes)
+    expected = reference_backward(*args, epsilon=1e-5, data_format=data_format)
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        np.testing.assert_allclose(getattr(other, name), getattr(base, name), rtol=2e-6, atol=1e-6 * np.abs(expected[name]).max())
+        assert normalised_error(getattr(other, name), expected[name]) <= BOUNDS["float32"]
+
+
+def test_threads_give_identical_results(rng):
+    args = _inputs(rng, (4, 6, 50), "NCX")
+    one = batchnorm_backward(*args, epsilon=1e-5, data_format="NCX", threads=1, block_bytes=256)
+    two = batchnorm_backward(*args, epsilon=1e-5, data_format="NCX", threads=2, block_bytes=256)
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(two, name))
+
+
+def test_half_conversions_are_exact():
+    every_half = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    widened = np.empty(every_half.shape, np.float32)
+    half_to_float(every_half, widened, np.empty(every_half.shape, np.uint32))
+    expected = every_half.astype(np.float32)
+    assert np.array_equal(widened, expected, equal_nan=True)
+    assert np.array_equal(np.signbit(widened), np.signbit(expected))
+    rng = np.random.default_rng(5)
+    values = np.concatenate([rng.normal(0, s, 4000) for s in (1e-7, 1e-5, 1, 1e3, 7e4)]).astype(np.float32)
+    values = np.concatenate([values, np.float32([np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, -0.0, 2.98e-8, 2.99e-8])])
+    narrowed = np.empty(values.shape, np.float16)
+    scratch = (np.empty(values.shape, np.uint32), np.empty(values.shape, np.uint32))
+    float_to_half(values, narrowed, *scratch)
+    with np.errstate(over="ignore"):
+        expected = values.astype(np.float16)
+    assert np.array_equal(narrowed.view(np.uint16)[~np.isnan(expected)], expected.view(np.uint16)[~np.isnan(expected)])
+    assert np.isnan(narrowed[np.isnan(expected)]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64], ids=["f16", "bf16", "f64"])
+def test_reduced_and_double_precision_with_split_tiles(rng, dtype):
+    args = _inputs(rng, (3, 4, 37), "NCX", dtype)
+    result = batchnorm_backward(*args, epsilon=1e-3, data_format="NCX", block_bytes=200, threads=2)
+    expected = reference_backward(*args, epsilon=1e-3, data_format="NCX")
+    assert normalised_error(result.diff_src, expected["diff_src"]) <= BOUNDS[np.dtype(dtype).name]
+
+
+@pytest.mark.parametrize("shape,data_format", SHAPES[:3], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
+def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtype):
+    src, diff_dst, *stats = _inputs(rng, shape, data_format, dtype)
+    np.save(tmp_path / "src.npy", src)
+    np.save(tmp_path / "dy.npy", diff_dst)
+    mapped = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
+    assert kernels._file_mappings(*mapped)
+    in_memory = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
+    with streaming.memmap_npy(tmp_path / "out.npy", src.shape, src.dtype) as out:
+        result = batchnorm_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out, block_bytes=512)
+    written = np.load(tmp_path / "out.npy")
+    if dtype is ml_dtypes.bfloat16:
+        written = written.view(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(written.astype(np.float64), in_memory.diff_src.astype(np.float64), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.diff_gamma, in_memory.diff_gamma, rtol=1e-6)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_failed_memmap_write_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with streaming.memmap_npy(tmp_path / "out.npy", (4, 4), np.dtype(np.float32)):
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_stream_outputs_match(cli, tmp_path, rng):
+    src, diff_dst, mean, variance, gamma = _inputs(rng, (2, 3, 4, 5), "NCX")
+    paths = {}
+    for name, array in dict(src=src, diff_dst=diff_dst, mean=mean, variance=variance, gamma=gamma).items():
+        paths[name] = tmp_path / f"{name}.npy"
+        np.save(paths[name], array)
+    flags = [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
+    for extra in (["-o", tmp_path / "plain.npz"], ["-o", tmp_path / "streamed.npz", "--stream"]):
+        result = cli("run", *flags, "--epsilon", "1e-5", "--format", "NCHW", "-q", *extra)
+        assert result.exit_code == 0, result.output
+    (tmp_path / "dir").mkdir()
+    assert cli("run", *flags, "--epsilon", "1e-5", "--format", "NCHW", "-q", "--stream", "--out-dir", tmp_path / "dir").exit_code == 0
+    plain, streamed = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "streamed.npz")
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        np.testing.assert_array_equal(plain[name], streamed[name])
+        np.testing.assert_array_equal(plain[name], np.load(tmp_path / "dir" / f"{name}.npy"))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_cli_stream_needs_a_file_output(cli, tmp_path, rng):
+    src = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    np.savez(tmp_path / "b.npz", src=src, diff_dst=src, mean=np.zeros(3, np.float32), variance=np.ones(3, np.float32))
+    result = cli("run", tmp_path / "b.npz", "--epsilon", "1e-5", "--format", "NCX", "--stream")
+    assert result.exit_code == 2
