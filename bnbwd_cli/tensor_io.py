@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import lzma
 import math
 import os
 import sys
 import tempfile
+import tokenize
+import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -28,7 +32,11 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 ZIP_MAGIC = b"PK\x03\x04"
 # Errors numpy and zipfile raise on malformed bytes; anything else is a bug and keeps its traceback.
-READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, SyntaxError)
+# (tokenize.TokenError: NumPy tokenizes some headers; zlib/lzma errors: corrupt compressed .npz members.)
+READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, SyntaxError,
+               tokenize.TokenError, zlib.error, lzma.LZMAError)
+# zipfile also raises RuntimeError (encrypted member) and NotImplementedError (unknown method or zip version).
+ZIP_ERRORS = (*READ_ERRORS, RuntimeError)
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -47,11 +55,13 @@ def as_bfloat16_if_void(array: np.ndarray) -> np.ndarray:
 def _read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -> tuple[tuple, bool, np.dtype, int]:
     """Parse and vet a .npy header: (shape, fortran_order, dtype, data bytes). Reads no data."""
     try:
-        version = npy_format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
-        else:  # 2.0 and 3.0 share the 4-byte header length
-            shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
+        with warnings.catch_warnings():  # NumPy warns (several lines) about Python-2-style headers; we vet them anyway
+            warnings.simplefilter("ignore")
+            version = npy_format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
+            else:  # 2.0 and 3.0 share the 4-byte header length
+                shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
     except READ_ERRORS as exc:
         raise BnbwdError(f"{what}: not a valid .npy file ({_reason(exc)})") from None
     if dtype.hasobject:
@@ -107,7 +117,7 @@ def _read_npz_member(archive: zipfile.ZipFile, key: str, what: str) -> np.ndarra
     try:
         with archive.open(info) as stream:
             return _read_npy_stream(stream, info.file_size, what)
-    except (*READ_ERRORS, RuntimeError) as exc:  # zipfile: RuntimeError for encryption, NotImplementedError for methods
+    except ZIP_ERRORS as exc:
         raise BnbwdError(f"{what}: cannot read {member} ({_reason(exc)})") from None
 
 
@@ -119,7 +129,7 @@ def npz_keys(archive: zipfile.ZipFile) -> list[str]:
 def _open_zip(source: BinaryIO | str | Path, what: str) -> Iterator[zipfile.ZipFile]:
     try:
         archive = zipfile.ZipFile(source)
-    except READ_ERRORS as exc:
+    except ZIP_ERRORS as exc:
         raise BnbwdError(f"{what}: not a valid .npz archive ({_reason(exc)})") from None
     with archive:
         yield archive
