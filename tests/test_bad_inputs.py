@@ -28,7 +28,8 @@ from numpy.lib import format as npy_format
 from bnbwd_cli.cli import main
 from bnbwd_cli.reference import reference_backward
 
-pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # NumPy warnings must not leak to the user
+pytestmark = [pytest.mark.filterwarnings("error::RuntimeWarning"),  # NumPy warnings must not leak to the user
+              pytest.mark.filterwarnings("error::UserWarning")]
 
 EPSILON = 1e-3
 SHAPE = (2, 3, 4, 5)  # NCHW: C = 3
@@ -250,6 +251,8 @@ CASES = [
          r"src .*declares shape \(4294967296, 4294967296, 3, 3\)"),
     Case("npy-negative-dimension", flag_with("mean", lambda ws: huge_header((-3,), data=b"")), 3,
          r"mean .*negative dimension"),
+    Case("npy-python2-header", flag_with("mean", lambda ws: npy_with_header({"descr": "<f4", "fortran_order": False, "shape": (4,)})
+                                         .replace(b"(4,)", b"(4L,)") + b"\0" * 16), 3, r"mean has shape \(4,\), expected \(3,\)"),
     Case("npy-object-pickle", flag_with("gamma", lambda ws: object_npy()), 3, r"gamma .*Python objects.*unpickle"),
     Case("npy-structured-dtype", flag_with("src", lambda ws: npy_bytes(np.zeros(SHAPE, dtype=[("a", "<f4"), ("b", "<i4")]))),
          3, r"src .*structured dtype"),
