@@ -272,3 +272,24 @@ def test_real_sigint_mid_write(bundle: Path, out: Path) -> None:
     assert completed.stderr.strip().splitlines() == ["error: interrupted; no partial output file is left"]
     assert listing(out) == []
 
+
+
+def npy_inputs(bundle: Path, directory: Path) -> list[str]:
+    """The bundle's tensors as .npy flags, as --stream wants them."""
+    args = []
+    with np.load(bundle) as arrays:
+        for key in ("src", "diff_dst", "mean", "variance", "gamma"):
+            np.save(directory / f"{key}.npy", arrays[key])
+            args += ["--" + key.replace("_", "-"), str(directory / f"{key}.npy")]
+    return args + ["--epsilon", "1e-5", "--format", "NCHW"]
+
+
+@pytest.mark.parametrize("error", [enospc(), KeyboardInterrupt()], ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize("target", ["-o", "--out-dir"])
+def test_stream_mode_failure_leaves_nothing(bundle: Path, out: Path, tmp_path: Path, monkeypatch, error, target) -> None:
+    args = npy_inputs(bundle, tmp_path)
+    monkeypatch.setattr(tensor_io.os, "fsync", lambda fd: (_ for _ in ()).throw(error))
+    result = run_cli(*args, "--stream", target, out / "grads.npz" if target == "-o" else out)
+    assert result.exit_code == (3 if isinstance(error, OSError) else 130), result.stderr
+    assert re.search("No space left|interrupted", one_error_line(result))
+    assert listing(out) == []

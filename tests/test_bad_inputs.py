@@ -353,6 +353,14 @@ CASES = [
     Case("threads-zero", lambda ws: [ws.bundle(), "--threads", "0"], 2, r"--threads"),
     Case("block-size-garbage", lambda ws: [ws.bundle(), "--block-size", "lots"], 2, r"not a size"),
     Case("format-unknown", lambda ws: [ws.bundle(), "--format", "HWCN"], 2, r"--format"),
+    # ---- the out-of-core path maps .npy inputs: the same vetting applies
+    Case("stream-truncated-src", lambda ws: [*flag_with("src", lambda w: truncated(SRC_NPY, 0.6))(ws), "--stream"], 3,
+         r"src .*(truncated|header declares shape)"),
+    Case("stream-huge-shape", lambda ws: [*flag_with("diff_dst", lambda w: huge_header((10**6, 10**6, 3, 3)))(ws), "--stream"], 3,
+         r"diff_dst .*declares shape \(1000000, 1000000, 3, 3\)"),
+    Case("stream-pickled-src", lambda ws: [*flag_with("src", lambda w: object_npy())(ws), "--stream"], 3, r"src .*Python objects"),
+    Case("stream-out-dir-missing", lambda ws: [*ws.flags(), "--stream", "--out-dir", str(ws.out / "missing")], 3,
+         r"output directory .*missing does not exist"),
     # ---- stdin ('-'): empty, cut short, garbage (closed stdin and real pipes: see the subprocess tests below)
     Case("stdin-empty", lambda ws: [ws.bundle(), "--diff-dst", "-"], 3, r"diff_dst: stdin is empty", stdin=b""),
     Case("stdin-truncated", lambda ws: [ws.bundle(), "--diff-dst", "-"], 3, r"diff_dst \(stdin\): header declares",
@@ -384,6 +392,10 @@ VALID_CASES = [
     Case("inf-in-diff-dst", bundle_with(diff_dst=with_value("diff_dst", (1, 2, 0, 0), np.inf)), 0, NONFINITE_WARNING),
     Case("nan-in-gamma", bundle_with(gamma=with_value("gamma", 0, np.nan)), 0, NONFINITE_WARNING),
     Case("inf-variance", bundle_with(variance=with_value("variance", 1, np.inf)), 0, ""),
+    Case("stream-fortran-ordered", lambda ws: [*ws.flags(reorder(make_inputs(), np.asfortranarray)), "--stream"], 0, ""),
+    Case("stream-big-endian", lambda ws: [*ws.flags({k: v.astype(">f4") for k, v in make_inputs().items()}), "--stream"], 0, ""),
+    Case("stream-nan-in-diff-dst", lambda ws: [*ws.flags(make_inputs() | {"diff_dst": with_value("diff_dst", (0, 0, 0, 0), np.nan)(make_inputs())}),
+                                               "--stream"], 0, NONFINITE_WARNING),
     Case("epsilon-huge", lambda ws: [ws.bundle(), "--epsilon", "1e30"], 0, ""),
     Case("epsilon-tiny", lambda ws: [ws.bundle(), "--epsilon", "1e-300"], 0, ""),
 ]
