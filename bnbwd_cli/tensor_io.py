@@ -185,12 +185,29 @@ def read_array(source: str, what: str, *, mmap: bool = False) -> np.ndarray:
         raise BnbwdError(f"{label}: no such file")
     if path.is_dir():
         raise BnbwdError(f"{label}: is a directory, expected a .npy or .npz file")
+    if not path.is_file():  # a pipe such as bash's <(...): it can be read only once, so read it whole
+        return _array_from_pipe(path, label, key)
     if key:
         with _open_zip(path, label) as archive:
             return _read_npz_member(archive, key, label)
     if _looks_like_zip(path):
         return _only_array(read_npz(path, label), label)
     return _read_npy_path(path, label, mmap)
+
+
+def _array_from_pipe(path: Path, label: str, key: str) -> np.ndarray:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BnbwdError(f"{label}: cannot read ({_reason(exc)})") from None
+    if not data:
+        raise BnbwdError(f"{label}: is empty, expected a .npy or .npz")
+    if key:
+        with _open_zip(io.BytesIO(data), label) as archive:
+            return _read_npz_member(archive, key, label)
+    if data.startswith(ZIP_MAGIC):
+        return _only_array(read_npz(io.BytesIO(data), label), label)
+    return _read_npy_stream(io.BytesIO(data), len(data), label)
 
 
 def _has_npz_key(source: str) -> bool:
@@ -220,6 +237,12 @@ def read_bundle(source: str, what: str = "bundle") -> dict[str, np.ndarray]:
             raise BnbwdError(f"{what}: stdin is empty, expected an .npz bundle")
         return read_npz(io.BytesIO(data), f"{what} (stdin)")
     path = Path(source)
+    if path.exists() and not path.is_dir() and not path.is_file():  # a pipe such as bash's <(...): read it once
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BnbwdError(f"{what} ({source}): cannot read ({_reason(exc)})") from None
+        return read_npz(io.BytesIO(data), f"{what} ({source})")
     if not path.is_file():
         raise BnbwdError(f"{what} ({source}): no such file" if not path.exists() else f"{what} ({source}): not a file")
     if not _looks_like_zip(path):
