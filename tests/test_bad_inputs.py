@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -544,3 +545,21 @@ def test_stdout_closed_early(ws: Workspace, to_stdout: bool) -> None:
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 3
     assert_one_error(stderr, r"stdout was closed .*broken pipe")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(...)")
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut-short"])
+def test_process_substitution_inputs(ws: Workspace, cut: bool) -> None:
+    """`--src <(cat x.npy)` and `bnbwd run <(cat b.npz)`: a pipe path can be read only once."""
+    src = ws.npy("src.npy", make_inputs()["src"])
+    feed = f'head -c 300 "{src}"' if cut else f'cat "{src}"'
+    script = f'"$0" -m bnbwd_cli run -q <(cat "$1") --src <({feed}) -o "$2"'
+    completed = subprocess.run(["bash", "-c", script, sys.executable, ws.bundle(), str(ws.out / "grads.npz")],
+                               capture_output=True, timeout=60)
+    if cut:
+        assert completed.returncode == 3
+        assert_one_error(completed.stderr, r"src \(/dev/fd/\d+\): header declares shape \(2, 3, 4, 5\)")
+        assert list(ws.out.iterdir()) == []
+    else:
+        assert completed.returncode == 0, completed.stderr
+        assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
