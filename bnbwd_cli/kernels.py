@@ -38,8 +38,9 @@ from bnbwd_cli.layout import canonical_format, channel_axis
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 # Contiguous runs shorter than this make plane-wise tiles inefficient; tile by rows instead.
 MIN_PLANE_RUN_BYTES = 512
-# Memory-mapped inputs/outputs: drop their resident pages after this many bytes of src processed,
-# so RSS stays bounded in out-of-core runs (page fault-around maps up to 4x the strided bytes a tile reads).
+# Memory-mapped inputs/outputs: drop their resident pages once the tiles since the last drop span this
+# many bytes of src rows, so RSS stays bounded in out-of-core runs (a fault maps a whole page-cache
+# folio, so a tile of a few channels of a row maps about the whole row).
 RELEASE_BYTES = 16 << 20
 
 ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all)
@@ -337,6 +338,11 @@ def _release(mappings: list[mmap.mmap]) -> None:
             pass
 
 
+def release_mapped_pages(*arrays: np.ndarray | None) -> None:
+    """Drop the resident pages of memory-mapped arrays (no-op for in-memory ones): bounded RSS for long scans."""
+    _release(_file_mappings(*arrays))
+
+
 def _view3(array: np.ndarray, data_format: str) -> np.ndarray:
     """(N, C, S) for NCX, (M, C, 1) for NXC. A view when the array is C-contiguous."""
     if canonical_format(data_format) == "NCX":
@@ -432,16 +438,17 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
     done = [0]
     lock = threading.Lock()
 
-    released = [0]
+    spanned = [0]  # bytes of the files the tiles since the last release lie in (whole rows)
 
     def tick(group: Group, tile: Tile) -> None:
         with lock:
             done[0] += (tile.n1 - tile.n0) * (group.c1 - group.c0) * (tile.s1 - tile.s0)
             if progress is not None:
                 progress(done[0], total)
-            if mappings and (done[0] - released[0]) * src.itemsize >= RELEASE_BYTES:
+            spanned[0] += (tile.n1 - tile.n0) * c * s * src.itemsize
+            if mappings and spanned[0] >= RELEASE_BYTES:
                 _release(mappings)
-                released[0] = done[0]
+                spanned[0] = 0
 
     def run_fused(group: Group) -> np.ndarray:
         result = kernel.fused(group, want_sums, want_diff_src)

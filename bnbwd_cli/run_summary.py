@@ -11,6 +11,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from bnbwd_cli.kernels import release_mapped_pages
 from bnbwd_cli.tensor_io import dtype_name
 
 SCHEMA_VERSION = 1
@@ -64,6 +65,8 @@ def output_stats(array: np.ndarray) -> OutputStats:
         if finite.any():
             values = chunk[finite]
             lowest, highest = min(lowest, float(values.min())), max(highest, float(values.max()))
+        if start % (STATS_CHUNK * 16) == 0:
+            release_mapped_pages(array)  # a memmapped (--stream) output: keep RSS bounded
     return OutputStats(lowest if flat.size else float("nan"), highest if flat.size else float("nan"), nonfinite)
 
 
