@@ -43,9 +43,9 @@ def reference_backward(
     x = np.moveaxis(to_float64(src), axis, -1)
     dy = np.moveaxis(to_float64(diff_dst), axis, -1)
     channels = x.shape[-1]
-    x = x.reshape(-1, channels)
-    dy = dy.reshape(-1, channels)
-    count = x.shape[0]
+    count = math.prod(x.shape[:-1])  # not reshape(-1, C): that is ambiguous when C = 0
+    x = x.reshape(count, channels)
+    dy = dy.reshape(count, channels)
     mean64, var64 = to_float64(mean), to_float64(variance)
     gamma64 = np.ones(channels) if gamma is None else to_float64(gamma)
 
