@@ -24,7 +24,8 @@ from bnbwd_cli.profiles import (
     inputs_from_bundle,
     validate_inputs,
 )
-from bnbwd_cli.run_summary import RunFacts, make_console, render_run, run_json
+from bnbwd_cli.report import make_console
+from bnbwd_cli.run_summary import RunFacts, render_run, run_json
 from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, read_tensor_set, write_npy_dir, write_npz
 from bnbwd_cli.verify_cli import comparison_options, report_comparison, verify
 
@@ -66,10 +67,6 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. under CliRunner)
         pass
-
-
-def _raise_broken_pipe() -> None:
-    raise BrokenPipeError(32, "Broken pipe")  # rich would exit 1 (= mismatch) instead
 
 
 @click.group(cls=BnbwdGroup, context_settings=CONTEXT)
@@ -250,7 +247,6 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
 
     stderr_console = make_console(stderr=True)
-    stderr_console.on_broken_pipe = _raise_broken_pipe
     progress_bar, on_progress = _progress_callback(
         stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
     started = time.perf_counter()
@@ -291,7 +287,6 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
                      elapsed_s=elapsed)
     stdout_busy = output == "-" or json_target == "-"
     report_console = make_console(stderr=stdout_busy)
-    report_console.on_broken_pipe = _raise_broken_pipe
     if json_target and reference is None:
         _emit_json(json_target, run_json(facts))
     if not quiet:

@@ -298,12 +298,21 @@ def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
         print(f"error: {problem.message}", file=file or sys.stderr)
 
 
-def make_console(file: TextIO | None = None) -> Console:
-    """The stdout console: colour only on a terminal; 100 columns when piped (unless COLUMNS)."""
-    console = Console(file=file, highlight=False)
+def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
+    """A console at the edge: colour only on a terminal; 120 columns when piped (unless COLUMNS).
+
+    A closed stdout (`bnbwd verify ... | head`) raises BrokenPipeError for the CLI to turn into
+    exit 3: rich's own handling would exit 1, which means "mismatch".
+    """
+    console = Console(file=file, stderr=stderr, highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(file=file, highlight=False, width=100)
+        console = Console(file=file, stderr=stderr, highlight=False, width=120)
+    console.on_broken_pipe = _raise_broken_pipe
     return console
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError(32, "Broken pipe")
 
 
 # --------------------------------------------------------------------------- JSON

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,17 +38,6 @@ class RunFacts:
 
     def __post_init__(self) -> None:
         self.stats.update({name: output_stats(array) for name, array in self.outputs.items()})
-
-
-def make_console(stderr: bool = False) -> Console:
-    """Rich picks colour only for terminals; stderr for errors, warnings and progress.
-
-    Piped output gets 120 columns instead of rich's 80, so tables in CI logs keep their names.
-    """
-    console = Console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 120
-    return console
 
 
 def output_stats(array: np.ndarray) -> OutputStats:
