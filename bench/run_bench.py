@@ -197,15 +197,36 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
     return lines, torch_version
 
 
+RSS_WRAPPER = """
+import atexit, runpy, sys
+def report():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM'):
+            sys.stderr.write('VmHWM_KB ' + line.split()[1] + '\\n')
+atexit.register(report)
+mode, target, *rest = sys.argv[1:]
+sys.argv = [target, *rest]
+if mode == '-m':
+    runpy.run_module(target, run_name='__main__', alter_sys=True)
+else:
+    exec(target)
+"""
+
+
 def run_child(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one child process."""
+    """Wall seconds and peak RSS (MiB) of one Python child (`-m module ...` or `-c script`).
+
+    The peak is the child's own VmHWM: getrusage/wait4's ru_maxrss would also count the
+    benchmark process's pages that the child inherited before its exec.
+    """
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
+    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command[1:]], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
-    if status != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {process.stderr.read().decode()[-400:]}")
-    return seconds, usage.ru_maxrss / 1024
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-400:]}")
+    peaks = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("VmHWM_KB")]
+    return seconds, int(peaks[-1]) / 1024 if peaks else float("nan")
 
 
 def cli_table(args, threads: int) -> list[str]:

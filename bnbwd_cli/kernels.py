@@ -41,7 +41,7 @@ MIN_PLANE_RUN_BYTES = 512
 # Memory-mapped inputs/outputs: drop their resident pages once the tiles since the last drop span this
 # many bytes of src rows, so RSS stays bounded in out-of-core runs (a fault maps a whole page-cache
 # folio, so a tile of a few channels of a row maps about the whole row).
-RELEASE_BYTES = 16 << 20
+RELEASE_BYTES = 4 << 20
 
 ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all)
 
