@@ -24,6 +24,8 @@ from click.testing import CliRunner
 
 from bnbwd_cli import compare
 from bnbwd_cli.cli import main
+from bnbwd_cli.reference import to_float64 as _as_float64
+from tests.oracle import normalised_error
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -44,20 +46,6 @@ def _as_dtype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if a.dtype.kind == "V" and a.dtype.itemsize == 2 and dtype == BF16:
         return a.view(BF16)
     return a
-
-
-def _f64(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float32).astype(np.float64) if a.dtype == BF16 else a.astype(np.float64)
-
-
-def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:
-    """max|actual - reference| / max|reference| in float64 (plain max when the reference is all zero)."""
-    a, r = _f64(actual), _f64(reference)
-    if r.size == 0:
-        return 0.0
-    err = float(np.max(np.abs(a - r)))
-    scale = float(np.max(np.abs(r)))
-    return err / scale if scale > 0 else err
 
 
 def _expected_dtypes(entry: dict) -> dict[str, np.dtype]:
@@ -81,7 +69,7 @@ def test_bnbwd_run_matches_framework(entry: dict, tmp_path: Path) -> None:
         a, r = _as_dtype(got[key], dtypes[key]), _as_dtype(ref[key], dtypes[key])
         assert a.dtype == dtypes[key], f"{key}: dtype {a.dtype}, framework gives {dtypes[key]}"
         assert a.shape == r.shape, f"{key}: shape {a.shape}, framework gives {r.shape}"
-        err = normalised_diff(a, r)
+        err = normalised_error(a, _as_float64(r))
         bound = entry["tolerance"][key]
         assert err <= bound, f"{key}: normalised difference {err:.3g} > {bound:g} ({entry['dtype']} case)"
         result = compare.compare_arrays(a, r, compare.DEFAULT_TOLERANCES[compare.comparison_dtype(a.dtype, r.dtype)])
