@@ -1,3 +1,3 @@
 from bnbwd_cli.cli import main
 
-main()
+main(prog_name="bnbwd")

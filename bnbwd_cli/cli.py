@@ -77,7 +77,12 @@ def main(traceback: bool) -> None:
 
     \b
     Exit codes: 0 ok, 1 verification mismatch, 2 usage error,
-                3 input error (unreadable, malformed or inconsistent input).
+                3 input error (unreadable, malformed or inconsistent input,
+                  or an output that cannot be written),
+                4 internal error (a bug: rerun with --traceback), 130 interrupted.
+
+    \b
+    Start with:  bnbwd run --help   and   bnbwd verify --help
     """
 
 
