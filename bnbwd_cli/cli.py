@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bnbwd_cli import __version__, streaming
+from bnbwd_cli import __version__, kernels, streaming
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.kernels import batchnorm_backward
 from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
@@ -201,6 +201,9 @@ def _progress_callback(console, enabled: bool):
               help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
 @click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
+@click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
+              help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; float16 and --stream "
+              "stay on NumPy under auto), numpy, or auto (numba when installed, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream", is_flag=True, help="Out-of-core: map .npy inputs read-only and write diff_src through a "
@@ -209,7 +212,7 @@ def _progress_callback(console, enabled: bool):
               "and report as `bnbwd verify` does; exit 1 on mismatch. The options below tune it.")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
-        variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size,
+        variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size, core,
         json_target, quiet, stream, reference, comparison) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
     sources = {name: value for name, value in zip(INPUT_NAMES, (src, diff_dst, mean, variance, gamma, beta)) if value}
@@ -222,6 +225,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
     if output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
+    if core == "numba" and not kernels.numba_available():
+        raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
     destinations = _output_paths(output, out_dir, outputs)
@@ -268,7 +273,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
                 inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
                 epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
                 outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
-                diff_src_out=diff_src_out,
+                diff_src_out=diff_src_out, core=core,
             )
     finally:
         if progress_bar:

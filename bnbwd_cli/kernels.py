@@ -366,6 +366,7 @@ def batchnorm_backward(
     block_bytes: int | None = None,
     threads: int | None = None,
     progress: ProgressCallback | None = None,
+    core: str = "auto",
 ) -> BackwardResult:
     """Batch-norm training backward.
 
@@ -376,6 +377,9 @@ def batchnorm_backward(
     diff_src_out: optional preallocated C-contiguous output (e.g. a memmap) of src's shape/dtype.
     Returns diff_src (T1) and diff_gamma, diff_beta (T2, the dtype of mean) for the names in `outputs`.
     Inputs are assumed validated (see profiles.validate_inputs).
+    core: "numpy" (this module), "numba" (kernels_numba; float16 still runs here) or "auto": numba when it is
+    installed, the dtype is supported, the data is in memory (memory-mapped data keeps the NumPy core's bounded
+    RSS) and $BNBWD_CORE is not "numpy".
     """
     want_diff_src = "diff_src" in outputs
     want_sums = "diff_gamma" in outputs or "diff_beta" in outputs
@@ -390,7 +394,12 @@ def batchnorm_backward(
     else:
         diff_src = None
     sums = np.zeros((2, channels))
-    if src.size:
+    if src.size and _use_numba(core, src, diff_dst, diff_src):
+        sums = _run_numba(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_format, training,
+                          variance_is_invstd, want_sums or training, compute_dtype, count, threads or usable_cores())
+        if progress is not None:
+            progress(src.size, src.size)
+    elif src.size:
         sums = _run_tiles(
             src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_format, training, variance_is_invstd,
             want_sums, want_diff_src, compute_dtype, count,
@@ -399,6 +408,48 @@ def batchnorm_backward(
     diff_beta = sums[0].astype(param_dtype) if "diff_beta" in outputs else None
     diff_gamma = sums[1].astype(param_dtype) if "diff_gamma" in outputs else None
     return BackwardResult(diff_src=diff_src, diff_gamma=diff_gamma, diff_beta=diff_beta)
+
+
+CORES = ("auto", "numpy", "numba")
+
+
+def numba_available() -> bool:
+    """Whether the optional compiled core can be used (numba installed); does not import numba."""
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
+
+
+def _use_numba(core: str, src: np.ndarray, diff_dst: np.ndarray, diff_src: np.ndarray | None) -> bool:
+    if core not in CORES:
+        raise ValueError(f"core must be one of {CORES}, got {core!r}")
+    if core == "numpy" or (core == "auto" and os.environ.get("BNBWD_CORE", "").lower() == "numpy"):
+        return False
+    if src.dtype == np.float16 or src.dtype.itemsize not in (2, 4, 8) or src.dtype.kind not in "fV":
+        return False
+    if core == "auto" and (_file_mappings(src, diff_dst, diff_src) or not numba_available()):
+        return False
+    if core == "numba" and not numba_available():
+        raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
+    from bnbwd_cli import kernels_numba
+
+    return kernels_numba.supports(src.dtype)
+
+
+def _run_numba(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_format, training, variance_is_invstd,
+               need_sums, compute_dtype, count, threads) -> np.ndarray:
+    """The compiled core over the same (N, C, S) view; returns [Σdy, Σdy·xhat] per channel in float64."""
+    from bnbwd_cli import kernels_numba
+
+    src3 = _view3(np.ascontiguousarray(src), data_format)
+    dy3 = _view3(np.ascontiguousarray(diff_dst), data_format)
+    out3 = _view3(diff_src, data_format) if diff_src is not None else None
+    invstd = channel_invstd(variance, epsilon, variance_is_invstd)
+    scale = invstd * (_as64(gamma) if gamma is not None else 1.0)
+    sums = kernels_numba.run(src3, dy3, out3, _as64(mean), invstd, scale, compute_dtype, count, training,
+                             need_sums, threads)
+    sums[1] *= invstd
+    return sums
 
 
 def channel_invstd(variance: np.ndarray, epsilon: float, variance_is_invstd: bool) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ml_dtypes
@@ -10,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bnbwd_cli.kernels import batchnorm_backward
+from bnbwd_cli.kernels import batchnorm_backward as _batchnorm_backward
 from bnbwd_cli.reference import reference_backward
 from tests.oracle import BOUNDS, normalised_error
+
+batchnorm_backward = functools.partial(_batchnorm_backward, core="numpy")  # the NumPy core; test_kernels_numba.py: numba
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 

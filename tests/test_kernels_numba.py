@@ -1,0 +1,152 @@
+"""The optional compiled core (numba) against the float64 oracle and against the NumPy core."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("numba")
+
+from bnbwd_cli import kernels  # noqa: E402
+from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
+from bnbwd_cli.reference import reference_backward  # noqa: E402
+from tests.oracle import BOUNDS, normalised_error  # noqa: E402
+
+DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16]
+
+
+@st.composite
+def problems(draw):
+    """Small ops: rank 2-4, either layout; short spatial runs take the row-block kernel, long ones the plane kernel."""
+    rank = draw(st.integers(2, 4))
+    channels = draw(st.integers(1, 9))
+    batch = draw(st.integers(1, 5))
+    spatial = [draw(st.sampled_from([1, 3, 40, 150])) for _ in range(rank - 2)]
+    data_format = draw(st.sampled_from(["NCX", "NXC"]))
+    shape = (batch, channels, *spatial) if data_format == "NCX" else (batch, *spatial, channels)
+    dtype = draw(st.sampled_from(DTYPES))
+    return {
+        "shape": shape,
+        "data_format": data_format,
+        "dtype": dtype,
+        "stats_dtype": np.float64 if dtype == np.float64 else np.float32,
+        "with_gamma": draw(st.booleans()),
+        "training": draw(st.booleans()),
+        "invstd": draw(st.booleans()),
+        "threads": draw(st.sampled_from([1, 2])),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
+
+
+def _arrays(problem):
+    rng = np.random.default_rng(problem["seed"])
+    shape, dtype, stats_dtype = problem["shape"], problem["dtype"], problem["stats_dtype"]
+    channels = shape[1] if problem["data_format"] == "NCX" else shape[-1]
+    return (
+        rng.normal(1.0, 3.0, size=shape).astype(dtype),
+        rng.normal(size=shape).astype(dtype),
+        rng.normal(1.0, 0.5, size=channels).astype(stats_dtype),
+        rng.uniform(0.5, 9.0, size=channels).astype(stats_dtype),
+        rng.uniform(0.5, 2.0, size=channels).astype(stats_dtype) if problem["with_gamma"] else None,
+    )
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_numba_core_matches_oracle_and_numpy_core(problem):
+    src, diff_dst, mean, variance, gamma = _arrays(problem)
+    common = dict(epsilon=1e-3, data_format=problem["data_format"], training=problem["training"],
+                  variance_is_invstd=problem["invstd"])
+    fast = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common, threads=problem["threads"], core="numba")
+    slow = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common, core="numpy")
+    expected = reference_backward(src, diff_dst, mean, variance, gamma, **common)
+
+    assert fast.diff_src.dtype == src.dtype and fast.diff_src.shape == src.shape
+    assert fast.diff_gamma.dtype == mean.dtype and fast.diff_beta.dtype == mean.dtype
+    src_bound = BOUNDS[np.dtype(src.dtype).name]
+    assert normalised_error(fast.diff_src, expected["diff_src"]) <= src_bound
+    assert normalised_error(fast.diff_src, slow.diff_src.astype(np.float64)) <= src_bound
+    for name in ("diff_gamma", "diff_beta"):
+        bound = BOUNDS[np.dtype(mean.dtype).name]
+        assert normalised_error(getattr(fast, name), expected[name]) <= bound, name
+        assert normalised_error(getattr(fast, name), getattr(slow, name).astype(np.float64)) <= bound, name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_same_bits_as_numpy_core_and_outputs_subset(rng, dtype, data_format):
+    shape = (3, 4, 50, 5) if data_format == "NCX" else (3, 50, 5, 4)
+    src = rng.normal(2.0, 3.0, shape).astype(dtype)
+    diff_dst = rng.normal(size=shape).astype(dtype)
+    stats = (rng.normal(2.0, 0.5, 4).astype(np.float32), rng.uniform(1, 4, 4).astype(np.float32))
+    out = np.empty_like(src)
+    fast = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+                              diff_src_out=out)
+    slow = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
+    assert fast.diff_src is out
+    # Same formula, same order, no fastmath: identical bits except where float64 sums differ in the last place.
+    assert np.mean(out.view(np.uint16 if out.itemsize == 2 else np.uint32)
+                   == slow.diff_src.view(np.uint16 if out.itemsize == 2 else np.uint32)) > 0.99
+    only = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+                              outputs=("diff_gamma",))
+    assert only.diff_src is None and only.diff_beta is None
+    np.testing.assert_allclose(only.diff_gamma, slow.diff_gamma, rtol=1e-6)
+
+
+def test_bfloat16_rounding_and_nan(rng):
+    # Inference: diff_src = bf16(f32(dy) * f32(invstd)), rounded to nearest even as ml_dtypes does; the
+    # first two scales make exact ties (1 * (1 + 2**-8) rounds down to 1, 1 * (1 + 3 * 2**-8) up to 1 + 2**-6).
+    scales = np.array([1 + 2**-8, 1 + 3 * 2**-8, 0.3, 1e-3, 3e38], np.float32)
+    dy = rng.normal(size=(4, 5, 64)).astype(np.float32)
+    dy[:, :, :4] = [1.0, np.nan, np.inf, -np.inf]
+    dy = dy.astype(ml_dtypes.bfloat16)
+    result = batchnorm_backward(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
+                                training=False, variance_is_invstd=True, core="numba")
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = (dy.astype(np.float32) * scales[None, :, None]).astype(ml_dtypes.bfloat16)
+    is_nan = np.isnan(expected.astype(np.float32))
+    np.testing.assert_array_equal(result.diff_src.view(np.uint16)[~is_nan], expected.view(np.uint16)[~is_nan])
+    np.testing.assert_array_equal(np.isnan(result.diff_src.astype(np.float32)), is_nan)
+    assert np.isnan(result.diff_src[:, :, 1].astype(np.float32)).all()
+    assert result.diff_src[0, 0, 0] == 1.0 and result.diff_src[0, 1, 0] == 1 + 2**-6
+
+
+def test_float16_and_memmaps_stay_on_numpy(tmp_path, monkeypatch):
+    src = np.ones((2, 3, 4), np.float16)
+    assert not kernels._use_numba("numba", src, src, None)
+    assert kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    path = tmp_path / "src.npy"
+    np.save(path, src.astype(np.float32))
+    mapped = np.load(path, mmap_mode="r")
+    assert not kernels._use_numba("auto", mapped, mapped, None)
+    monkeypatch.setenv("BNBWD_CORE", "numpy")
+    assert not kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    with pytest.raises(ValueError):
+        kernels._use_numba("fortran", src, src, None)
+
+
+@pytest.mark.parametrize("core", ["numba", "numpy"])
+def test_cli_core_option(cli, tmp_path, rng, core):
+    shape = (2, 3, 5, 7)
+    arrays = dict(src=rng.normal(size=shape).astype(np.float32), diff_dst=rng.normal(size=shape).astype(np.float32),
+                  mean=np.zeros(3, np.float32), variance=np.ones(3, np.float32))
+    for name, array in arrays.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    out = tmp_path / f"out_{core}.npz"
+    result = cli("run", "--src", tmp_path / "src.npy", "--diff-dst", tmp_path / "diff_dst.npy",
+                 "--mean", tmp_path / "mean.npy", "--variance", tmp_path / "variance.npy", "--epsilon", "1e-5",
+                 "--format", "NCHW", "--core", core, "-q", "-o", out)
+    assert result.exit_code == 0, result.output
+    expected = reference_backward(*arrays.values(), None, epsilon=1e-5, data_format="NCX")
+    with np.load(out) as written:
+        assert normalised_error(written["diff_src"], expected["diff_src"]) <= BOUNDS["float32"]
+
+
+def test_cli_core_numba_missing_is_a_usage_error(cli, monkeypatch):
+    monkeypatch.setattr(kernels, "numba_available", lambda: False)
+    result = cli("run", "--core", "numba", "x.npz")
+    assert result.exit_code == 2
+    assert "numba" in result.output + (result.stderr if hasattr(result, "stderr") else "")
