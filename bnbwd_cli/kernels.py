@@ -202,10 +202,9 @@ def float_to_half(values: np.ndarray, out: np.ndarray, magnitude: np.ndarray, re
 class _Kernel:
     """One backward computation over an (N, C, S) view; its methods are the per-tile passes.
 
-    Per tile: d = src - mean (one scratch tile, in the compute dtype), then Σdy and Σdy·d
-    (BLAS gemv/dot along contiguous spatial runs for NCX, 16-row float32 chunks for NXC,
-    float64 beyond), then diff_src = a·dy - (b·d + c) with per-channel a, b, c.
-    Σdy·xhat = invstd·Σdy·d is formed in float64 from the sums.
+    Per tile: Σdy and Σdy·(src - mean) in float64 (ufunc reductions), d = src - mean in
+    the compute dtype, then diff_src = scale·((dy - mean(dy)) - d·invstd·mean(dy·xhat)).
+    Σdy·xhat = invstd·Σdy·(src - mean) is formed in float64 from the sums.
     """
 
     def __init__(self, src3, dy3, out3, mean, invstd, scale, compute_dtype, count, training):
@@ -213,6 +212,7 @@ class _Kernel:
         self.compute_dtype = compute_dtype
         self.invstd, self.scale = invstd, scale  # float64 (C,)
         self.mean_c = mean.astype(compute_dtype)[None, :, None]  # per-channel operands, shaped to broadcast
+        self.mean64_c = mean.astype(np.float64)[None, :, None]
         self.scale_c = scale.astype(compute_dtype)[None, :, None]
         self.count, self.training = count, training
         self.input_dtype = src3.dtype
@@ -230,32 +230,38 @@ class _Kernel:
             np.copyto(converted, values)
         return converted
 
-    def _load(self, group: Group, tile: Tile, need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """dy and d = src - mean of one tile, in the compute dtype (d lives in scratch)."""
+    def _load(self, group: Group, tile: Tile, need_d: bool, need_sums: bool = False):
+        """dy and d = src - mean of one tile in the compute dtype (d lives in scratch), and the tile's sums.
+
+        Returns (dy, d or None, [Σdy, Σdy·(src - mean)] or None).
+        """
         index = np.s_[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
         dy = self._convert("dy", self.dy3[index])
         if not need_d:
-            return dy, None
-        src = self.src3[index]
+            return dy, None, None
+        src = self._convert("d", self.src3[index])  # the view itself, or a converted copy in the "d" scratch
+        sums = self._sums(dy, src, group) if need_sums else None
         mean = self.mean_c[:, group.c0 : group.c1]
-        if src.dtype == self.compute_dtype:
+        if self.input_dtype != self.compute_dtype:
+            d = src
+            d -= mean
+        else:
             d = self.scratch.get("d", src.shape, self.compute_dtype)
             np.subtract(src, mean, out=d)
-        else:
-            d = self._convert("d", src)
-            d -= mean
-        return dy, d
+        return dy, d, sums
 
-    def _sums(self, dy: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """[Σdy, Σdy·d] per channel of the tile, shape (2, channels), accumulated in float64.
+    def _sums(self, dy: np.ndarray, src: np.ndarray, group: Group) -> np.ndarray:
+        """[Σdy, Σdy·(src - mean)] per channel of the tile, shape (2, channels), in float64.
 
-        A float32 product is exact in float64, and float64 sums keep the small results
-        that cancellation leaves (Σdy of zero-mean gradients, say), which float32 partial
-        sums would give up to rounding. Ufunc reductions only: NumPy's BLAS calls
-        (matmul, vecdot) do not run concurrently from two threads here, ufuncs do.
+        src - mean is formed in float64 (exact for float32 operands) and so are the products
+        and the sums: when Σdy·xhat nearly cancels, float32 rounding of (src - mean) alone
+        would leave relative errors of 1e-5 in diff_gamma (hypothesis found such cases).
+        Ufunc reductions only: NumPy's BLAS calls (matmul, vecdot) do not run concurrently
+        from two threads here, ufuncs do.
         """
         product = self.scratch.get("product64", dy.shape, np.dtype(np.float64))
-        np.multiply(dy, d, out=product, dtype=np.float64)
+        np.subtract(src, self.mean64_c[:, group.c0 : group.c1], out=product)
+        np.multiply(product, dy, out=product)
         axis = 0 if dy.shape[2] == 1 else 2  # NXC: down the rows, else pairwise along s
         sums = np.stack([dy.sum(axis=axis, dtype=np.float64), product.sum(axis=axis)])
         return sums.sum(axis=1) if axis == 2 else sums[:, :, 0]
@@ -298,17 +304,16 @@ class _Kernel:
     def fused(self, group: Group, want_sums: bool, want_diff_src: bool) -> np.ndarray | None:
         tile = group.tiles[0]
         need_sums = want_sums or self.training
-        dy, d = self._load(group, tile, need_d=need_sums)
-        sums = self._sums(dy, d) if need_sums else None
+        dy, d, sums = self._load(group, tile, need_d=need_sums, need_sums=need_sums)
         if want_diff_src:
             self._write(group, tile, dy, d, sums)
         return sums
 
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
-        return self._sums(*self._load(group, tile, need_d=True))
+        return self._load(group, tile, need_d=True, need_sums=True)[2]
 
     def write(self, group: Group, tile: Tile, sums: np.ndarray) -> None:
-        dy, d = self._load(group, tile, need_d=self.training)
+        dy, d, _ = self._load(group, tile, need_d=self.training)
         self._write(group, tile, dy, d, sums)
 
 

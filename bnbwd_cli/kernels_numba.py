@@ -4,9 +4,10 @@ Imported lazily by kernels.batchnorm_backward (numba's import and JIT cost is pa
 it is used; compiled code is cached on disk). Supports float32, float64 and bfloat16 T1;
 float16 stays on the NumPy core.
 
-Numerics follow the NumPy core: d = src - mean in the compute dtype (float64 for float64 src,
-else float32; bfloat16 is widened exactly by bits), Σdy and Σdy·d accumulated in float64 (a
-float32 product is exact in float64), mean(dy) and invstd·mean(dy·xhat) rounded once to the
+Numerics follow the NumPy core: Σdy and Σdy·(src - mean) accumulated in float64, src - mean
+formed in float64 (exact for float32 operands; bfloat16 is widened exactly by bits); for the
+write pass d = src - mean in the compute dtype (float64 for float64 src, else float32);
+mean(dy) and invstd·mean(dy·xhat) rounded once to the
 compute dtype, diff_src = scale·((dy - mean(dy)) - d·k), rounded once to T1 (bfloat16: round
 to nearest even, NaN kept). fastmath is off, so nothing is reassociated or contracted.
 
@@ -19,11 +20,18 @@ count), then a parallel write pass over the row blocks.
 
 from __future__ import annotations
 
-import numba
-import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+import os
+
+# Idle OpenMP workers sleep instead of spinning: on a small, shared machine a spinning worker steals the
+# core the next kernel launch waits on (measured: 0.15 ms launches became 4-8 ms, a scheduler tick or two).
+# Read when numba first starts its OpenMP pool; an explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import intrinsic, overload  # noqa: E402
 
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements of one row block (short-run layouts); fixed, so sums do not depend on threads
 MIN_PLANE_RUN_BYTES = 512  # as the NumPy core: shorter contiguous runs are walked by rows
@@ -79,10 +87,11 @@ def _store_impl(array, index, value):
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def _planes(src, dy, out, n, c, s, mean_c, scale_c, invstd, count, training, need_sums, want_out, sums, coef):
+def _planes(src, dy, out, n, c, s, mean_c, mean64, scale_c, invstd, count, training, need_sums, want_out, sums, coef):
     """One task per channel: pass 1 (sums) then pass 2 (write) over its (N, S) plane."""
     for ch in prange(c):
         m = mean_c[ch]
+        m64 = mean64[ch]
         s0 = 0.0
         s1 = 0.0
         if need_sums:
@@ -95,7 +104,7 @@ def _planes(src, dy, out, n, c, s, mean_c, scale_c, invstd, count, training, nee
                 for j in range(s):
                     g = np.float64(_load(dy, base + j))
                     col_g[j] += g
-                    col_p[j] += g * np.float64(_load(src, base + j) - m)
+                    col_p[j] += g * (np.float64(_load(src, base + j)) - m64)
             for j in range(s):
                 s0 += col_g[j]
                 s1 += col_p[j]
@@ -121,7 +130,7 @@ def _planes(src, dy, out, n, c, s, mean_c, scale_c, invstd, count, training, nee
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def _row_sums(src, dy, n, c, s, mean_c, rows_per_block, partial):
+def _row_sums(src, dy, n, c, s, mean64, rows_per_block, partial):
     """partial[b] = [Σdy, Σdy·d] per channel over row block b, in float64."""
     blocks = partial.shape[0]
     for b in prange(blocks):
@@ -130,19 +139,19 @@ def _row_sums(src, dy, n, c, s, mean_c, rows_per_block, partial):
         for i in range(n0, n1):
             for ch in range(c):
                 base = (i * c + ch) * s
-                m = mean_c[ch]
+                m64 = mean64[ch]
                 g_sum = 0.0
                 p_sum = 0.0
                 for j in range(s):
                     g = np.float64(_load(dy, base + j))
                     g_sum += g
-                    p_sum += g * np.float64(_load(src, base + j) - m)
+                    p_sum += g * (np.float64(_load(src, base + j)) - m64)
                 partial[b, 0, ch] += g_sum
                 partial[b, 1, ch] += p_sum
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def _row_sums_nxc(src, dy, n, c, mean_c, rows_per_block, partial):
+def _row_sums_nxc(src, dy, n, c, mean64, rows_per_block, partial):
     """_row_sums for s = 1: the channel loop is innermost and contiguous (vectorises)."""
     blocks = partial.shape[0]
     for b in prange(blocks):
@@ -155,7 +164,7 @@ def _row_sums_nxc(src, dy, n, c, mean_c, rows_per_block, partial):
             for ch in range(c):
                 g = np.float64(_load(dy, base + ch))
                 p0[ch] += g
-                p1[ch] += g * np.float64(_load(src, base + ch) - mean_c[ch])
+                p1[ch] += g * (np.float64(_load(src, base + ch)) - mean64[ch])
 
 
 @njit(parallel=True, fastmath=False, cache=True)
@@ -211,16 +220,16 @@ def run(src3: np.ndarray, dy3: np.ndarray, out3: np.ndarray | None, mean64: np.n
     coef = np.zeros((2, c), dtype=compute_dtype)
     sums = np.zeros((2, c))
     if s * src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
-        _planes(src, dy, out, n, c, s, mean_c, scale_c, invstd, count, training, need_sums, want_out, sums, coef)
+        _planes(src, dy, out, n, c, s, mean_c, mean64, scale_c, invstd, count, training, need_sums, want_out, sums, coef)
         return sums
     rows_per_block = max(1, ROW_BLOCK_ELEMENTS // max(c * s, 1))
     blocks = -(-n // rows_per_block)
     if need_sums:
         partial = np.zeros((blocks, 2, c))
         if s == 1:
-            _row_sums_nxc(src, dy, n, c, mean_c, rows_per_block, partial)
+            _row_sums_nxc(src, dy, n, c, mean64, rows_per_block, partial)
         else:
-            _row_sums(src, dy, n, c, s, mean_c, rows_per_block, partial)
+            _row_sums(src, dy, n, c, s, mean64, rows_per_block, partial)
         for b in range(blocks):  # in block order: deterministic
             sums += partial[b]
     if want_out:
