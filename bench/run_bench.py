@@ -157,7 +157,7 @@ def dtype_of(name: str) -> np.dtype:
 
 
 def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str], str | None]:
-    from bnbwd_cli.kernels import batchnorm_backward
+    from bnbwd_cli.kernels import batchnorm_backward, numba_available
 
     shapes = {"L2": (8, 32, 14, 14), "L3": (16, 64, 64, 64), "DRAM": (64, 128, 56, 56)}
     dtypes = ["float32", "bfloat16", "float16"]
@@ -176,24 +176,33 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
                 mean, var, gamma = np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(c, np.float32)
                 out = np.empty_like(src)
                 core = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
-                                                          diff_src_out=out, threads=threads), reps)
+                                                          diff_src_out=out, threads=threads, core="numpy"), reps)
+                fast = None
+                if numba_available() and dtype_name != "float16":  # float16 runs on the NumPy core either way
+                    fast = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
+                                                              diff_src_out=out, threads=threads, core="numba"), reps)
                 naive = best_of(lambda: naive_numpy(src, dy, mean, var, gamma, data_format), max(reps // 2, 1))
                 bound = 3 * src.nbytes / bandwidth
                 rows.append(dict(size=size, format=data_format, dtype=dtype_name, shape=shape, mb=src.nbytes / 1e6,
-                                 core=core, naive=naive, bound=bound))
+                                 core=core, fast=fast, naive=naive, bound=bound))
                 torch_cases.append(dict(shape=list(base), format=data_format, dtype=dtype_name, reps=reps))
                 del src, dy, out
     torch_times, torch_version = run_torch(torch_python, torch_cases, threads)
     lines = [f"copy bandwidth (NumPy, {threads} threads): {bandwidth / 1e9:.1f} GB/s; bound = 3 tensor passes at that rate",
              "",
-             "| size | layout | dtype | shape | MB/tensor | bnbwd ms | naive NumPy ms | torch ms | bnbwd/torch | bound ms | bound/bnbwd |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| size | layout | dtype | shape | MB/tensor | bnbwd (NumPy) ms | bnbwd (numba) ms | naive NumPy ms | torch ms "
+             "| NumPy/torch | numba/torch | bound ms | bound/NumPy | bound/numba |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row, torch_time in zip(rows, torch_times):
+        fast = row["fast"]
         ratio = f"{row['core'] / torch_time:.2f}" if torch_time else "–"
+        fast_ratio = f"{fast / torch_time:.2f}" if torch_time and fast else "–"
         torch_ms = f"{torch_time * 1e3:.1f}" if torch_time else "–"
+        fast_ms = f"{fast * 1e3:.1f}" if fast else "–"
+        fast_bound = f"{row['bound'] / fast:.2f}" if fast else "–"
         lines.append(f"| {row['size']} | {row['format']} | {row['dtype']} | {row['shape']} | {row['mb']:.1f} | "
-                     f"{row['core'] * 1e3:.1f} | {row['naive'] * 1e3:.1f} | {torch_ms} | {ratio} | "
-                     f"{row['bound'] * 1e3:.1f} | {row['bound'] / row['core']:.2f} |")
+                     f"{row['core'] * 1e3:.1f} | {fast_ms} | {row['naive'] * 1e3:.1f} | {torch_ms} | {ratio} | {fast_ratio} | "
+                     f"{row['bound'] * 1e3:.1f} | {row['bound'] / row['core']:.2f} | {fast_bound} |")
     return lines, torch_version
 
 
