@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -384,7 +385,8 @@ def batchnorm_backward(
     Inputs are assumed validated (see profiles.validate_inputs).
     core: "numpy" (this module), "numba" (kernels_numba; float16 still runs here) or "auto": numba when it is
     installed, the dtype is supported, the data is in memory (memory-mapped data keeps the NumPy core's bounded
-    RSS) and $BNBWD_CORE is not "numpy".
+    RSS), $BNBWD_CORE is not "numpy", and either this process has loaded the numba core already or src is at
+    least AUTO_NUMBA_MIN_BYTES (numba's start-up cost).
     """
     want_diff_src = "diff_src" in outputs
     want_sums = "diff_gamma" in outputs or "diff_beta" in outputs
@@ -416,6 +418,11 @@ def batchnorm_backward(
 
 
 CORES = ("auto", "numpy", "numba")
+# core="auto" picks numba only once the process has loaded it (a long-lived caller pays the start-up once) or
+# for inputs this big: importing numba and loading its cached kernels takes ~0.9 s (measured, 2-core EPYC),
+# and the kernel saves ~0.25 ms a MB of src (f32 DRAM-sized: ~35 vs ~60 ms for 103 MB), so a single
+# `bnbwd run` breaks even only at ~3.5 GB. Below that, --core numba (or core="numba") opts in.
+AUTO_NUMBA_MIN_BYTES = 4 << 30
 
 
 def numba_available() -> bool:
@@ -434,6 +441,8 @@ def _use_numba(core: str, src: np.ndarray, diff_dst: np.ndarray, diff_src: np.nd
         return False
     if core == "auto" and (_file_mappings(src, diff_dst, diff_src) or not numba_available()):
         return False
+    if core == "auto" and src.nbytes < AUTO_NUMBA_MIN_BYTES and "bnbwd_cli.kernels_numba" not in sys.modules:
+        return False  # a one-off call: numba's start-up would cost more than its kernel saves
     if core == "numba" and not numba_available():
         raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
     from bnbwd_cli import kernels_numba

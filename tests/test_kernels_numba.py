@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from bnbwd_cli import kernels  # noqa: E402
+import sys  # noqa: E402
+
+from bnbwd_cli import kernels, kernels_numba  # noqa: E402, F401
 from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
 from bnbwd_cli.reference import reference_backward  # noqa: E402
 from tests.oracle import BOUNDS, normalised_error  # noqa: E402
@@ -122,6 +124,11 @@ def test_float16_and_memmaps_stay_on_numpy(tmp_path, monkeypatch):
     np.save(path, src.astype(np.float32))
     mapped = np.load(path, mmap_mode="r")
     assert not kernels._use_numba("auto", mapped, mapped, None)
+    # A process that has not loaded numba yet keeps small inputs on NumPy (numba's start-up costs more).
+    monkeypatch.delitem(sys.modules, "bnbwd_cli.kernels_numba")
+    assert not kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    monkeypatch.setattr(kernels, "AUTO_NUMBA_MIN_BYTES", 8)
+    assert kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
     monkeypatch.setenv("BNBWD_CORE", "numpy")
     assert not kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
     with pytest.raises(ValueError):
