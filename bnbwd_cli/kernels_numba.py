@@ -13,7 +13,7 @@ to nearest even, NaN kept). fastmath is off, so nothing is reassociated or contr
 
 Blocking: an (N, C, S) view. Channel planes with long contiguous runs (NCX): one parallel
 task per channel, both passes back to back while the channel's plane is in cache (3 tensor
-passes of memory traffic). Short runs (NXC is (M, C, 1)): fixed-size row blocks, per-block
+passes of memory traffic). Short runs (NXC is (M, C, 1)): fixed-size row blocks, per-block, per-column
 float64 partial sums combined in block order (deterministic, independent of the thread
 count), then a parallel write pass over the row blocks.
 """
@@ -130,29 +130,12 @@ def _planes(src, dy, out, n, c, s, mean_c, mean64, scale_c, invstd, count, train
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def _row_sums(src, dy, n, c, s, mean64, rows_per_block, partial):
-    """partial[b] = [Σdy, Σdy·d] per channel over row block b, in float64."""
-    blocks = partial.shape[0]
-    for b in prange(blocks):
-        n0 = b * rows_per_block
-        n1 = min(n0 + rows_per_block, n)
-        for i in range(n0, n1):
-            for ch in range(c):
-                base = (i * c + ch) * s
-                m64 = mean64[ch]
-                g_sum = 0.0
-                p_sum = 0.0
-                for j in range(s):
-                    g = np.float64(_load(dy, base + j))
-                    g_sum += g
-                    p_sum += g * (np.float64(_load(src, base + j)) - m64)
-                partial[b, 0, ch] += g_sum
-                partial[b, 1, ch] += p_sum
+def _row_sums(src, dy, n, width, mean_row, rows_per_block, partial):
+    """partial[b] = [Σdy, Σdy·(src - mean)] per column of a row (width = C·S) over row block b, in float64.
 
-
-@njit(parallel=True, fastmath=False, cache=True)
-def _row_sums_nxc(src, dy, n, c, mean64, rows_per_block, partial):
-    """_row_sums for s = 1: the channel loop is innermost and contiguous (vectorises)."""
+    The column loop is innermost and contiguous, so it vectorises; the caller folds the S columns of
+    a channel together afterwards (mean_row is the mean repeated S times).
+    """
     blocks = partial.shape[0]
     for b in prange(blocks):
         n0 = b * rows_per_block
@@ -160,11 +143,11 @@ def _row_sums_nxc(src, dy, n, c, mean64, rows_per_block, partial):
         p0 = partial[b, 0]
         p1 = partial[b, 1]
         for i in range(n0, n1):
-            base = i * c
-            for ch in range(c):
-                g = np.float64(_load(dy, base + ch))
-                p0[ch] += g
-                p1[ch] += g * (np.float64(_load(src, base + ch)) - mean64[ch])
+            base = i * width
+            for k in range(width):
+                g = np.float64(_load(dy, base + k))
+                p0[k] += g
+                p1[k] += g * (np.float64(_load(src, base + k)) - mean_row[k])
 
 
 @njit(parallel=True, fastmath=False, cache=True)
@@ -225,13 +208,12 @@ def run(src3: np.ndarray, dy3: np.ndarray, out3: np.ndarray | None, mean64: np.n
     rows_per_block = max(1, ROW_BLOCK_ELEMENTS // max(c * s, 1))
     blocks = -(-n // rows_per_block)
     if need_sums:
-        partial = np.zeros((blocks, 2, c))
-        if s == 1:
-            _row_sums_nxc(src, dy, n, c, mean64, rows_per_block, partial)
-        else:
-            _row_sums(src, dy, n, c, s, mean64, rows_per_block, partial)
+        partial = np.zeros((blocks, 2, c * s))
+        _row_sums(src, dy, n, c * s, np.repeat(mean64, s), rows_per_block, partial)
+        columns = np.zeros((2, c * s))
         for b in range(blocks):  # in block order: deterministic
-            sums += partial[b]
+            columns += partial[b]
+        sums = columns.reshape(2, c, s).sum(axis=2)
     if want_out:
         if training:
             coef[0] = sums[0] / count
