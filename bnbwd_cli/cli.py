@@ -246,6 +246,9 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     stream = stream or (has_file_output and streaming.should_stream(sources))
     if stream and not has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
+    if stream and core == "numba":
+        # Only the NumPy core drops mapped pages as it goes; numba over mapped files would grow to their size.
+        raise click.UsageError("--core numba keeps memory-mapped inputs resident; use --core numpy (or auto) with --stream")
     for name, source in sources.items():
         inputs[name] = read_array(source, name, mmap=stream and name in ("src", "diff_dst"))
     for name in bf16_inputs:
