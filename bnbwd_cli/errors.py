@@ -27,4 +27,4 @@ class BnbwdError(click.ClickException):
         return " ".join(self.message.split())
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"error: {self.format_message()}", file=file or click.get_text_stream("stderr"), err=True)
+        click.echo(f"error: {self.format_message()}", file=file, err=True)
