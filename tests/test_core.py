@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bnbwd_cli.kernels import batchnorm_backward as _batchnorm_backward
 from bnbwd_cli.reference import reference_backward
-from tests.oracle import BOUNDS, normalised_error
+from tests.oracle import BOUNDS, normalised_error, problem_arrays
 
 batchnorm_backward = functools.partial(_batchnorm_backward, core="numpy")  # the NumPy core; test_kernels_numba.py: numba
 
@@ -50,23 +50,10 @@ def problems(draw):
     }
 
 
-def _arrays(problem):
-    rng = np.random.default_rng(problem["seed"])
-    shape, dtype, stats_dtype = problem["shape"], problem["dtype"], problem["stats_dtype"]
-    channels = shape[1] if problem["data_format"] == "NCX" else shape[-1]
-    return (
-        rng.normal(1.0, 3.0, size=shape).astype(dtype),
-        rng.normal(size=shape).astype(dtype),
-        rng.normal(1.0, 0.5, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 9.0, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 2.0, size=channels).astype(stats_dtype) if problem["with_gamma"] else None,
-    )
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_core_matches_float64_oracle(problem):
-    src, diff_dst, mean, variance, gamma = _arrays(problem)
+    src, diff_dst, mean, variance, gamma = problem_arrays(problem)
     common = dict(epsilon=problem["epsilon"], data_format=problem["data_format"], training=problem["training"])
     result = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common,
                                 block_bytes=problem["block_bytes"], threads=problem["threads"])

@@ -15,7 +15,7 @@ import sys  # noqa: E402
 from bnbwd_cli import kernels, kernels_numba  # noqa: E402, F401
 from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
 from bnbwd_cli.reference import reference_backward  # noqa: E402
-from tests.oracle import BOUNDS, normalised_error  # noqa: E402
+from tests.oracle import BOUNDS, normalised_error, problem_arrays  # noqa: E402
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16]
 
@@ -43,23 +43,10 @@ def problems(draw):
     }
 
 
-def _arrays(problem):
-    rng = np.random.default_rng(problem["seed"])
-    shape, dtype, stats_dtype = problem["shape"], problem["dtype"], problem["stats_dtype"]
-    channels = shape[1] if problem["data_format"] == "NCX" else shape[-1]
-    return (
-        rng.normal(1.0, 3.0, size=shape).astype(dtype),
-        rng.normal(size=shape).astype(dtype),
-        rng.normal(1.0, 0.5, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 9.0, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 2.0, size=channels).astype(stats_dtype) if problem["with_gamma"] else None,
-    )
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_numba_core_matches_oracle_and_numpy_core(problem):
-    src, diff_dst, mean, variance, gamma = _arrays(problem)
+    src, diff_dst, mean, variance, gamma = problem_arrays(problem)
     common = dict(epsilon=1e-3, data_format=problem["data_format"], training=problem["training"],
                   variance_is_invstd=problem["invstd"])
     fast = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common, threads=problem["threads"], core="numba")
