@@ -437,7 +437,7 @@ def _use_numba(core: str, src: np.ndarray, diff_dst: np.ndarray, diff_src: np.nd
         raise ValueError(f"core must be one of {CORES}, got {core!r}")
     if core == "numpy" or (core == "auto" and os.environ.get("BNBWD_CORE", "").lower() == "numpy"):
         return False
-    if src.dtype == np.float16 or src.dtype.itemsize not in (2, 4, 8) or src.dtype.kind not in "fV":
+    if src.dtype.itemsize not in (2, 4, 8) or src.dtype.kind not in "fV":
         return False
     if core == "auto" and (_file_mappings(src, diff_dst, diff_src) or not numba_available()):
         return False

@@ -17,7 +17,7 @@ from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
 from bnbwd_cli.reference import reference_backward  # noqa: E402
 from tests.oracle import BOUNDS, normalised_error, problem_arrays  # noqa: E402
 
-DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16]
+DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
 
 
 @st.composite
@@ -64,7 +64,7 @@ def test_numba_core_matches_oracle_and_numpy_core(problem):
         assert normalised_error(getattr(fast, name), getattr(slow, name).astype(np.float64)) <= bound, name
 
 
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 def test_same_bits_as_numpy_core_and_outputs_subset(rng, dtype, data_format):
     shape = (3, 4, 50, 5) if data_format == "NCX" else (3, 50, 5, 4)
@@ -103,21 +103,57 @@ def test_bfloat16_rounding_and_nan(rng):
     assert result.diff_src[0, 0, 0] == 1.0 and result.diff_src[0, 1, 0] == 1 + 2**-6
 
 
-def test_float16_and_memmaps_stay_on_numpy(tmp_path, monkeypatch):
-    src = np.ones((2, 3, 4), np.float16)
-    assert not kernels._use_numba("numba", src, src, None)
-    assert kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+def test_float16_rounding_nan_inf_and_subnormals(rng):
+    # Inference: diff_src = f16(f32(dy) * f32(invstd)); NumPy's own float32 -> float16 cast is the reference
+    # (round to nearest even, overflow to inf, subnormal results, NaN kept).
+    scales = np.array([1 + 2**-11, 1 + 3 * 2**-11, 0.3, 1e-6, 1e5], np.float32)
+    dy = rng.normal(size=(4, 5, 64)).astype(np.float32)
+    dy[:, :, :6] = [1.0, np.nan, np.inf, -np.inf, 6e-8, -65504.0]
+    dy = dy.astype(np.float16)
+    result = batchnorm_backward(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
+                                training=False, variance_is_invstd=True, core="numba")
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = (dy.astype(np.float32) * scales[None, :, None]).astype(np.float16)
+    is_nan = np.isnan(expected)
+    np.testing.assert_array_equal(result.diff_src.view(np.uint16)[~is_nan], expected.view(np.uint16)[~is_nan])
+    np.testing.assert_array_equal(np.isnan(result.diff_src), is_nan)
+    assert np.isinf(result.diff_src[0, 4, 5])  # -65504 * 1e5 overflows
+    assert result.diff_src[0, 3, 4] == 0 and result.diff_src[0, 0, 0] == 1.0  # 6e-8 * 1e-6 underflows; a tie rounds to even
+
+
+@pytest.mark.parametrize("data_format, shape", [("NCX", (3, 3, 5000)), ("NXC", (300, 5000)), ("NCX", (2, 1, 9000))])
+def test_results_do_not_depend_on_threads(rng, data_format, shape):
+    # Few channels split the planes into chunks (one thread a chunk) and wide rows split into column chunks;
+    # the chunk sums are folded in one fixed order, so every thread count gives the same bits.
+    src = rng.normal(3.0, 2.0, shape).astype(np.float32)
+    diff_dst = rng.normal(size=shape).astype(np.float32)
+    channels = shape[1] if data_format == "NCX" else shape[-1]
+    stats = (rng.normal(3.0, 0.5, channels).astype(np.float32), rng.uniform(1, 4, channels).astype(np.float32))
+    results = [batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+                                  threads=threads) for threads in (1, 2, 8)]
+    for other in results[1:]:
+        for name in ("diff_src", "diff_gamma", "diff_beta"):
+            np.testing.assert_array_equal(getattr(other, name), getattr(results[0], name), err_msg=name)
+    expected = reference_backward(src, diff_dst, *stats, None, epsilon=1e-5, data_format=data_format)
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        assert normalised_error(getattr(results[0], name), expected[name]) <= BOUNDS["float32"], name
+
+
+def test_auto_core_choice(tmp_path, monkeypatch):
+    src = np.ones((2, 3, 4), np.float32)
+    assert kernels._use_numba("numba", src.astype(np.float16), src.astype(np.float16), None)
+    assert kernels._use_numba("auto", src, src, None)
     path = tmp_path / "src.npy"
-    np.save(path, src.astype(np.float32))
+    np.save(path, src)
     mapped = np.load(path, mmap_mode="r")
     assert not kernels._use_numba("auto", mapped, mapped, None)
     # A process that has not loaded numba yet keeps small inputs on NumPy (numba's start-up costs more).
     monkeypatch.delitem(sys.modules, "bnbwd_cli.kernels_numba")
-    assert not kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    assert not kernels._use_numba("auto", src, src, None)
     monkeypatch.setattr(kernels, "AUTO_NUMBA_MIN_BYTES", 8)
-    assert kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    assert kernels._use_numba("auto", src, src, None)
     monkeypatch.setenv("BNBWD_CORE", "numpy")
-    assert not kernels._use_numba("auto", src.astype(np.float32), src.astype(np.float32), None)
+    assert not kernels._use_numba("auto", src, src, None)
     with pytest.raises(ValueError):
         kernels._use_numba("fortran", src, src, None)
 
