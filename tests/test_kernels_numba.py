@@ -191,3 +191,21 @@ def test_cli_numba_core_refuses_stream(cli, tmp_path):
     assert result.exit_code == 2
     assert "--core numba keeps memory-mapped inputs resident" in result.stderr
     assert not (tmp_path / "out.npz").exists()
+
+
+@pytest.mark.parametrize("data_format, shape", [("NCX", (64, 4, 3000)), ("NXC", (20000, 4)), ("NCX", (4, 2, 70000))])
+def test_cancellation_prone_inputs_keep_float32_accuracy(data_format, shape):
+    # src sits 1e4 standard deviations from zero: a one-pass Σdy·src - mean·Σdy in float32 would lose every
+    # digit of Σdy·(src - mean). The reassociated float64 sums must match the fsum oracle to float32 accuracy.
+    rng = np.random.default_rng(7)
+    channels = shape[1] if data_format == "NCX" else shape[-1]
+    offset = rng.uniform(-1e4, 1e4, channels).astype(np.float32)
+    per_element = offset[:, None] if data_format == "NCX" else offset  # broadcast along the channel axis
+    src = (per_element + rng.normal(size=shape)).astype(np.float32)
+    diff_dst = rng.normal(size=shape).astype(np.float32)
+    mean = src.astype(np.float64).mean(axis=0 if data_format == "NXC" else (0, 2)).astype(np.float32)
+    variance = np.ones(channels, np.float32)
+    fast = batchnorm_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format, core="numba")
+    expected = reference_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format)
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        assert normalised_error(getattr(fast, name), expected[name]) <= BOUNDS["float32"], name
