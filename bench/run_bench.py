@@ -178,7 +178,7 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
                 core = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
                                                           diff_src_out=out, threads=threads, core="numpy"), reps)
                 fast = None
-                if numba_available() and dtype_name != "float16":  # float16 runs on the NumPy core either way
+                if numba_available():
                     fast = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
                                                               diff_src_out=out, threads=threads, core="numba"), reps)
                 naive = best_of(lambda: naive_numpy(src, dy, mean, var, gamma, data_format), max(reps // 2, 1))

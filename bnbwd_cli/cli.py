@@ -202,9 +202,9 @@ def _progress_callback(console, enabled: bool):
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
 @click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
 @click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
-              help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; ~2x faster kernel, "
-              "~1 s start-up; float16 runs on NumPy), numpy, or auto (numba when installed and src is in memory "
-              "and >= 4 GiB, unless $BNBWD_CORE=numpy).")
+              help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; 4-20x faster kernel, "
+              "~0.5 s start-up), numpy, or auto (numba when installed and src is in memory "
+              "and >= 1 GiB, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream", is_flag=True, help="Out-of-core: map .npy inputs read-only and write diff_src through a "

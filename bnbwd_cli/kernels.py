@@ -383,7 +383,7 @@ def batchnorm_backward(
     diff_src_out: optional preallocated C-contiguous output (e.g. a memmap) of src's shape/dtype.
     Returns diff_src (T1) and diff_gamma, diff_beta (T2, the dtype of mean) for the names in `outputs`.
     Inputs are assumed validated (see profiles.validate_inputs).
-    core: "numpy" (this module), "numba" (kernels_numba; float16 still runs here) or "auto": numba when it is
+    core: "numpy" (this module), "numba" (kernels_numba) or "auto": numba when it is
     installed, the dtype is supported, the data is in memory (memory-mapped data keeps the NumPy core's bounded
     RSS), $BNBWD_CORE is not "numpy", and either this process has loaded the numba core already or src is at
     least AUTO_NUMBA_MIN_BYTES (numba's start-up cost).
@@ -419,10 +419,10 @@ def batchnorm_backward(
 
 CORES = ("auto", "numpy", "numba")
 # core="auto" picks numba only once the process has loaded it (a long-lived caller pays the start-up once) or
-# for inputs this big: importing numba and loading its cached kernels takes ~0.9 s (measured, 2-core EPYC),
-# and the kernel saves ~0.25 ms a MB of src (f32 DRAM-sized: ~35 vs ~60 ms for 103 MB), so a single
-# `bnbwd run` breaks even only at ~3.5 GB. Below that, --core numba (or core="numba") opts in.
-AUTO_NUMBA_MIN_BYTES = 4 << 30
+# for inputs this big: importing numba and loading its cached kernels takes ~0.45 s (measured, 2-core EPYC),
+# and the kernel saves ~0.45 ms a MB of src (f32 (64,128,56,56), output allocated by the call: 29 vs 76 ms
+# for 103 MB), so a single `bnbwd run` breaks even at ~1 GB. Below that, --core numba (or core="numba") opts in.
+AUTO_NUMBA_MIN_BYTES = 1 << 30
 
 
 def numba_available() -> bool:
