@@ -65,11 +65,22 @@ def _bits_to_f32(typingctx, bits):
 
 
 @intrinsic
-def _f32_to_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+def _f32_to_bf16(typingctx, value):
+    """bfloat16 bits of a float32: round to nearest even on bit 16 (overflow carries into inf, as it
+    should), but a NaN stays a (quiet) NaN. Written in LLVM IR so the NaN case is a select, which
+    vectorises (numba's own conditional expression inside an inlined overload did too, with warnings)."""
 
-    return types.uint32(types.float32), codegen
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        high = builder.lshr(bits, ir.Constant(i32, 16))
+        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)),
+                                           builder.and_(high, ir.Constant(i32, 1))), ir.Constant(i32, 16))
+        quiet = builder.or_(high, ir.Constant(i32, 0x40))
+        is_nan = builder.icmp_unsigned(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
+        return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
 
 
 @intrinsic
@@ -111,13 +122,7 @@ def _load_impl(array, index):
 def _store_impl(array, index, value):
     if array.dtype == types.uint16:
         def store_bf16(array, index, value):
-            bits = _f32_to_bits(np.float32(value))
-            # round to nearest even on bit 16 (overflow carries into inf, as it should) ...
-            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-            # ... but a NaN stays a (quiet) NaN; branch-free, so the loop vectorises
-            nan_mask = np.uint32(0) - np.uint32((bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000))
-            quiet = (bits >> np.uint32(16)) | np.uint32(0x40)
-            array[index] = np.uint16((rounded & ~nan_mask) | (quiet & nan_mask))
+            array[index] = _f32_to_bf16(np.float32(value))
         return store_bf16
     if array.dtype == types.int16:
         def store_f16(array, index, value):
