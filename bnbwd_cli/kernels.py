@@ -260,11 +260,19 @@ class _Kernel:
         Ufunc reductions only: NumPy's BLAS calls (matmul, vecdot) do not run concurrently
         from two threads here, ufuncs do.
         """
-        product = self.scratch.get("product64", dy.shape, np.dtype(np.float64))
-        np.subtract(src, self.mean64_c[:, group.c0 : group.c1], out=product)
-        np.multiply(product, dy, out=product)
+        float64 = np.dtype(np.float64)
+        product = self.scratch.get("product64", dy.shape, float64)
+        # Widen with plain casts, then compute in float64: a mixed float32/float64 ufunc casts through small
+        # buffers and ran 2x slower (per 0.8 MB channel plane: 313 -> 188 us for the sums).
+        np.copyto(product, src)
+        product -= self.mean64_c[:, group.c0 : group.c1]
+        if dy.dtype != float64:
+            dy64 = self.scratch.get("dy64", dy.shape, float64)
+            np.copyto(dy64, dy)
+            dy = dy64
+        product *= dy
         axis = 0 if dy.shape[2] == 1 else 2  # NXC: down the rows, else pairwise along s
-        sums = np.stack([dy.sum(axis=axis, dtype=np.float64), product.sum(axis=axis)])
+        sums = np.stack([dy.sum(axis=axis), product.sum(axis=axis)])
         return sums.sum(axis=1) if axis == 2 else sums[:, :, 0]
 
     def _coefficients(self, group: Group, sums: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -490,7 +498,7 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
 
     # src, diff_dst and diff_src, plus scratch: d (and a converted dy, and two uint32 for float16)
     scratch_bytes = compute_dtype.itemsize * (1 if src.dtype == compute_dtype else 2) + (8 if src.dtype == np.float16 else 0)
-    scratch_bytes += 8  # the float64 products dy·d
+    scratch_bytes += 8 if compute_dtype == np.float64 else 16  # float64 products dy·d (and dy widened to float64)
     bytes_per_element = src.itemsize * 3 + scratch_bytes
     mappings = _file_mappings(src, diff_dst, diff_src)
     # Memory-mapped data: tiles of whole rows, contiguous in the file, so a tile maps only its
