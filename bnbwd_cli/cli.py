@@ -243,7 +243,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     profile = PROFILES[spec]
     inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
     has_file_output = out_dir is not None or bool(output and output != "-")
-    stream = stream or (has_file_output and streaming.should_stream(sources))
+    # Large .npy inputs stream by themselves, unless numba was asked for (it keeps mapped pages resident).
+    stream = stream or (has_file_output and core != "numba" and streaming.should_stream(sources))
     if stream and not has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     if stream and core == "numba":
@@ -298,7 +299,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     facts = RunFacts(spec=profile.name, data_format=data_format.upper(), canonical_format=canonical,
                      epsilon=None if variance_is_invstd else epsilon, training=not inference,
                      inputs=inputs, outputs=arrays, written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
-                     elapsed_s=elapsed)
+                     elapsed_s=elapsed, core=result.core, stream=stream)
     stdout_busy = output == "-" or json_target == "-"
     report_console = make_console(stderr=stdout_busy)
     if json_target and reference is None:

@@ -49,11 +49,15 @@ ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all
 
 @dataclass(frozen=True)
 class BackwardResult:
-    """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for."""
+    """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for.
+
+    core: the core that ran ("numpy" or "numba").
+    """
 
     diff_src: np.ndarray | None
     diff_gamma: np.ndarray | None
     diff_beta: np.ndarray | None
+    core: str = "numpy"
 
 
 @dataclass(frozen=True)
@@ -409,7 +413,8 @@ def batchnorm_backward(
     else:
         diff_src = None
     sums = np.zeros((2, channels))
-    if src.size and _use_numba(core, src, diff_dst, diff_src):
+    ran = "numba" if src.size and _use_numba(core, src, diff_dst, diff_src) else "numpy"
+    if ran == "numba":
         sums = _run_numba(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_format, training,
                           variance_is_invstd, want_sums or training, compute_dtype, count, threads or usable_cores())
         if progress is not None:
@@ -422,7 +427,7 @@ def batchnorm_backward(
         )
     diff_beta = sums[0].astype(param_dtype) if "diff_beta" in outputs else None
     diff_gamma = sums[1].astype(param_dtype) if "diff_gamma" in outputs else None
-    return BackwardResult(diff_src=diff_src, diff_gamma=diff_gamma, diff_beta=diff_beta)
+    return BackwardResult(diff_src=diff_src, diff_gamma=diff_gamma, diff_beta=diff_beta, core=ran)
 
 
 CORES = ("auto", "numpy", "numba")

@@ -34,6 +34,8 @@ class RunFacts:
     outputs: dict[str, np.ndarray]
     written: list[str]
     elapsed_s: float
+    core: str = "numpy"  # the core that ran
+    stream: bool = False  # inputs memory-mapped, diff_src written through a memmap
     stats: dict[str, OutputStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -82,7 +84,8 @@ def render_run(console: Console, error_console: Console, facts: RunFacts) -> Non
     epsilon = "n/a (variance is invstd)" if facts.epsilon is None else f"{facts.epsilon:g}"
     console.print(
         f"bnbwd run: src {src.shape} {dtype_name(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
-        f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.elapsed_s * 1e3:.1f} ms",
+        f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.core} core{', streamed' if facts.stream else ''}, "
+        f"{facts.elapsed_s * 1e3:.1f} ms",
         markup=False,
         soft_wrap=True,
     )
@@ -101,6 +104,8 @@ def run_json(facts: RunFacts) -> str:
         "epsilon": facts.epsilon,
         "training": facts.training,
         "elapsed_s": facts.elapsed_s,
+        "core": facts.core,
+        "stream": facts.stream,
         "inputs": {name: _describe(array) for name, array in facts.inputs.items()},
         "outputs": {
             name: {**_describe(array), "min": _finite_or_none(facts.stats[name].minimum),

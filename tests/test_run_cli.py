@@ -434,3 +434,47 @@ def test_refuses_binary_to_a_terminal(bundle):
         os.close(leader)
     assert result.returncode == 2
     assert b"refusing to write binary .npz data to a terminal" in result.stderr
+
+
+def _save_npy_inputs(directory, arrays: dict) -> list[str]:
+    flags = []
+    for name in ("src", "diff_dst", "mean", "variance", "gamma"):
+        np.save(directory / f"{name}.npy", arrays[name])
+        flags += [f"--{name.replace('_', '-')}", str(directory / f"{name}.npy")]
+    return flags
+
+
+@pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True), (["--core", "numba"], False)])
+def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, extra, streamed):
+    # Over STREAM_MIN_BYTES, .npy inputs are memory-mapped and diff_src goes through a memmap (the JSON says
+    # so), with the same results; an explicit --core numba keeps them in memory instead of refusing.
+    if "numba" in extra:
+        pytest.importorskip("numba")
+    from bnbwd_cli import streaming
+
+    monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 1)
+    arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
+    flags = _save_npy_inputs(tmp_path, arrays)
+    result = cli("run", *flags, "--epsilon", "1e-3", "--format", "NCHW", "-o", tmp_path / "out.npz", "--json", "-", "-q",
+                 *extra)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["stream"] is streamed
+    assert document["core"] == ("numba" if "numba" in extra else "numpy")
+    expect_oracle(load_npz(tmp_path / "out.npz"), arrays)
+
+
+def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, monkeypatch):
+    from bnbwd_cli import streaming
+
+    arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
+    flags = _save_npy_inputs(tmp_path, arrays)
+    common = ("--epsilon", "1e-3", "--format", "NCHW", "-q")
+    result = cli("run", *flags, *common, "-o", tmp_path / "out.npz", "--json", tmp_path / "facts.json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "facts.json").read_text())["stream"] is False
+    monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 1)  # large, but -o - cannot take a memmapped output
+    result = cli("run", *flags, *common, "-o", "-", "--json", tmp_path / "facts.json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "facts.json").read_text())["stream"] is False
+    expect_oracle(dict(np.load(io.BytesIO(result.stdout_bytes))), arrays)
