@@ -261,8 +261,15 @@ def cli_table(args, threads: int) -> list[str]:
         base = [sys.executable, "-m", "bnbwd_cli", "run", "--src", str(work / "src.npy"), "--diff-dst", str(work / "diff_dst.npy"),
                 "--mean", str(work / "mean.npy"), "--variance", str(work / "variance.npy"), "--epsilon", "1e-5",
                 "--format", "NCHW", "-q", "--threads", str(threads)]
-        for label, extra in (("bnbwd run --out-dir (in memory)", ["--out-dir", str(work / "a")]),
-                             ("bnbwd run --stream --out-dir", ["--out-dir", str(work / "b"), "--stream"])):
+        runs = [("bnbwd run --no-stream --out-dir (loaded, NumPy core)", ["--out-dir", str(work / "a"), "--no-stream",
+                                                                            "--core", "numpy"]),
+                ("bnbwd run --out-dir (default: streams)", ["--out-dir", str(work / "b")])]
+        from bnbwd_cli.kernels import numba_available
+
+        if numba_available():
+            runs.insert(1, ("bnbwd run --no-stream --core numba --out-dir (loaded)",
+                            ["--out-dir", str(work / "c"), "--no-stream", "--core", "numba"]))
+        for label, extra in runs:
             (work / extra[1].rsplit("/", 1)[1]).mkdir()
             seconds, rss = run_child(base + extra)
             lines.append(f"| {label} | {gigabytes:.2f} | {seconds:.2f} ({seconds / io_seconds:.2f}x NumPy I/O) | {rss:.0f} |")
@@ -287,12 +294,13 @@ def normalised(actual, expected) -> float:
 
 
 def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
-    from bnbwd_cli.kernels import batchnorm_backward
+    from bnbwd_cli.kernels import batchnorm_backward, numba_available
 
+    cores = ["numpy", "numba"] if numba_available() else ["numpy"]
     m_target = 2_000_000 if args.quick else 10_000_000
     base = (m_target // 10_000, 4, 100, 100)  # M = N·H·W
-    lines = ["| inputs | layout | dtype | M | bnbwd diff_src | torch diff_src | bnbwd diff_gamma | torch diff_gamma | bnbwd diff_beta | torch diff_beta |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| inputs | layout | dtype | M | bnbwd core | bnbwd diff_src | torch diff_src | bnbwd diff_gamma | torch diff_gamma | bnbwd diff_beta | torch diff_beta |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rng = np.random.default_rng(2)
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
         work = Path(work)
@@ -312,10 +320,14 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                     del src64
                     invstd = (1 / np.sqrt(variance.astype(np.float64) + 1e-5)).astype(np.float32)
                     gamma = rng.uniform(0.5, 1.5, base[1]).astype(np.float32)
-                    ours = batchnorm_backward(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
-                                              variance_is_invstd=True, threads=threads)
                     expected = oracle64(src, dy, mean, invstd, gamma, data_format)
-                    errors = [normalised(getattr(ours, k), e) for k, e in zip(("diff_src", "diff_gamma", "diff_beta"), expected)]
+                    errors = {}
+                    for core in cores:
+                        ours = batchnorm_backward(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
+                                                  variance_is_invstd=True, threads=threads, core=core)
+                        errors[core] = [normalised(getattr(ours, k), e)
+                                        for k, e in zip(("diff_src", "diff_gamma", "diff_beta"), expected)]
+                        del ours
                     theirs = [None] * 3
                     if torch_python:
                         paths = {}
@@ -326,11 +338,13 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                         results, _ = run_torch(torch_python, [dict(paths, format=data_format, dtype=dtype_name, out=out)], threads)
                         if results != [None] or Path(out).exists():
                             theirs = [normalised(np.load(p), e) for p, e in zip((out, out + ".gamma.npy", out + ".beta.npy"), expected)]
-                    cells = []
-                    for mine, other in zip(errors, theirs):
-                        cells += [f"{mine:.1e}", f"{other:.1e}" if other is not None else "–"]
-                    lines.append(f"| {kind} | {data_format} | {dtype_name} | {src.size // base[1]:.1e} | " + " | ".join(cells) + " |")
-                    del src, dy, ours, expected
+                    for core in cores:
+                        cells = []
+                        for mine, other in zip(errors[core], theirs):
+                            cells += [f"{mine:.1e}", f"{other:.1e}" if other is not None else "–"]
+                        lines.append(f"| {kind} | {data_format} | {dtype_name} | {src.size // base[1]:.1e} | {core} | "
+                                     + " | ".join(cells) + " |")
+                    del src, dy, expected
     return lines
 
 

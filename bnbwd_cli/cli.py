@@ -207,8 +207,9 @@ def _progress_callback(console, enabled: bool):
               "and >= 1 GiB, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
-@click.option("--stream", is_flag=True, help="Out-of-core: map .npy inputs read-only and write diff_src through a "
-              "memmap (needs -o FILE.npz or --out-dir).  [default: on when the inputs exceed 1/4 of available memory]")
+@click.option("--stream/--no-stream", default=None, help="Out-of-core: map .npy inputs read-only and write diff_src "
+              "through a memmap (needs -o FILE.npz or --out-dir); --no-stream loads them.  [default: on when src and "
+              "diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the output is a file]")
 @click.option("--reference", metavar="REF", help="Compare the outputs with REF (.npz, .npy or a directory) "
               "and report as `bnbwd verify` does; exit 1 on mismatch. The options below tune it.")
 @comparison_options(with_format=False, with_json=False)
@@ -244,7 +245,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
     has_file_output = out_dir is not None or bool(output and output != "-")
     # Large .npy inputs stream by themselves, unless numba was asked for (it keeps mapped pages resident).
-    stream = stream or (has_file_output and core != "numba" and streaming.should_stream(sources))
+    if stream is None:
+        stream = has_file_output and core != "numba" and streaming.should_stream(sources)
     if stream and not has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     if stream and core == "numba":

@@ -462,6 +462,22 @@ def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, 
     assert document["stream"] is streamed
     assert document["core"] == ("numba" if "numba" in extra else "numpy")
     expect_oracle(load_npz(tmp_path / "out.npz"), arrays)
+    result = cli("run", *flags, "--epsilon", "1e-3", "--format", "NCHW", "-o", tmp_path / "out2.npz", "--json", "-",
+                 "-q", "--no-stream", *extra)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stream"] is False
+    assert_same_outputs(load_npz(tmp_path / "out2.npz"), load_npz(tmp_path / "out.npz"), exact=not streamed)
+
+
+def assert_same_outputs(first: dict, second: dict, exact: bool) -> None:
+    """exact: the same bits; else within the dtype's oracle bound (streamed runs tile by rows, so their float64
+    sums may differ from in-memory ones in the last place)."""
+    assert first.keys() == second.keys()
+    for name in first:
+        if exact:
+            np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+        else:
+            assert normalised_error(first[name], second[name].astype(np.float64)) <= BOUNDS[first[name].dtype.name], name
 
 
 def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, monkeypatch):
