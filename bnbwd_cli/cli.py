@@ -244,14 +244,16 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     profile = PROFILES[spec]
     inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
     has_file_output = out_dir is not None or bool(output and output != "-")
-    # Large .npy inputs stream by themselves, unless numba was asked for (it keeps mapped pages resident).
+    # Large .npy inputs stream by themselves. With --core numba (which keeps mapped pages resident) only those
+    # too large to load safely do, and then the refusal below says why.
     if stream is None:
-        stream = has_file_output and core != "numba" and streaming.should_stream(sources)
+        stream = has_file_output and streaming.should_stream(sources, memory_only=core == "numba")
     if stream and not has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     if stream and core == "numba":
         # Only the NumPy core drops mapped pages as it goes; numba over mapped files would grow to their size.
-        raise click.UsageError("--core numba keeps memory-mapped inputs resident; use --core numpy (or auto) with --stream")
+        raise click.UsageError("--core numba keeps memory-mapped inputs resident; use --core numpy (or auto) with "
+                               "--stream (on by itself for inputs over a quarter of available memory)")
     for name, source in sources.items():
         inputs[name] = read_array(source, name, mmap=stream and name in ("src", "diff_dst"))
     for name in bf16_inputs:

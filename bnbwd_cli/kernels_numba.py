@@ -1,15 +1,17 @@
 """The optional compiled core (numba): the same two passes as the NumPy core, fused per block.
 
 Imported lazily by kernels.batchnorm_backward (numba's import and JIT cost is paid only when
-it is used; compiled code is cached on disk). Supports float64, float32, bfloat16 and float16 T1.
+it is used; compiled code is cached on disk). Supports float64, float32, bfloat16 and float16 T1
+(float16 where the CPU converts halves in hardware: see half_is_native).
 
 Numerics follow the NumPy core: Σdy and Σdy·(src - mean) accumulated in float64, src - mean
 formed in float64 (exact for float32 operands; bfloat16 and float16 are widened exactly); for the
 write pass d = src - mean in the compute dtype (float64 for float64 src, else float32);
 mean(dy) and invstd·mean(dy·xhat) rounded once to the compute dtype,
 diff_src = scale·((dy - mean(dy)) - d·k), rounded once to T1 (round to nearest even, NaN kept).
-fastmath is off, so nothing is reassociated or contracted: the bits match the NumPy core's
-wherever the float64 sums agree.
+fastmath is off except for reassociation in the float64 sums loops (see SUMS_FASTMATH), so the
+write pass is neither reassociated nor contracted: its bits match the NumPy core's wherever the
+float64 sums round alike.
 
 Every inner loop indexes a slice with its own range variable: LLVM then knows the index is
 in bounds and non-negative, and vectorises the loop. (Indexing a flat array with a computed
@@ -20,7 +22,7 @@ Blocking, on the (N, C, S) view:
 - Long contiguous runs (NCX): channel planes. With at least 2 channels a thread, one task per
   channel, both passes back to back while the plane is in cache (3 tensor passes of memory
   traffic). With fewer channels, the planes are cut into column chunks: one parallel pass of
-  sums, then one parallel write pass (5 passes, but every core busy).
+  sums, then one parallel write pass (5 passes; more tasks when planes are wider than a chunk).
 - Short runs (NXC is (M, C, 1)): the (N, C·S) row view in tiles of row blocks x column chunks;
   per-tile, per-column float64 partial sums combined in tile order, then a parallel write pass.
 The number of row blocks and chunks depends only on the shape, and chunk sums are combined in a
@@ -30,6 +32,7 @@ fixed order, so the results do not depend on the thread count.
 from __future__ import annotations
 
 import os
+import platform
 
 # Idle OpenMP workers sleep instead of spinning: on a small, shared machine a spinning worker steals the
 # core the next kernel launch waits on (measured: 0.15 ms launches became 4-8 ms, a scheduler tick or two).
@@ -38,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from llvmlite import binding as llvm_binding  # noqa: E402
 from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic, overload  # noqa: E402
@@ -284,9 +288,23 @@ def _is_bf16(dtype: np.dtype) -> bool:
     return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
 
 
+def half_is_native() -> bool:
+    """Whether the compiled code converts float16 in hardware. Without it (x86 without F16C, or a
+    NUMBA_CPU_NAME such as "generic"), LLVM lowers half conversions to compiler-rt calls that numba's
+    JIT cannot link, and the process aborts: float16 then stays on the NumPy core."""
+    if (numba.config.CPU_NAME or "host") != "host":
+        return False
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return bool(llvm_binding.get_host_cpu_features().get("f16c", False))
+    return machine in ("aarch64", "arm64")  # half conversions are part of the base ARMv8 instruction set
+
+
 def supports(dtype: np.dtype) -> bool:
     dtype = np.dtype(dtype)
-    return dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) or _is_bf16(dtype)
+    if dtype == np.float16:
+        return half_is_native()
+    return dtype in (np.dtype(np.float32), np.dtype(np.float64)) or _is_bf16(dtype)
 
 
 def _bits_view(array: np.ndarray) -> np.ndarray:
@@ -344,6 +362,7 @@ def run(src3: np.ndarray, dy3: np.ndarray, out3: np.ndarray | None, mean64: np.n
         for block in partial:  # in block order: deterministic
             columns += block
         sums = columns.reshape(2, c, s).sum(axis=2)
+        del partial, columns  # free before the write pass: with few rows they are as large as the input
     if want_out:
         mean_dy, k = _coefficients(sums, invstd, count, compute_dtype)
         _row_write(src2, dy2, out.reshape(n, width), np.repeat(mean_c, s), np.repeat(mean_dy, s), np.repeat(k, s),

@@ -57,12 +57,15 @@ def npy_data_bytes(source: str) -> int:
         return 0
 
 
-def should_stream(sources: dict[str, str]) -> bool:
-    """True when the .npy inputs src and diff_dst are large: over STREAM_MIN_BYTES or a share of available memory."""
+def should_stream(sources: dict[str, str], *, memory_only: bool = False) -> bool:
+    """True when the .npy inputs src and diff_dst are large: over STREAM_MIN_BYTES or a share of available memory.
+
+    memory_only: only the share of available memory counts (loading would risk running out of memory).
+    """
     needed = sum(npy_data_bytes(sources[name]) for name in ("src", "diff_dst") if name in sources)
     available = available_memory()
-    limit = STREAM_MIN_BYTES if available is None else min(STREAM_MIN_BYTES, STREAM_MEMORY_FRACTION * available)
-    return needed > limit
+    limits = ([] if memory_only else [STREAM_MIN_BYTES]) + ([] if available is None else [STREAM_MEMORY_FRACTION * available])
+    return bool(limits) and needed > min(limits)
 
 
 @contextlib.contextmanager

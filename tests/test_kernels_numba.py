@@ -12,6 +12,8 @@ pytest.importorskip("numba")
 
 import sys  # noqa: E402
 
+import numba  # noqa: E402
+
 from bnbwd_cli import kernels, kernels_numba  # noqa: E402, F401
 from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
 from bnbwd_cli.reference import reference_backward  # noqa: E402
@@ -209,3 +211,16 @@ def test_cancellation_prone_inputs_keep_float32_accuracy(data_format, shape):
     expected = reference_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format)
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         assert normalised_error(getattr(fast, name), expected[name]) <= BOUNDS["float32"], name
+
+
+def test_float16_without_hardware_half_conversions_stays_on_numpy(monkeypatch, rng):
+    # Without F16C (or with NUMBA_CPU_NAME=generic) numba's JIT cannot link LLVM's half conversions and the
+    # process would abort: float16 must then run on the NumPy core, even with core="numba".
+    monkeypatch.setattr(numba.config, "CPU_NAME", "generic")
+    assert not kernels_numba.half_is_native()
+    src = rng.normal(size=(2, 3, 300)).astype(np.float16)
+    assert not kernels._use_numba("numba", src, src, None)
+    assert kernels._use_numba("numba", src.astype(np.float32), src.astype(np.float32), None)
+    result = batchnorm_backward(src, src, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=1e-3,
+                                data_format="NCX", core="numba")
+    assert result.core == "numpy"
