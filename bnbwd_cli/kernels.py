@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bnbwd_cli.layout import canonical_format, channel_axis
+from bnbwd_cli.layout import canonical_format, channel_axis, view3
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 # Contiguous runs shorter than this make plane-wise tiles inefficient; tile by rows instead.
@@ -361,13 +361,6 @@ def release_mapped_pages(*arrays: np.ndarray | None) -> None:
     _release(_file_mappings(*arrays))
 
 
-def _view3(array: np.ndarray, data_format: str) -> np.ndarray:
-    """(N, C, S) for NCX, (M, C, 1) for NXC. A view when the array is C-contiguous."""
-    if canonical_format(data_format) == "NCX":
-        return array.reshape(array.shape[0], array.shape[1], -1)
-    return array.reshape(-1, array.shape[-1], 1)
-
-
 def batchnorm_backward(
     src: np.ndarray,
     diff_dst: np.ndarray,
@@ -468,9 +461,9 @@ def _run_numba(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
     """The compiled core over the same (N, C, S) view; returns [Σdy, Σdy·xhat] per channel in float64."""
     from bnbwd_cli import kernels_numba
 
-    src3 = _view3(np.ascontiguousarray(src), data_format)
-    dy3 = _view3(np.ascontiguousarray(diff_dst), data_format)
-    out3 = _view3(diff_src, data_format) if diff_src is not None else None
+    src3 = view3(np.ascontiguousarray(src), data_format)
+    dy3 = view3(np.ascontiguousarray(diff_dst), data_format)
+    out3 = view3(diff_src, data_format) if diff_src is not None else None
     invstd = channel_invstd(variance, epsilon, variance_is_invstd)
     scale = invstd * (_as64(gamma) if gamma is not None else 1.0)
     sums = kernels_numba.run(src3, dy3, out3, _as64(mean), invstd, scale, compute_dtype, count, training,
@@ -494,8 +487,8 @@ def _run_tiles(src, diff_dst, diff_src, mean, variance, gamma, epsilon, data_for
                want_sums, want_diff_src, compute_dtype, count, budget, threads, progress) -> np.ndarray:
     src = np.ascontiguousarray(src)  # Fortran-ordered or strided input: one copy, then views
     diff_dst = np.ascontiguousarray(diff_dst)
-    src3, dy3 = _view3(src, data_format), _view3(diff_dst, data_format)
-    out3 = _view3(diff_src, data_format) if diff_src is not None else None
+    src3, dy3 = view3(src, data_format), view3(diff_dst, data_format)
+    out3 = view3(diff_src, data_format) if diff_src is not None else None
     n, c, s = src3.shape
     invstd = channel_invstd(variance, epsilon, variance_is_invstd)
     scale = invstd * (_as64(gamma) if gamma is not None else 1.0)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from bnbwd_cli.errors import BnbwdError
 
 # alias -> (canonical format, rank the alias fixes or None)
@@ -52,3 +56,10 @@ def axis_letters(data_format: str, ndim: int) -> tuple[str, ...]:
     if canonical_format(data_format) == "NCX":
         return ("n", "c", *spatial)
     return ("n", *spatial, "c")
+
+
+def view3(array: np.ndarray, data_format: str) -> np.ndarray:
+    """(N, C, S) for NCX, (M, C, 1) for NXC: one channel per middle index. A view when C-contiguous."""
+    if canonical_format(data_format) == "NCX":
+        return array.reshape(array.shape[0], array.shape[1], math.prod(array.shape[2:]))
+    return array.reshape(math.prod(array.shape[:-1]), array.shape[-1], 1)

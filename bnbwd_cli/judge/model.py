@@ -1,0 +1,203 @@
+"""The error model: how far a correct kernel's output may be from the exact one, per element.
+
+A kernel computes in its own precision and order, so "how far from bnbwd" only means something
+in units of what a *correct* kernel of that precision could be off by on *this* problem.
+With unit roundoff u (2**-24 for any kernel that touches float32, 2**-53 for an all-float64 one):
+
+- A sum S = sum(x_k) over the M elements of a channel, accumulated in any realistic order
+  (sequential, blocked, pairwise, tree), is off by about u*sqrt(sum_k S_k**2) where S_k are its
+  partial sums. We bound the partial sums by D = max |prefix sum| in storage order plus the
+  random-walk size ||x||_2 and take
+        s_sum = u * sqrt(M) * (D + ||x||_2)
+  (a sequential float32 sum, the worst realistic order, then averages ~0.5 units).
+- diff_beta = sum dy:        s_beta  = s_sum(dy)
+- diff_gamma = sum dy*xhat:  s_gamma = s_sum(dy*xhat) + u*|mean|*invstd*|diff_beta| + u*|diff_gamma|
+  (the last two: a kernel may use a mean or variance one rounding away from the ones passed).
+- diff_src = k*(dy - diff_beta/M - xhat*diff_gamma/M), k = |gamma|*invstd, inherits the sums'
+  errors divided by M and rounds its own terms:
+        s_src = k*(u*|dy| + (u*|diff_beta| + s_beta + u*|mean|*invstd*|diff_gamma|)/M
+                   + |xhat|*(u*|diff_gamma| + s_gamma)/M) + u*|diff_src|
+  (inference: s_src = k*u*|dy| + u*|diff_src|).
+
+An element passes when |a - r| <= K*s + ulp_D(r) (judge/tolerance.py); docs/tolerances.md has the
+derivation and the calibration of K. Everything here is float64 and works in blocks of at most
+CHUNK elements, so memory stays bounded whatever the tensor size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.dtypes import dtype_name, to_float64
+from bnbwd_cli.layout import view3
+
+U32, U64 = 2.0**-24, 2.0**-53
+CHUNK = 1 << 20  # elements per block: float64 temporaries stay ~8 MB each
+
+
+@dataclass(frozen=True)
+class BackwardInputs:
+    """The op's inputs exactly as the kernel under test received them.
+
+    src, diff_dst: (N, C, X...) for NCX or (N, X..., C) for NXC; mean, variance, gamma: (C,).
+    gamma None means 1. data_format: NCX/NXC or an alias.
+    """
+
+    src: np.ndarray
+    diff_dst: np.ndarray
+    mean: np.ndarray
+    variance: np.ndarray
+    gamma: np.ndarray | None
+    epsilon: float
+    data_format: str
+    training: bool = True
+    variance_is_invstd: bool = False
+
+    def unit(self, output_dtype: str) -> float:
+        """The accumulation's unit roundoff for an output of this dtype."""
+        names = {dtype_name(a.dtype) for a in (self.src, self.mean, self.variance)}
+        return U64 if names == {"f64"} and output_dtype == "f64" else U32
+
+
+@dataclass(frozen=True)
+class ChannelFacts:
+    """Per-channel (C,) float64 facts of the problem, from one pass over src and diff_dst."""
+
+    count: int  # M, elements per channel
+    mean: np.ndarray
+    invstd: np.ndarray
+    scale: np.ndarray  # gamma * invstd
+    diff_beta: np.ndarray  # sum dy
+    diff_gamma: np.ndarray  # sum dy*xhat
+    drift_beta: np.ndarray  # max |prefix sum| of dy, storage order
+    drift_gamma: np.ndarray  # the same for dy*xhat
+    norm_beta: np.ndarray  # ||dy||_2
+    norm_gamma: np.ndarray  # ||dy*xhat||_2
+
+    def sum_scales(self, unit: float) -> tuple[np.ndarray, np.ndarray]:
+        """(s_beta, s_gamma): the error scale of diff_beta and diff_gamma, (C,) each."""
+        root = math.sqrt(self.count)
+        s_beta = unit * root * (self.drift_beta + self.norm_beta)
+        s_gamma = unit * (root * (self.drift_gamma + self.norm_gamma)
+                          + np.abs(self.mean) * self.invstd * np.abs(self.diff_beta) + np.abs(self.diff_gamma))
+        return s_beta, s_gamma
+
+
+def blocks(shape3: tuple[int, int, int], chunk: int = CHUNK) -> Iterator[tuple[slice, slice, slice]]:
+    """Slices of an (N, C, S) view, in storage order, each a contiguous flat range of <= chunk elements
+    (a single element's run when S alone exceeds chunk)."""
+    n, c, s = shape3
+    if n * c * s == 0:
+        return
+    if c * s <= chunk:
+        rows = max(1, chunk // (c * s))
+        for n0 in range(0, n, rows):
+            yield slice(n0, min(n0 + rows, n)), slice(0, c), slice(0, s)
+    elif s <= chunk:
+        per = max(1, chunk // s)
+        for n0 in range(n):
+            for c0 in range(0, c, per):
+                yield slice(n0, n0 + 1), slice(c0, min(c0 + per, c)), slice(0, s)
+    else:
+        for n0 in range(n):
+            for c0 in range(c):
+                for s0 in range(0, s, chunk):
+                    yield slice(n0, n0 + 1), slice(c0, c0 + 1), slice(s0, min(s0 + chunk, s))
+
+
+def flat_offset(shape3: tuple[int, int, int], where: tuple[slice, slice, slice]) -> int:
+    """Flat index of a block's first element."""
+    _, c, s = shape3
+    return (where[0].start * c + where[1].start) * s + where[2].start
+
+
+def channel_constants(inputs: BackwardInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, invstd, gamma*invstd) as float64 (C,) arrays."""
+    mean, variance = to_float64(inputs.mean), to_float64(inputs.variance)
+    if inputs.variance_is_invstd:
+        invstd = variance
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            invstd = 1.0 / np.sqrt(variance + inputs.epsilon)
+    gamma = np.ones_like(mean) if inputs.gamma is None else to_float64(inputs.gamma)
+    return mean, invstd, gamma * invstd
+
+
+def xhat_block(inputs: BackwardInputs, where, mean: np.ndarray, invstd: np.ndarray) -> np.ndarray:
+    """(src - mean) * invstd of one block, float64."""
+    src = to_float64(view3(inputs.src, inputs.data_format)[where])
+    channels = where[1]
+    return (src - mean[channels][:, None]) * invstd[channels][:, None]
+
+
+class _Drift:
+    """Running sum, max |prefix sum| and sum of squares per channel, over blocks in storage order."""
+
+    def __init__(self, channels: int) -> None:
+        self.total = np.zeros(channels)
+        self.drift = np.zeros(channels)
+        self.squares = np.zeros(channels)
+
+    def add(self, values: np.ndarray, channels: slice) -> None:
+        """values: (n, c, s) float64 block of channels `channels`, rows in storage order."""
+        within = np.cumsum(values, axis=2)
+        plane = within[:, :, -1]
+        before = self.total[channels] + np.cumsum(plane, axis=0) - plane  # prefix sum before each row
+        reach = np.maximum(np.abs(before + within.max(axis=2)), np.abs(before + within.min(axis=2))).max(axis=0)
+        self.drift[channels] = np.maximum(self.drift[channels], reach)
+        self.total[channels] += plane.sum(axis=0)
+        self.squares[channels] += np.einsum("ncs,ncs->c", values, values)
+
+
+def channel_facts(inputs: BackwardInputs) -> ChannelFacts:
+    """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients."""
+    dy3 = view3(inputs.diff_dst, inputs.data_format)
+    channels = dy3.shape[1]
+    mean, invstd, scale = channel_constants(inputs)
+    beta, gamma = _Drift(channels), _Drift(channels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for where in blocks(dy3.shape):
+            dy = to_float64(dy3[where])
+            beta.add(dy, where[1])
+            gamma.add(dy * xhat_block(inputs, where, mean, invstd), where[1])
+    count = dy3.shape[0] * dy3.shape[2]
+    return ChannelFacts(
+        count=count, mean=mean, invstd=invstd, scale=scale,
+        diff_beta=beta.total, diff_gamma=gamma.total,
+        drift_beta=beta.drift, drift_gamma=gamma.drift,
+        norm_beta=np.sqrt(beta.squares), norm_gamma=np.sqrt(gamma.squares),
+    )
+
+
+@dataclass(frozen=True)
+class DiffSrcScale:
+    """s_src = base + per_xhat*|xhat| + per_dy*|dy| + unit*|diff_src|, with (C,) coefficients."""
+
+    base: np.ndarray
+    per_xhat: np.ndarray
+    per_dy: np.ndarray
+    unit: float
+
+    def block(self, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray, channels: slice) -> np.ndarray:
+        c = (channels, None)
+        return (self.base[c] + self.per_xhat[c] * np.abs(xhat) + self.per_dy[c] * np.abs(dy)
+                + self.unit * np.abs(reference))
+
+
+def diff_src_scale(facts: ChannelFacts, unit: float, training: bool) -> DiffSrcScale:
+    """The coefficients of diff_src's error scale (see the module docstring)."""
+    k = np.abs(facts.scale)
+    per_dy = k * unit
+    if not training or facts.count == 0:
+        zero = np.zeros_like(k)
+        return DiffSrcScale(zero, zero, per_dy, unit)
+    s_beta, s_gamma = facts.sum_scales(unit)
+    m = facts.count
+    mean_shift = unit * np.abs(facts.mean) * facts.invstd  # xhat moved by a one-rounding change of mean
+    base = k * (unit * np.abs(facts.diff_beta) + s_beta + mean_shift * np.abs(facts.diff_gamma)) / m
+    per_xhat = k * (unit * np.abs(facts.diff_gamma) + s_gamma) / m
+    return DiffSrcScale(base, per_xhat, per_dy, unit)
