@@ -14,6 +14,7 @@ import numpy as np
 
 from bnbwd_cli import __version__, kernels, streaming
 from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.kernels import batchnorm_backward
 from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
@@ -24,7 +25,7 @@ from bnbwd_cli.profiles import (
     inputs_from_bundle,
     validate_inputs,
 )
-from bnbwd_cli.report import make_console
+from bnbwd_cli.render.text import make_console
 from bnbwd_cli.run_summary import RunFacts, render_run, run_json
 from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, read_tensor_set, write_npy_dir, write_npz
 from bnbwd_cli.verify_cli import comparison_options, report_comparison, verify
@@ -210,8 +211,9 @@ def _progress_callback(console, enabled: bool):
 @click.option("--stream/--no-stream", default=None, help="Out-of-core: map .npy inputs read-only and write diff_src "
               "through a memmap (needs -o FILE.npz or --out-dir); --no-stream loads them.  [default: on when src and "
               "diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the output is a file]")
-@click.option("--reference", metavar="REF", help="Compare the outputs with REF (.npz, .npy or a directory) "
-              "and report as `bnbwd verify` does; exit 1 on mismatch. The options below tune it.")
+@click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
+              "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
+              "on mismatch. The options below tune it (--map KERNEL_KEY=OUR_KEY).")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size, core,
@@ -311,8 +313,13 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
     if not quiet:
         render_run(report_console, stderr_console, facts)
     if reference is not None:
-        code = report_comparison(arrays, read_tensor_set(reference), comparison, report_console, json_target,
-                                 actual_label="bnbwd run", reference_label=reference, data_format=canonical)
+        # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
+        # every element its error scale.
+        problem = BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+                                 epsilon=epsilon, data_format=canonical, training=not inference,
+                                 variance_is_invstd=variance_is_invstd)
+        code = report_comparison(read_tensor_set(reference), arrays, comparison, report_console, json_target,
+                                 actual_label=reference, reference_label="bnbwd run", data_format=canonical, inputs=problem)
         click.get_current_context().exit(int(code))
 
 

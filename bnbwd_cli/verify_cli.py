@@ -1,6 +1,6 @@
 """`bnbwd verify` and the comparison options `run --reference` shares.
 
-Click parses (custom ParamTypes fail with exit 2), compare.py computes, report.py prints.
+Click parses (custom ParamTypes fail with exit 2), judge/ computes, render/ prints.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from typing import Any
 import click
 import numpy as np
 
-from bnbwd_cli import report
-from bnbwd_cli.compare import CompareSettings, MaxMismatch, PerOutput, compare_sets
+from bnbwd_cli.render import json as report_json
+from bnbwd_cli.render import text as report
 from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.judge import BackwardInputs, compare_sets
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
 from bnbwd_cli.params import FORMAT_CHOICE
-from bnbwd_cli.tensor_io import read_tensor_set
+from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, inputs_from_bundle, validate_inputs
+from bnbwd_cli.tensor_io import read_bundle, read_tensor_set
 
 # --------------------------------------------------------------------------- click types
 
@@ -111,10 +114,12 @@ class ComparisonOptions:
     ignore: tuple[str, ...] = ()
     data_format: str | None = None
     verbose: bool = False
+    brief: bool = False
     top: int = 10
 
 
-_OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "equal_nan", "key_map", "only", "ignore", "verbose", "top")
+_OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",
+                "ignore", "verbose", "brief", "top")
 
 
 def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
@@ -125,6 +130,8 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         click.option("--ulp", type=tolerance, multiple=True, help="An element also passes within this many ULPs of the output dtype at the reference; VALUE or NAME=VALUE. 0 turns it off."),
         click.option("--rel-l2", "rel_l2", type=tolerance, multiple=True, help="Bound on ||a-r||2/||r||2 per output; VALUE or NAME=VALUE."),
         click.option("--max-mismatch", type=MismatchValue(), multiple=True, help="Failing elements tolerated per output: N or P% (e.g. 0.01%); NAME=... for one output. Default 0."),
+        click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use; VALUE or NAME=VALUE. Default {DEFAULT_MAX_UNITS:g}."),
+        click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
         click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
         click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Compare ACTUAL_KEY with REFERENCE_KEY (e.g. x_backprop=diff_src). Repeatable."),
         click.option("--only", multiple=True, metavar="KEY[,KEY]", help="Compare only these keys (either side's name)."),
@@ -142,6 +149,7 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         )
     options += [
         click.option("-v", "--verbose", is_flag=True, help="Details for every output, not only failing ones."),
+        click.option("--brief", is_flag=True, help="One line per output and the verdict."),
         click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="Worst elements (and channels) listed per output."),
     ]
     if with_json:
@@ -169,13 +177,16 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
                     ulp=_per_output(values["ulp"]),
                     rel_l2=_per_output(values["rel_l2"]),
                     max_mismatch=_per_output(values["max_mismatch"]),
+                    max_units=_per_output(values["max_units"]),
                     equal_nan=values["equal_nan"],
+                    bias_check=values["bias_check"],
                 ),
                 key_map=dict(values["key_map"]),
                 only=_names(values["only"]),
                 ignore=_names(values["ignore"]),
                 data_format=data_format,
                 verbose=values["verbose"],
+                brief=values["brief"],
                 top=values["top"],
             )
             return f(*args, **kwargs)
@@ -206,11 +217,13 @@ def report_comparison(
     actual_label: str = "actual",
     reference_label: str = "reference",
     data_format: str | None = None,
+    inputs: BackwardInputs | None = None,
 ) -> ExitCode:
     """Compare two tensor sets, print the report (and JSON), return the exit code.
 
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
     ``data_format`` overrides ``options.data_format`` (for ``run``, whose --format it is).
+    ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
     Structural problems also go to stderr as ``error: ...`` lines.
     """
     _check_override_names(options, actual, reference)
@@ -225,13 +238,14 @@ def report_comparison(
         ignore=options.ignore,
         data_format=options.data_format,
         top_k=options.top,
+        inputs=inputs,
     )
     labels = {"actual_label": actual_label, "reference_label": reference_label}
     if json_target != "-":
-        report.render_report(stdout_console, result, verbose=options.verbose, **labels)
+        report.render_report(stdout_console, result, verbose=options.verbose, brief=options.brief, **labels)
     if json_target is not None:
         try:
-            report.write_json(report.report_document(result, **labels), json_target)
+            report_json.write_json(report_json.report_document(result, **labels), json_target)
         except OSError as exc:
             raise BnbwdError(f"--json {json_target}: cannot write ({exc.strerror or exc})") from None
     report.print_problems(result)
@@ -240,9 +254,9 @@ def report_comparison(
 
 # --------------------------------------------------------------------------- command
 
-_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for name, tol in report.DEFAULT_TOLERANCES.items())
+_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
-_HELP = f"""Compare ACTUAL with REFERENCE key by key and print a report.
+_HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
 Each side is a .npy file (key = file stem), an .npz archive (its keys) or a
 directory of .npy files (keys = stems). Keys are matched by name; --map pairs
@@ -250,17 +264,28 @@ differently named keys, --only/--ignore select. A missing or extra key is a
 failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
 which is how np.save writes ml_dtypes.bfloat16) are read as bfloat16.
 
-Both sides are upcast to float64 (bfloat16 through float32). An element
-passes if |a-r| <= atol + rtol*|r| (atol is absolute: diff_src cancels, so
-near-zero elements carry absolute error) or it lies within --ulp units in the
-last place of the output dtype at the reference. Each output also needs
-||a-r||2/||r||2 <= rel_l2 (the benchdnn gate) and at most --max-mismatch
-failing elements. A NaN fails unless both sides are NaN and --equal-nan is
-given; infinities must match in sign. When the sides' dtypes differ, the
-coarser dtype's defaults and ULP grid apply.
+\b
+With --inputs BUNDLE (the src, diff_dst, mean, variance, gamma the kernel
+saw, as for `bnbwd run`), diff_src, diff_gamma and diff_beta are judged by
+the problem's own error scale: each element gets the error a correct float32
+kernel could make there (from the sums' sizes, M, and the rounding of its
+terms; docs/tolerances.md), and passes when |a-r| <= K units + 1 ulp of the
+output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g}). A systematic scale of
+actual vs reference far beyond rounding noise (a wrong epsilon, an unbiased
+variance) fails too, even when every element is within tolerance.
+`bnbwd run INPUTS --reference KERNEL_OUT` judges the same way.
+
+Without --inputs, fixed tolerances apply: an element passes if |a-r| <=
+atol + rtol*|r| or it lies within --ulp ULPs of the output dtype, and each
+output needs ||a-r||2/||r||2 <= rel_l2 and at most --max-mismatch failing
+elements. diff_gamma and diff_beta are sums whose correct error grows with
+the size of their terms, not of the result: give --inputs to judge them
+fairly. Explicit --atol/--rtol/--ulp always use the fixed rule.
+A NaN fails unless both sides are NaN and --equal-nan is given; infinities
+must match in sign. When the sides' dtypes differ, the coarser one applies.
 
 \b
-Default tolerances by dtype (rel_l2 = k * 2^-mantissa_bits):
+Default fixed tolerances by dtype (rel_l2 = k * 2^-mantissa_bits):
 {_DEFAULTS_BLOCK}
 
 \b
@@ -272,8 +297,9 @@ dtype that cannot be compared.
 
 _EPILOG = """\b
 Examples:
-  bnbwd verify out.npz ref.npz
-  bnbwd verify kernel_out/ ref.npz --format NHWC -v
+  bnbwd verify kernel_out.npz ref.npz --inputs inputs.npz
+  bnbwd verify kernel_out/ ref.npz --inputs inputs.npz --format NHWC --epsilon 1e-3
+  bnbwd verify out.npz ref.npz --brief
   bnbwd verify tf.npz ref.npz --map x_backprop=diff_src \\
       --map scale_backprop=diff_gamma --map offset_backprop=diff_beta
   bnbwd verify out.npz ref.npz --atol 1e-4 --atol diff_gamma=1e-3 \\
@@ -282,13 +308,43 @@ Examples:
 """
 
 
+def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
+                      variance_is_invstd: bool) -> BackwardInputs:
+    """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them."""
+    label = f"--inputs ({bundle})"
+    inputs, attributes = inputs_from_bundle(read_bundle(bundle, label), label)
+    profile = PROFILES["generic"]
+    data_format = data_format or attributes.get("data_format") or profile.default_format
+    epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
+    if epsilon is None:
+        if not variance_is_invstd:
+            raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
+        epsilon = 1.0  # unused: the variance input already is 1/sqrt(var + eps)
+    epsilon = check_epsilon(epsilon, profile)
+    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=OUTPUT_NAMES)
+    return BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+                          epsilon=epsilon, data_format=canonical, training=training, variance_is_invstd=variance_is_invstd)
+
+
 @click.command("verify", help=_HELP, epilog=_EPILOG)
 @click.argument("actual")
 @click.argument("reference")
+@click.option("--inputs", "inputs_bundle", metavar="BUNDLE.npz", help="The op's inputs (src, diff_dst, mean, variance, gamma; "
+              "epsilon and data_format may be inside): judge by the problem's error scale.")
+@click.option("--epsilon", type=float, help="With --inputs: epsilon, when the bundle has none.")
+@click.option("--inference", is_flag=True, help="With --inputs: the kernel is TF's is_training=False backward.")
+@click.option("--variance-is-invstd", is_flag=True, help="With --inputs: variance holds 1/sqrt(var+eps).")
 @comparison_options
-def verify(actual: str, reference: str, comparison: ComparisonOptions, json_target: str | None) -> None:
+def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: float | None, inference: bool,
+           variance_is_invstd: bool, comparison: ComparisonOptions, json_target: str | None) -> None:
+    if inputs_bundle is None and (epsilon is not None or inference or variance_is_invstd):
+        raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
     actual_set = read_tensor_set(actual)
     reference_set = read_tensor_set(reference)
+    inputs = None
+    if inputs_bundle is not None:
+        inputs = read_judge_inputs(inputs_bundle, epsilon, comparison.data_format, training=not inference,
+                                   variance_is_invstd=variance_is_invstd)
     code = report_comparison(
         actual_set,
         reference_set,
@@ -297,5 +353,6 @@ def verify(actual: str, reference: str, comparison: ComparisonOptions, json_targ
         json_target,
         actual_label=actual,
         reference_label=reference,
+        inputs=inputs,
     )
     click.get_current_context().exit(int(code))

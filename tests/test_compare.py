@@ -1,4 +1,4 @@
-"""Hand-computed micro cases for every statistic in bnbwd_cli.compare."""
+"""Hand-computed micro cases for every statistic of the fixed rule (bnbwd_cli/judge)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bnbwd_cli.compare import (
-    DEFAULT_TOLERANCES,
-    CompareSettings,
-    MaxMismatch,
-    PerOutput,
-    Tolerance,
-    compare_arrays,
-    comparison_dtype,
-    log_histogram,
-    match_keys,
-    permutation_hint,
-    structural_problem,
-    ulp_spacing,
-)
+from bnbwd_cli.dtypes import ulp_spacing
+from bnbwd_cli.judge.keys import match_keys, permutation_hint, structural_problem
+from bnbwd_cli.judge.stats import compare_arrays, log_histogram
+from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput, Tolerance, comparison_dtype
 
 LOOSE_ULP_OFF = Tolerance(atol=0.1, rtol=0.0, ulp=0.0, rel_l2=1.0)
 
@@ -295,7 +285,7 @@ def test_structural_problem_shape_and_dtype():
 
 def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     """Chunk boundaries (here every 7 elements) change nothing: maxima, ties, top-k, channels, histogram."""
-    import bnbwd_cli.compare as compare
+    import bnbwd_cli.judge.stats as compare
 
     reference = rng.standard_normal((3, 4, 5)).astype(np.float32)
     actual = reference + rng.choice([0.0, 1e-6, 1e-4, 1e-2], size=reference.shape).astype(np.float32)
@@ -303,7 +293,7 @@ def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     actual[2, 0, 0] = reference[2, 0, 0] + 1e-2  # ties with other 1e-2 errors
     kwargs = dict(max_mismatch=MaxMismatch(3), channel_axis=1, top_k=6)
     whole = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
-    monkeypatch.setattr(compare, "_CHUNK", 7)
+    monkeypatch.setattr(compare, "CHUNK", 7)
     chunked = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
     assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-12)  # only the sum order differs
     assert repr(replace(chunked, rel_l2=0.0)) == repr(replace(whole, rel_l2=0.0))  # repr: NaN == NaN

@@ -7,7 +7,7 @@ outputs are compared with the framework's stored outputs two ways:
 
 - the normalised error max|bnbwd - framework| / max|framework| (float64 after
   upcasting) must stay within the manifest's per-dtype bound;
-- bnbwd's own element-wise comparison (compare.compare_arrays with its default
+- bnbwd's own element-wise comparison (judge.stats.compare_arrays with its default
   tolerances for the output dtype, and `bnbwd verify` on the files) must pass.
 """
 
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bnbwd_cli import compare
+from bnbwd_cli.judge import stats as compare
+from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, comparison_dtype
 from bnbwd_cli.cli import main
 from bnbwd_cli.reference import to_float64 as _as_float64
 from tests.oracle import normalised_error
@@ -72,7 +73,7 @@ def test_bnbwd_run_matches_framework(entry: dict, tmp_path: Path) -> None:
         err = normalised_error(a, _as_float64(r))
         bound = entry["tolerance"][key]
         assert err <= bound, f"{key}: normalised difference {err:.3g} > {bound:g} ({entry['dtype']} case)"
-        result = compare.compare_arrays(a, r, compare.DEFAULT_TOLERANCES[compare.comparison_dtype(a.dtype, r.dtype)])
+        result = compare.compare_arrays(a, r, DEFAULT_TOLERANCES[comparison_dtype(a.dtype, r.dtype)])
         assert result.passed, (
             f"{key}: {result.mismatches}/{result.elements} elements outside bnbwd's default "
             f"{result.dtype} tolerance {result.tolerance}; max abs {result.max_abs}, rel L2 {result.rel_l2:.3g}")

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bnbwd_cli.compare import CompareSettings, PerOutput, SetComparison, compare_sets
-from bnbwd_cli.report import SCHEMA_VERSION, coordinates, fmt, render_report, report_document, write_json
+from bnbwd_cli.judge import CompareSettings, SetComparison, compare_sets
+from bnbwd_cli.judge.tolerance import PerOutput
+from bnbwd_cli.render.json import SCHEMA_VERSION, report_document, write_json
+from bnbwd_cli.render.text import coordinates, fmt, render_report
 
 
 def render(result: SetComparison, verbose: bool = False) -> str:
@@ -43,43 +45,31 @@ def structural_case() -> SetComparison:
 
 GOLDEN_VERBOSE = '''\
 Comparison: actual actual.npz vs reference reference.npz
-element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
-output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
-Tolerances in force (* = overridden; defaults by dtype below)
-output      dtype     atol   rtol  ulp  rel L2 bound  max mismatch  NaN == NaN
-──────────────────────────────────────────────────────────────────────────────
-diff_src    f32      1e-05  1e-05    1       7.6e-06         0 (0)          no
-diff_gamma  f32    0.0001*  1e-05    1       7.6e-06         0 (0)          no
-diff_beta   f32      1e-05  1e-05    1       7.6e-06         0 (0)          no
-defaults by dtype:
-   f64  atol=1e-12 rtol=1e-09 ulp=1 rel_l2=2.3e-10
+fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; output passes if ||a-r||2/||r||2 <= rel_l2
+   f32  atol=0.0001 rtol=1e-05 ulp=1 rel_l2=7.6e-06 (overridden)
    f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06
-   f16  atol=0.001 rtol=0.001 ulp=1 rel_l2=0.002
-  bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016
+note: diff_gamma, diff_beta are sums over M elements; their correct error grows with the size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.
 
-Summary
-output      shape      dtype  status  mismatched  max abs  max rel  max ULP   rel L2  min atol
-──────────────────────────────────────────────────────────────────────────────────────────────
-diff_src    (1,2,2,2)  f32    FAIL       2 (25%)  1.2e-01  1.0e+00    8e+06  2.6e-02   1.2e-01
-diff_gamma  (2,)       f32    PASS        0 (0%)  2.4e-07  1.2e-07        1  9.5e-08         0
-diff_beta   (2,)       f32    PASS        0 (0%)        0        0        0        0         0
+output      shape      dtype  status  mismatched  max abs  max ULP   rel L2  min atol
+─────────────────────────────────────────────────────────────────────────────────────
+diff_src    (1,2,2,2)  f32    FAIL       2 (25%)  1.2e-01    8e+06  2.6e-02   1.2e-01
+diff_gamma  (2,)       f32    PASS        0 (0%)  2.4e-07        1  9.5e-08         0
+diff_beta   (2,)       f32    PASS        0 (0%)        0        0        0         0
 
 diff_src: FAIL ─────────────────────────────────────────────────────────────────────────────────────
 Mismatched elements: 2 / 8 (25%), allowed 0
-max abs 1.2e-01 at n=0 c=1 h=1 w=0
-max rel 1.0e+00 at n=0 c=1 h=1 w=0
-max ULP 8e+06 at n=0 c=1 h=1 w=0
+max abs 1.2e-01 at n=0 c=1 h=1 w=0; max ULP 8e+06 at n=0 c=1 h=1 w=0
 rel L2 2.6e-02 (bound 7.6e-06): FAIL
 would pass (element-wise) with atol >= 1.2e-01 (rtol as set) or rtol >= 1.0e+00 (atol as set)
-Worst 2 elements by error / tolerance
-where                 actual  expected  abs err  rel err    ULP   err/tol
-────────────────────────────────────────────────────────────────────────────
-n=0 c=1 h=1 w=0         0.25     0.125  1.2e-01  1.0e+00  8e+06  1.11e+04  x
-n=0 c=1 h=0 w=1  -1.00010002        -1  1.0e-04  1.0e-04    839         5  x
+Worst 2 elements by error / allowance
+where                 actual  expected  abs err    ULP  rel err  err/allowed
+───────────────────────────────────────────────────────────────────────────────
+n=0 c=1 h=1 w=0         0.25     0.125  1.2e-01  8e+06  1.0e+00     1.11e+04  x
+n=0 c=1 h=0 w=1  -1.00010002        -1  1.0e-04    839  1.0e-04            5  x
 Channels with mismatches: 1 of 2
-c  mismatched  max abs  max err/tol
-───────────────────────────────────
-1       2 / 4  1.2e-01     1.11e+04
+c  mismatched  max abs  max err/allowed
+───────────────────────────────────────
+1       2 / 4  1.2e-01         1.11e+04
 all mismatches are in channel c=1: a bad per-channel reduction or parameter?
 |a-r| histogram (finite elements)
 |a-r|           count
@@ -92,15 +82,13 @@ all mismatches are in channel c=1: a bad per-channel reduction or parameter?
 
 diff_gamma: PASS ───────────────────────────────────────────────────────────────────────────────────
 Mismatched elements: 0 / 2 (0%), allowed 0
-max abs 2.4e-07 at c=1
-max rel 1.2e-07 at c=1
-max ULP 1 at c=1
+max abs 2.4e-07 at c=1; max ULP 1 at c=1
 rel L2 9.5e-08 (bound 7.6e-06): ok
 would pass (element-wise) with atol >= 0 (rtol as set) or rtol >= 0 (atol as set)
-Worst 1 element by error / tolerance
-where       actual  expected  abs err  rel err  ULP  err/tol
-───────────────────────────────────────────────────────────────
-c=1    -1.99999976        -2  2.4e-07  1.2e-07    1  0.00199
+Worst 1 element by error / allowance
+where       actual  expected  abs err  ULP  rel err  err/allowed
+───────────────────────────────────────────────────────────────────
+c=1    -1.99999976        -2  2.4e-07    1  1.2e-07      0.00199
 |a-r| histogram (finite elements)
 |a-r|           count
 ─────────────────────────────────────────────────────
@@ -109,9 +97,7 @@ c=1    -1.99999976        -2  2.4e-07  1.2e-07    1  0.00199
 
 diff_beta: PASS ────────────────────────────────────────────────────────────────────────────────────
 Mismatched elements: 0 / 2 (0%), allowed 0
-max abs 0 at c=0
-max rel 0 at c=1
-max ULP 0 at c=0
+max abs 0 at c=0; max ULP 0 at c=0
 rel L2 0 (bound 7.6e-06): ok
 would pass (element-wise) with atol >= 0 (rtol as set) or rtol >= 0 (atol as set)
 |a-r| histogram (finite elements)
@@ -124,25 +110,16 @@ FAIL (exit 1): numerical mismatch in diff_src
 
 GOLDEN_STRUCTURAL = '''\
 Comparison: actual actual.npz vs reference reference.npz
-element passes: |a-r| <= atol + rtol*|r| or ULP <= ulp
-output passes: mismatched <= max mismatch and ||a-r||2/||r||2 <= rel_l2
-Tolerances in force (* = overridden; defaults by dtype below)
-output      dtype   atol   rtol  ulp  rel L2 bound  max mismatch  NaN == NaN
-────────────────────────────────────────────────────────────────────────────
-diff_gamma  f32    1e-05  1e-05    1       7.6e-06         0 (0)          no
-defaults by dtype:
-   f64  atol=1e-12 rtol=1e-09 ulp=1 rel_l2=2.3e-10
+fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; output passes if ||a-r||2/||r||2 <= rel_l2
    f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06
-   f16  atol=0.001 rtol=0.001 ulp=1 rel_l2=0.002
-  bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016
+note: diff_gamma is a sum over M elements; their correct error grows with the size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.
 
-Summary
-output      shape  dtype  status   mismatched  max abs  max rel  max ULP  rel L2  min atol
-──────────────────────────────────────────────────────────────────────────────────────────
-diff_src    -      -      SHAPE             -        -        -        -       -         -
-diff_gamma  (3,)   f32    PASS         0 (0%)        0        0        0       0         0
-diff_beta   -      -      MISSING           -        -        -        -       -         -
-junk        -      -      EXTRA             -        -        -        -       -         -
+output      shape  dtype  status   mismatched  max abs  max ULP  rel L2  min atol
+─────────────────────────────────────────────────────────────────────────────────
+diff_src    -      -      SHAPE             -        -        -       -         -
+diff_gamma  (3,)   f32    PASS         0 (0%)        0        0       0         0
+diff_beta   -      -      MISSING           -        -        -       -         -
+junk        -      -      EXTRA             -        -        -       -         -
 
 error: diff_src: actual has shape (2, 4, 4, 3), reference (2, 3, 4, 4); actual looks like the NHWC transpose of reference (NCHW); bnbwd never transposes: convert one side
 error: diff_beta: in reference, missing from actual
@@ -199,7 +176,7 @@ def _types(value):
 def test_json_schema_pinned():
     document = report_document(mismatch_case(), actual_label="a.npz", reference_label="r.npz")
     json.dumps(document, allow_nan=False)
-    assert document["schema_version"] == SCHEMA_VERSION == 1
+    assert document["schema_version"] == SCHEMA_VERSION == 2
     assert (document["status"], document["exit_code"]) == ("mismatch", 1)
     schema = _types(document)
     assert schema["default_tolerances"]["bf16"] == {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float"}
@@ -211,7 +188,12 @@ def test_json_schema_pinned():
         "dtype": "str",
         "actual_dtype": "str",
         "reference_dtype": "str",
-        "tolerance": {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float", "max_mismatch": "str", "equal_nan": "bool"},
+        "rule": "str",
+        "passed": "bool",
+        "tolerance": {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float"},
+        "scaled": "NoneType",
+        "max_mismatch": "str",
+        "equal_nan": "bool",
         "elements": "int",
         "mismatches": "int",
         "mismatch_fraction": "float",
@@ -219,10 +201,14 @@ def test_json_schema_pinned():
         "max_abs": {"value": "float", "index": ["int"], "where": "str"},
         "max_rel": {"value": "float", "index": ["int"], "where": "str"},
         "max_ulp": {"value": "float", "index": ["int"], "where": "str"},
+        "max_units": "NoneType",
         "rel_l2": "float",
         "rel_l2_passed": "bool",
         "min_atol": "float",
         "min_rtol": "float",
+        "min_units": "NoneType",
+        "bias": "NoneType",
+        "hints": [],
         "nan": {"actual": "int", "reference": "int", "mismatches": "int"},
         "inf": {"actual": "int", "reference": "int", "mismatches": "int"},
         "axis_names": ["str"],
@@ -236,6 +222,7 @@ def test_json_schema_pinned():
                 "abs_err": "float",
                 "rel_err": "float",
                 "ulp_err": "float",
+                "units": "NoneType",
                 "ratio": "float",
                 "passed": "bool",
             }
@@ -264,4 +251,4 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     path = tmp_path / "r.json"
     write_json(report_document(nan_case, actual_label="a", reference_label="r"), str(path))
     loaded = json.loads(path.read_text())["outputs"][0]["comparison"]
-    assert loaded["min_atol"] == "inf" and loaded["worst"][0]["abs_err"] is None
+    assert loaded["min_atol"] is None and loaded["worst"][0]["abs_err"] is None

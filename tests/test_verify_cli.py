@@ -56,7 +56,7 @@ def test_exit_1_becomes_0_with_tolerance_overrides(cli, tmp_path, outputs):
     assert cli("verify", actual, reference).exit_code == 1
     result = cli("verify", actual, reference, "--atol", "diff_gamma=2e-3", "--rel-l2", "diff_gamma=1e-2")
     assert result.exit_code == 0, result.output
-    assert "0.002*" in result.stdout
+    assert "f32  atol=0.002 rtol=1e-05 ulp=1 rel_l2=0.01 (overridden)" in result.stdout
     assert cli("verify", actual, reference, "--max-mismatch", "1", "--rel-l2", "1").exit_code == 0
     assert cli("verify", actual, reference, "--max-mismatch", "diff_gamma=25%", "--rel-l2", "1").exit_code == 0
 
@@ -119,7 +119,7 @@ def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
     result = cli("verify", actual, reference, "--json", "-")
     assert result.exit_code == 1
     document = json.loads(result.stdout)
-    assert document["schema_version"] == 1 and document["status"] == "mismatch"
+    assert document["schema_version"] == 2 and document["status"] == "mismatch"
     assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "fail"]
 
 
@@ -141,7 +141,7 @@ def test_directory_of_npy_against_npz_and_bf16_from_v2(cli, tmp_path, outputs):
     result = cli("verify", str(directory), reference, "-v")
     assert result.exit_code == 0, result.output
     assert "bf16/f32" in result.stdout
-    assert re.search(r"diff_src\s+bf16\s+0\.01\s+0\.016\s", result.stdout)  # the coarser dtype's tolerances
+    assert re.search(r"bf16\s+atol=0\.01 rtol=0\.016 ulp=1", result.stdout)  # the coarser dtype's tolerances
 
 
 def test_map_only_ignore(cli, tmp_path, outputs):

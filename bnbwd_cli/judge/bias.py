@@ -100,7 +100,7 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
         for c in np.flatnonzero(usable)
         if abs(scale[c]) > max(BIAS_Z * max(stderr[c], unit * 1e-3), floor)
     )
-    significant = abs(overall) > threshold or len(flagged) > 0
+    significant = bool(abs(overall) > threshold or flagged)
     return Bias(overall, overall_se, threshold, significant, flagged)
 
 
@@ -114,4 +114,4 @@ def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, un
     scale = float(np.sum(w * r * d) / information)
     stderr = 1.0 / np.sqrt(information)
     threshold = max(BIAS_Z * stderr, BIAS_FLOOR_UNITS * unit)
-    return Bias(scale, stderr, threshold, abs(scale) > threshold, ())
+    return Bias(scale, float(stderr), float(threshold), bool(abs(scale) > threshold), ())

@@ -1,0 +1,337 @@
+"""Render comparisons as text: the rich report, one line per output with --brief, error lines.
+
+The console is built once at the edge (the click layer) and passed in, so tests render into a
+``Console(file=StringIO(), width=100, color_system=None)``. Tables are printed at the width they
+need (never cropped or folded), so numbers stay whole on an 80-column terminal.
+
+Passing outputs get one row of the summary table; failing ones (all of them with --verbose) get
+their details: worst elements with coordinates, the systematic-deviation estimate, the channel
+table and the likely causes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from bnbwd_cli.judge import OutputResult, SetComparison
+from bnbwd_cli.judge.stats import Bias, ChannelStat, Comparison, HistogramBin
+from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, Tolerance
+
+_STATUS_STYLE = {"pass": "bold green", "fail": "bold red"}
+_BAR_WIDTH = 30
+_SUMS = ("diff_gamma", "diff_beta")
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt(value: float | None) -> str:
+    """A statistic in 2 significant digits; "-" when undefined (None, NaN)."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    return f"{value:.1e}"
+
+
+def fmt_value(value: float) -> str:
+    """A tensor element: enough digits to tell float32 neighbours apart."""
+    return f"{value:.9g}"
+
+
+def fmt_ulp(value: float | None) -> str:
+    """ULPs and units: plain below 1e4, scientific above."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.3g}" if value < 1e4 else f"{value:.0e}"
+
+
+def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -> str:
+    """``n=3 c=17 h=5 w=9`` in the tensor's own layout, or ``(3, 17, 5, 9)`` without one."""
+    if index is None:
+        return "-"
+    if axis_names is not None and len(axis_names) == len(index):
+        return " ".join(f"{name}={i}" for name, i in zip(axis_names, index))
+    return "(" + ", ".join(str(i) for i in index) + ")"
+
+
+def tolerance_text(tol: Tolerance) -> str:
+    return f"atol={tol.atol:g} rtol={tol.rtol:g} ulp={tol.ulp:g} rel_l2={tol.rel_l2:.2g}"
+
+
+def _status_text(status: str) -> Text:
+    return Text(status.upper(), style=_STATUS_STYLE.get(status, "bold yellow"))
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ",".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+                 collapse_padding=True, show_edge=False)
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """At the width the table needs: a narrow terminal wraps the line, no number is cut."""
+    needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    console.print(table, width=max(console.width, needed), crop=False)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def render_report(console: Console, result: SetComparison, *, actual_label: str, reference_label: str,
+                  verbose: bool = False, brief: bool = False) -> None:
+    """The whole report: what was compared and how, one row per output, details of failures, the verdict."""
+    console.print(Text(f"Comparison: actual {actual_label} vs reference {reference_label}", style="bold"), soft_wrap=True)
+    _render_rules(console, result)
+    if brief:
+        for output in result.outputs:
+            console.print(brief_line(output), highlight=False, soft_wrap=True)
+    else:
+        _render_summary(console, result)
+    for problem in result.all_problems:
+        console.print(Text(f"error: {problem.message}", style="bold red"), soft_wrap=True)
+    if not brief:
+        for output in result.outputs:
+            if output.comparison is not None and (verbose or not output.comparison.passed):
+                _render_details(console, output, verbose)
+    _render_verdict(console, result)
+
+
+def _render_rules(console: Console, result: SetComparison) -> None:
+    """How elements and outputs were judged, said once."""
+    comparisons = [o.comparison for o in result.outputs if o.comparison is not None]
+    scaled = {c.scaled.max_units for c in comparisons if c.scaled is not None}
+    if scaled:
+        k = ", ".join(f"{value:g}" for value in sorted(scaled))
+        default = "" if scaled == {DEFAULT_MAX_UNITS} else f"; default {DEFAULT_MAX_UNITS:g}"
+        console.print(f"scaled by the problem: element passes if |a-r| <= K*s + 1 ulp, s = the error a correct kernel "
+                      f"may make there (docs/tolerances.md); K = {k} units{default}. A systematic scale beyond "
+                      f"{BIAS_Z:g} standard errors fails too.", highlight=False, soft_wrap=True)
+    fixed = {(c.dtype, c.tolerance) for c in comparisons if c.tolerance is not None}
+    if fixed:
+        console.print("fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; "
+                      "output passes if ||a-r||2/||r||2 <= rel_l2", highlight=False, soft_wrap=True)
+        for dtype, tol in sorted(fixed, key=lambda item: (item[0], tolerance_text(item[1]))):
+            note = "" if tol == DEFAULT_TOLERANCES[dtype] else " (overridden)"
+            console.print(f"  {dtype:>4}  {tolerance_text(tol)}{note}", highlight=False)
+    unjudged = [o.name for o in result.outputs if o.comparison is not None and o.comparison.tolerance is not None
+                and o.name in _SUMS]
+    if unjudged and not result.inputs_known:
+        verb = "is a sum" if len(unjudged) == 1 else "are sums"
+        console.print(f"note: {', '.join(unjudged)} {verb} over M elements; their correct error grows with the "
+                      "size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.",
+                      highlight=False, soft_wrap=True)
+    console.print()
+
+
+def brief_line(output: OutputResult) -> str:
+    """One line: name, status and the number that decided it."""
+    c = output.comparison
+    if c is None:
+        return f"{output.name}: {output.status.upper()} ({output.problem.message})"
+    if c.scaled is not None:
+        line = f"{output.name}: {output.status.upper()} max {fmt_ulp(c.max_units.value)} units (K {c.scaled.max_units:g})"
+    else:
+        line = f"{output.name}: {output.status.upper()} {c.mismatches}/{c.elements} mismatched, max abs {fmt(c.max_abs.value)}"
+    if c.bias is not None:
+        line += f", scale {c.bias.scale:+.1e} (z {fmt_ulp(c.bias.z)})"
+    if c.bias_failed:
+        line += " systematic"
+    return line
+
+
+def _render_summary(console: Console, result: SetComparison) -> None:
+    table = _table()
+    scaled = any(o.comparison is not None and o.comparison.scaled is not None for o in result.outputs)
+    fixed = any(o.comparison is not None and o.comparison.tolerance is not None for o in result.outputs)
+    headers = ["output", "shape", "dtype", "status", "mismatched", "max abs", "max ULP"]
+    headers += ["max units", "scale (z)"] if scaled else []
+    headers += ["rel L2", "min atol"] if fixed else []
+    for header in headers:
+        table.add_column(header, justify="left" if header in ("output", "shape", "dtype", "status") else "right", no_wrap=True)
+    for output in result.outputs:
+        c = output.comparison
+        if c is None:
+            table.add_row(output.name, "-", "-", _status_text(output.status), *["-"] * (len(headers) - 4))
+            continue
+        dtype = c.dtype if c.actual_dtype == c.reference_dtype else f"{c.actual_dtype}/{c.reference_dtype}"
+        cells = [output.name, _shape_text(c.shape), dtype, _status_text(output.status), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
+                 fmt(c.max_abs.value), fmt_ulp(c.max_ulp.value)]
+        if scaled:
+            cells += [fmt_ulp(c.max_units.value) if c.max_units else "-", _bias_cell(c.bias)]
+        if fixed:
+            cells += ["-", "-"] if c.tolerance is None else [fmt(c.rel_l2), fmt(c.min_atol)]
+        table.add_row(*cells)
+    _print_table(console, table)
+    console.print()
+
+
+def _bias_cell(bias: Bias | None) -> str:
+    if bias is None:
+        return "-"
+    return f"{bias.scale:+.1e} ({fmt_ulp(bias.z)})" + ("!" if bias.significant else "")
+
+
+def _render_details(console: Console, output: OutputResult, verbose: bool) -> None:
+    c = output.comparison
+    console.rule(Text(f"{output.name}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
+    console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
+                  f"allowed {c.allowed_mismatches}", highlight=False)
+    where = c.axis_names
+    if c.scaled is not None:
+        console.print(f"max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} (K {c.scaled.max_units:g}); "
+                      f"would pass with --max-units {fmt_ulp(c.min_units)}", highlight=False)
+    console.print(f"max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
+                  f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
+    if c.tolerance is not None:
+        _render_fixed_details(console, c)
+    if c.bias is not None:
+        _render_bias(console, c)
+    _render_nonfinite(console, c)
+    if c.worst:
+        _render_worst(console, c)
+    if c.channels is not None and (verbose or c.mismatches):
+        _render_channels(console, c, len(c.worst) or 10)
+    for hint in c.hints:
+        console.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+    if verbose and c.elements:
+        _render_histogram(console, c.histogram)
+    console.print()
+
+
+def _render_fixed_details(console: Console, c: Comparison) -> None:
+    gate = "ok" if c.rel_l2_passed else "FAIL"
+    console.print(f"rel L2 {fmt(c.rel_l2)} (bound {c.tolerance.rel_l2:.2g}): {gate}", highlight=False)
+    if math.isinf(c.min_atol) and math.isinf(c.min_rtol) and c.nonfinite.nan_mismatches + c.nonfinite.inf_mismatches:
+        console.print("no tolerance would pass: NaN/Inf positions differ", highlight=False)
+    else:
+        console.print(f"would pass (element-wise) with atol >= {fmt(c.min_atol)} (rtol as set) "
+                      f"or rtol >= {fmt(c.min_rtol)} (atol as set)", highlight=False)
+
+
+def _render_bias(console: Console, c: Comparison) -> None:
+    b = c.bias
+    verdict = "FAIL: a systematic deviation" if c.bias_failed else ("significant (not checked)" if b.significant else "ok")
+    console.print(f"systematic scale: actual = (1 {b.scale:+.2e} ± {b.stderr:.1e}) x reference, z = {fmt_ulp(b.z)}, "
+                  f"threshold {b.threshold:.1e}: {verdict}", highlight=False, soft_wrap=True)
+    if b.channels:
+        shown = ", ".join(f"c={ch} {scale:+.1e}" for ch, scale, _ in b.channels[:8])
+        more = f" (+{len(b.channels) - 8} more)" if len(b.channels) > 8 else ""
+        console.print(f"channels with their own significant scale: {shown}{more}", highlight=False, soft_wrap=True)
+
+
+def _render_nonfinite(console: Console, c: Comparison) -> None:
+    n = c.nonfinite
+    if n.nan_actual or n.nan_reference or n.inf_actual or n.inf_reference:
+        console.print(f"NaN: actual {n.nan_actual}, reference {n.nan_reference}, mismatched {n.nan_mismatches}"
+                      f"{' (equal_nan)' if c.equal_nan else ''}; "
+                      f"Inf: actual {n.inf_actual}, reference {n.inf_reference}, mismatched {n.inf_mismatches}", highlight=False)
+    if c.mostly_zeros:
+        console.print(Text(f"warning: actual is {100 * c.zero_fraction_actual:.3g}% exact zeros, reference "
+                           f"{100 * c.zero_fraction_reference:.3g}%: was the output written at all?", style="bold yellow"))
+
+
+def _render_worst(console: Console, c: Comparison) -> None:
+    count = len(c.worst)
+    table = _table(f"Worst {count} element{'s' if count != 1 else ''} by error / allowance")
+    headers = ["where", "actual", "expected", "abs err", "ULP"] + (["units"] if c.scaled else ["rel err"]) + ["err/allowed", ""]
+    for header in headers:
+        table.add_column(header, justify="left" if header == "where" else "right", no_wrap=True)
+    for e in c.worst:
+        extra = fmt_ulp(e.units) if c.scaled else fmt(e.rel_err)
+        table.add_row(coordinates(e.index, c.axis_names), fmt_value(e.actual), fmt_value(e.expected), fmt(e.abs_err),
+                      fmt_ulp(e.ulp_err), extra, fmt(e.ratio) if math.isinf(e.ratio) else f"{e.ratio:.3g}",
+                      "" if e.passed else Text("x", style="red"))
+    _print_table(console, table)
+
+
+def _render_channels(console: Console, c: Comparison, limit: int) -> None:
+    bad = [ch for ch in c.channels if ch.mismatches]
+    if bad:
+        shown = sorted(bad, key=lambda ch: (-ch.mismatches, -ch.max_ratio, ch.channel))[:limit]
+        title = f"Channels with mismatches: {len(bad)} of {len(c.channels)}"
+    else:
+        shown = sorted(c.channels, key=lambda ch: (-ch.max_ratio, ch.channel))[: min(limit, 3)]
+        title = f"No channel has mismatches; closest of {len(c.channels)}"
+    if len(shown) < len(bad):
+        title += f" (worst {len(shown)} shown)"
+    table = _table(title)
+    for header in ("c", "mismatched", "max abs", "max err/allowed"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for ch in shown:
+        table.add_row(str(ch.channel), _channel_mismatch(ch), fmt(ch.max_abs), fmt(ch.max_ratio) if math.isinf(ch.max_ratio) else f"{ch.max_ratio:.3g}")
+    _print_table(console, table)
+    if len(bad) == 1 and len(c.channels) > 1:
+        console.print(f"all mismatches are in channel c={bad[0].channel}: a bad per-channel reduction or parameter?", highlight=False)
+
+
+def _channel_mismatch(ch: ChannelStat) -> str:
+    return f"{ch.mismatches} / {ch.elements}"
+
+
+def _render_histogram(console: Console, bins: Sequence[HistogramBin]) -> None:
+    table = _table("|a-r| histogram (finite elements)")
+    table.add_column("|a-r|", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    peak = max(b.count for b in bins) or 1
+    for b in bins:
+        if b.low == b.high == 0:
+            label = "0 (exact)"
+        elif b.low == 0:
+            label = f"< {b.high:.0e}"
+        else:
+            label = f"[{b.low:.0e}, {b.high:.0e})"
+        table.add_row(label, str(b.count), "#" * math.ceil(_BAR_WIDTH * b.count / peak))
+    _print_table(console, table)
+
+
+def _render_verdict(console: Console, result: SetComparison) -> None:
+    status = result.status
+    if status == "pass":
+        console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
+    elif status == "mismatch":
+        failed = ", ".join(o.name for o in result.outputs if o.status == "fail")
+        console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
+    else:
+        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s)", style="bold red"))
+
+
+def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
+    """One ``error: ...`` line per structural problem, for stderr (scripts grep it)."""
+    for problem in result.all_problems:
+        print(f"error: {problem.message}", file=file or sys.stderr)
+
+
+def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
+    """A console at the edge: colour only on a terminal; 120 columns when piped (unless COLUMNS).
+
+    A closed stdout (`bnbwd verify ... | head`) raises BrokenPipeError for the CLI to turn into
+    exit 3: rich's own handling would exit 1, which means "mismatch".
+    """
+    console = Console(file=file, stderr=stderr, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(file=file, stderr=stderr, highlight=False, width=120)
+    console.on_broken_pipe = _raise_broken_pipe
+    return console
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError(32, "Broken pipe")

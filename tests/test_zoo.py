@@ -1,0 +1,115 @@
+"""The judge against a zoo of kernels: every correct kernel passes, every planted bug fails.
+
+Correct kernels are NumPy emulations of float32 kernels with the accumulation orders real ones use
+(tests/zoo.py), for f32, f16 and bf16 data, f32 and bf16 parameters, both layouts, M from 1 to 1e5;
+the truth side is bnbwd's own output (what `run --reference` compares with). Framework kernels
+(PyTorch, TensorFlow) are the conformance fixtures, judged through the real CLI. The calibration
+that sets K is scripts/calibrate_tolerances.py (docs/tolerances.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bnbwd_cli.cli import main
+from bnbwd_cli.judge import CompareSettings, compare_sets
+from bnbwd_cli.kernels import batchnorm_backward
+from tests import zoo
+
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+TYPES = {"f32": (F32, F32), "f16": (F16, F32), "bf16": (zoo.BF16, F32), "bf16-params": (zoo.BF16, zoo.BF16)}
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
+
+
+def _problem(m: int, fmt: str, types: str, seed: int = 0, **kwargs) -> dict:
+    t1, t2 = TYPES[types]
+    return zoo.make_problem(np.random.default_rng(seed), zoo.shape_for(m, 8, fmt), fmt, t1, t2, **kwargs)
+
+
+def _truth(problem: dict) -> dict:
+    result = batchnorm_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+                                epsilon=problem["epsilon"], data_format=problem["data_format"], core="numpy")
+    return {"diff_src": result.diff_src, "diff_gamma": result.diff_gamma, "diff_beta": result.diff_beta}
+
+
+def _judge(problem: dict, outputs: dict, truth: dict | None = None):
+    return compare_sets(outputs, truth or _truth(problem), CompareSettings(), inputs=zoo.inputs_of(problem))
+
+
+GRID = [(m, fmt, types) for m in (1, 7, 1000, 100_000) for fmt in ("NCX", "NXC") for types in TYPES]
+
+
+@pytest.mark.parametrize("m, fmt, types", GRID, ids=[f"M{m}-{f}-{t}" for m, f, t in GRID])
+def test_correct_kernels_pass(m, fmt, types):
+    problem = _problem(m, fmt, types)
+    truth = _truth(problem)
+    for order in zoo.ORDERS:
+        result = _judge(problem, zoo.kernel(problem, order), truth)
+        assert result.status == "pass", f"{order}: " + "; ".join(
+            f"{o.name} {o.comparison.max_units.value:.3g} units, bias {o.comparison.bias}" for o in result.outputs)
+        worst = max(o.comparison.max_units.value for o in result.outputs)
+        assert worst < 2.0, f"{order}: {worst:.3g} units: the calibration margin (docs/tolerances.md) has shrunk"
+
+
+def test_correct_kernel_on_hard_data_passes():
+    """|mean|/sd ~ 1e3 and diff_dst with a large common offset: sums that cancel, partial sums that drift."""
+    for kwargs in ({"center": 1e3}, {"dy_offset": 100.0}):
+        for fmt in ("NCX", "NXC"):
+            problem = _problem(20_000, fmt, "f32", **kwargs)
+            result = _judge(problem, zoo.kernel(problem, "sequential"))
+            assert result.status == "pass", (kwargs, fmt, [(o.name, o.comparison.max_units.value) for o in result.outputs])
+
+
+# (bug, the smallest M at which it changes the result beyond a correct kernel's noise)
+BUGS = [("missing-1/M", 7), ("sign-flip-one-channel", 7), ("per-sample-stats", 7), ("inference-in-training", 1),
+        ("epsilon-1e-3", 1000), ("unbiased-variance", 1000), ("bf16-accumulation", 7)]
+BUG_GRID = [(bug, m, fmt, types) for bug, m_min in BUGS for m in (7, 1000, 100_000) if m >= m_min
+            for fmt in ("NCX", "NXC") for types in TYPES if not (bug == "bf16-accumulation" and m == 100_000 and types != "f32")]
+
+
+@pytest.mark.parametrize("bug, m, fmt, types", BUG_GRID, ids=[f"{b}-M{m}-{f}-{t}" for b, m, f, t in BUG_GRID])
+def test_planted_bugs_fail(bug, m, fmt, types):
+    problem = _problem(m, fmt, types, seed=1)
+    result = _judge(problem, zoo.kernel(problem, "sequential", bug=bug))
+    assert result.status == "mismatch", [(o.name, o.comparison.max_units.value, o.comparison.bias) for o in result.outputs]
+
+
+@pytest.mark.parametrize("types", ["f32", "bf16", "bf16-params"])
+def test_nhwc_processed_as_nchw_fails(types):
+    t1, t2 = TYPES[types]
+    problem = zoo.make_problem(np.random.default_rng(2), (4, 8, 8, 8), "NXC", t1, t2)  # C == H
+    assert _judge(problem, zoo.kernel(problem, bug="nhwc-as-nchw")).status == "mismatch"
+
+
+@pytest.mark.parametrize("types", ["bf16", "bf16-params"])
+@pytest.mark.parametrize("bug", ["epsilon-1e-3", "unbiased-variance"])
+def test_bf16_small_deviations_fail_as_systematic_at_resnet_size(types, bug):
+    """Each element within an ulp or so; the channel as a whole is scaled: the bias check catches it."""
+    problem = _problem(100_000, "NXC", types, seed=3)
+    result = _judge(problem, zoo.kernel(problem, bug=bug))
+    diff_src = next(o.comparison for o in result.outputs if o.name == "diff_src")
+    assert diff_src.bias_failed and diff_src.bias.scale < 0, diff_src.bias
+
+
+def test_truth_can_be_the_exact_float64_result():
+    """verify --inputs against the float64 oracle's outputs: still passes a correct bf16 kernel."""
+    problem = _problem(1000, "NCX", "bf16")
+    assert _judge(problem, zoo.kernel(problem), zoo.exact_outputs(problem)).status == "pass"
+
+
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("entry", MANIFEST, ids=[c["name"] for c in MANIFEST])
+def test_framework_kernels_pass_run_reference(entry, tmp_path):
+    """PyTorch's and TensorFlow's own outputs, judged by `bnbwd run INPUTS --reference THEIRS`."""
+    result = CliRunner().invoke(main, ["run", str(FIXTURES / entry["bundle"]), *entry["bnbwd_args"], "-q",
+                                       "--reference", str(FIXTURES / entry["expected"]), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert {o["comparison"]["rule"] for o in document["outputs"]} == {"scaled"}
