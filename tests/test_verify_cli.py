@@ -170,3 +170,82 @@ def test_help_states_defaults_and_bf16(cli):
     assert result.exit_code == 0
     for text in ("bf16  atol=0.01 rtol=0.016 ulp=1 rel_l2=0.016", "|V2", "bfloat16", "Examples:", "--map"):
         assert text in result.stdout
+
+
+def _inputs_case(tmp_path, bug=None):
+    """A bundle of inputs, bnbwd's outputs, and a zoo kernel's outputs (correct, or with a planted bug)."""
+    from bnbwd_cli.kernels import batchnorm_backward
+    from tests import zoo
+
+    problem = zoo.make_problem(np.random.default_rng(5), (4, 8, 16, 16), "NCX", np.float32, np.float32)
+    bundle = tmp_path / "inputs.npz"
+    np.savez(bundle, **{k: problem[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")},
+             epsilon=np.array(problem["epsilon"]), data_format=np.array("NCHW"))
+    ours = batchnorm_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+                              epsilon=problem["epsilon"], data_format="NCX")
+    np.savez(tmp_path / "ref.npz", diff_src=ours.diff_src, diff_gamma=ours.diff_gamma, diff_beta=ours.diff_beta)
+    np.savez(tmp_path / "kernel.npz", **zoo.kernel(problem, bug=bug))
+    return str(bundle), str(tmp_path / "kernel.npz"), str(tmp_path / "ref.npz")
+
+
+def test_verify_inputs_passes_a_correct_kernel_and_says_how(cli, tmp_path):
+    bundle, kernel, ref = _inputs_case(tmp_path)
+    result = cli("verify", kernel, ref, "--inputs", bundle)
+    assert result.exit_code == 0, result.output
+    assert "scaled by the problem" in result.stdout and "K = 16 units" in result.stdout
+    assert "diff_src: FAIL" not in result.stdout  # passing: no details
+
+
+def test_verify_inputs_fails_a_wrong_epsilon_and_names_it(cli, tmp_path):
+    bundle, kernel, ref = _inputs_case(tmp_path, bug="epsilon-1e-3")
+    result = cli("verify", kernel, ref, "--inputs", bundle, "--json", "-")
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    gamma = next(o for o in document["outputs"] if o["name"] == "diff_gamma")["comparison"]
+    assert gamma["rule"] == "scaled" and any("epsilon of 0.001" in h for h in gamma["hints"])
+    run = cli("run", bundle, "-q", "--reference", kernel)  # the same judgement from run
+    assert run.exit_code == 1 and "an epsilon of 0.001 (you passed 1e-05)" in run.stdout
+
+
+def test_max_units_and_no_bias_check_change_the_verdict(cli, tmp_path):
+    bundle, kernel, ref = _inputs_case(tmp_path, bug="unbiased-variance")
+    assert cli("verify", kernel, ref, "--inputs", bundle).exit_code == 1
+    relaxed = cli("verify", kernel, ref, "--inputs", bundle, "--max-units", "1e9", "--no-bias-check", "--brief")
+    assert relaxed.exit_code == 0, relaxed.output
+    assert "diff_src: PASS max" in relaxed.stdout and "reported, not checked" in relaxed.stdout
+
+
+def test_explicit_atol_wins_over_the_scaled_rule(cli, tmp_path):
+    bundle, kernel, ref = _inputs_case(tmp_path)
+    result = cli("verify", kernel, ref, "--inputs", bundle, "--atol", "diff_gamma=1", "--json", "-")
+    rules = {o["name"]: o["comparison"]["rule"] for o in json.loads(result.stdout)["outputs"]}
+    assert rules == {"diff_src": "scaled", "diff_gamma": "fixed", "diff_beta": "scaled"}
+
+
+def test_without_inputs_the_report_says_sums_need_them(cli, tmp_path):
+    _, kernel, ref = _inputs_case(tmp_path)
+    result = cli("verify", kernel, ref)
+    assert "note: diff_gamma, diff_beta are sums over M elements" in result.stdout
+
+
+def test_inputs_options_need_inputs_and_a_bad_bundle_is_exit_3(cli, tmp_path):
+    bundle, kernel, ref = _inputs_case(tmp_path)
+    usage = cli("verify", kernel, ref, "--epsilon", "1e-3")
+    assert usage.exit_code == 2 and "give --inputs BUNDLE" in usage.stderr
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, src=np.zeros((2, 3), np.float32))
+    result = cli("verify", kernel, ref, "--inputs", str(bad), "--epsilon", "1e-5")
+    assert result.exit_code == 3 and result.stderr.startswith("error: missing input diff_dst"), result.stderr
+    no_eps = tmp_path / "noeps.npz"
+    with np.load(bundle) as z:
+        np.savez(no_eps, **{k: z[k] for k in z.files if k != "epsilon"})
+    missing = cli("verify", kernel, ref, "--inputs", str(no_eps))
+    assert missing.exit_code == 2 and "give --epsilon" in missing.stderr
+
+
+def test_numbers_are_not_cut_at_80_columns(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    bundle, kernel, ref = _inputs_case(tmp_path, bug="sign-flip-one-channel")
+    result = cli("verify", kernel, ref, "--inputs", bundle)
+    assert result.exit_code == 1
+    assert "…" not in result.stdout and "sign flipped in channel(s) c=0" in result.stdout

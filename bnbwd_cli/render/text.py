@@ -89,7 +89,12 @@ def _table(title: str | None = None) -> Table:
 def _print_table(console: Console, table: Table) -> None:
     """At the width the table needs: a narrow terminal wraps the line, no number is cut."""
     needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
-    console.print(table, width=max(console.width, needed), crop=False)
+    width = console.width
+    console.width = max(width, needed)  # rich clamps print(width=...) to the console's width: widen it for this table
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width
 
 
 # --------------------------------------------------------------------------- the report
@@ -121,9 +126,11 @@ def _render_rules(console: Console, result: SetComparison) -> None:
     if scaled:
         k = ", ".join(f"{value:g}" for value in sorted(scaled))
         default = "" if scaled == {DEFAULT_MAX_UNITS} else f"; default {DEFAULT_MAX_UNITS:g}"
+        checked = any(c.scaled.bias_check for c in comparisons if c.scaled is not None)
+        bias = (f"A systematic scale beyond {BIAS_Z:g} standard errors fails too." if checked
+                else "Systematic scales are reported, not checked (--no-bias-check).")
         console.print(f"scaled by the problem: element passes if |a-r| <= K*s + 1 ulp, s = the error a correct kernel "
-                      f"may make there (docs/tolerances.md); K = {k} units{default}. A systematic scale beyond "
-                      f"{BIAS_Z:g} standard errors fails too.", highlight=False, soft_wrap=True)
+                      f"may make there (docs/tolerances.md); K = {k} units{default}. {bias}", highlight=False, soft_wrap=True)
     fixed = {(c.dtype, c.tolerance) for c in comparisons if c.tolerance is not None}
     if fixed:
         console.print("fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; "
