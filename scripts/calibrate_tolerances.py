@@ -58,6 +58,8 @@ CHANNELS = 8
 HARD_DATA = (("center=1e3", {"center": 1e3}), ("dy_offset=100", {"dy_offset": 100.0}))
 TORCH_M = (1000, 10000)
 RESNET_NCHW = (32, 64, 56, 56)
+STRESS_M = 400000
+STRESS_OFFSET = 1000.0
 TORCH_CHANNELS = 64
 DEFAULT_OUT = ROOT / "docs" / "tolerances_table.md"
 UNIT = 2.0**-24  # the unit roundoff every problem here is judged with (none is all-float64)
@@ -235,7 +237,7 @@ def torch_kernel(torch, problem: dict) -> dict:
 
 
 def torch_cases(quick: bool) -> list[tuple[tuple, str, tuple[int, ...]]]:
-    """(dtype pair, layout, shape) for the PyTorch rows."""
+    """(dtype pair, layout, shape) for the PyTorch rows of the main grid."""
     cases = []
     for t1, t2, fmt in ((np.float32, np.float32, "NCX"), (np.float32, np.float32, "NXC"),
                         (np.float16, np.float32, "NCX"), (zoo.BF16, np.float32, "NCX")):
@@ -247,22 +249,69 @@ def torch_cases(quick: bool) -> list[tuple[tuple, str, tuple[int, ...]]]:
     return cases
 
 
+def torch_row(torch, rng, t1, t2, fmt: str, shape, tag: str = "", threads: int | None = None, **data) -> Row:
+    """One PyTorch run on a fresh problem (``threads``: intra-op threads for this run only)."""
+    problem = zoo.make_problem(rng, shape, fmt, t1, t2, **data)
+    truth = truth_of(problem)
+    before = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        outs = torch_kernel(torch, problem)
+    finally:
+        torch.set_num_threads(before)
+    layout = "NCHW" if fmt == "NCX" else "channels_last"
+    kernel = "torch-cpu" + (f" ({threads} thread{'s' if threads > 1 else ''})" if threads is not None else "")
+    return Row("torch", kernel, tag, name_of(t1), name_of(t2), layout, m_of(shape, fmt), tuple(shape),
+               judge(problem, outs, truth))
+
+
 def run_torch(rng, quick: bool, log) -> tuple[list[Row], str]:
     torch = torch_or_none()
     if torch is None:
         return [], "PyTorch is not importable here: the PyTorch rows were skipped."
     rows = []
     for (t1, t2), fmt, shape in torch_cases(quick):
-        problem = zoo.make_problem(rng, shape, fmt, t1, t2)
-        truth = truth_of(problem)
-        outs = torch_kernel(torch, problem)
-        layout = "NCHW" if fmt == "NCX" else "channels_last"
-        row = Row("torch", "torch-cpu", "", name_of(t1), name_of(t2), layout, m_of(shape, fmt), tuple(shape),
-                  judge(problem, outs, truth))
-        rows.append(row)
-        log(row)
-    note = (f"PyTorch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s); "
-            "save_invstd = 1/sqrt(var + eps) in float64 rounded to float32.")
+        rows.append(torch_row(torch, rng, t1, t2, fmt, shape))
+        log(rows[-1])
+    note = (f"PyTorch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s) unless a row says otherwise; "
+            "save_invstd = 1/sqrt(var + eps) in float64 rounded to float32; weight and saved stats float32.")
+    return rows, note
+
+
+def run_stress(rng, log) -> tuple[list[Row], str]:
+    """Beyond the grid: diff_dst with |mean| >> sd (dy_offset) at large M, for PyTorch and the zoo.
+
+    A diff_dst whose mean dominates its spread makes the roundings of a float32 accumulator
+    correlated (the terms are all about the same), and makes a reduced-precision diff_dst take few
+    distinct values. Both are where the error model's assumptions are weakest.
+    """
+    rows = []
+    torch = torch_or_none()
+    if torch is not None:
+        for t1 in (np.float32, np.float16, zoo.BF16):
+            for fmt in LAYOUTS:
+                rows.append(torch_row(torch, rng, t1, np.float32, fmt, zoo.shape_for(100000, TORCH_CHANNELS, fmt),
+                                      "dy_offset=100", dy_offset=100.0))
+                log(rows[-1])
+        for t1 in (np.float32, zoo.BF16):
+            for threads in (None, 1):
+                rows.append(torch_row(torch, rng, t1, np.float32, "NXC", zoo.shape_for(STRESS_M, CHANNELS, "NXC"),
+                                      f"dy_offset={STRESS_OFFSET:g}", threads, dy_offset=STRESS_OFFSET))
+                log(rows[-1])
+    for t1 in (np.float32, zoo.BF16):
+        for fmt in LAYOUTS:
+            problem = zoo.make_problem(rng, zoo.shape_for(STRESS_M, CHANNELS, fmt), fmt, t1, np.float32,
+                                       dy_offset=STRESS_OFFSET)
+            truth = truth_of(problem)
+            for order in zoo.ORDERS:
+                rows.append(Row("zoo", f"zoo/{order}", f"dy_offset={STRESS_OFFSET:g}", name_of(t1), "f32", fmt,
+                                m_of(problem["src"].shape, fmt), problem["src"].shape,
+                                judge(problem, zoo.kernel(problem, order), truth)))
+                log(rows[-1])
+    note = ("" if torch is not None else "PyTorch is not importable here: only the zoo rows were run. ") + (
+        f"diff_dst = dy_offset + N(0, 1): PyTorch at M ~ 1e5 with dy_offset = 100 in every dtype and layout, "
+        f"then PyTorch channels_last and the zoo at M ~ {STRESS_M:g} with dy_offset = {STRESS_OFFSET:g}.")
     return rows, note
 
 
