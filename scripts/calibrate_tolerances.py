@@ -16,13 +16,17 @@ NumPy core) and judges each with ``compare_sets(..., inputs=...)``, the rule ``r
    bit-identical to the correct sequential kernel's on a problem (e.g. most bugs at M = 1) is a
    no-op there and is skipped (counted in the summary). 'nhwc-as-nchw' runs on its own NXC
    problems of shape (n, 8, W, 8), where C == H.
+4. Stress (not with --quick or --no-stress): diff_dst = offset + N(0, 1) with a large offset, where
+   a float32 accumulator's roundings stop being independent and a reduced-precision diff_dst takes
+   few distinct values: PyTorch in every dtype/layout at M ~ 1e5 (offset 100), PyTorch
+   channels_last (default and 1 thread) and all zoo orders at M ~ 4e5 (offset 1000).
 
 For each kernel and output it records the worst error in units (``max_units``), the verdict, and
 the systematic-deviation estimate (bias scale and z), prints Markdown tables and summary lines,
 and with ``--write`` writes them to docs/tolerances_table.md.
 
-    python scripts/calibrate_tolerances.py            # full grid (~ a few minutes on 2 cores)
-    python scripts/calibrate_tolerances.py --quick    # smaller grid
+    python scripts/calibrate_tolerances.py            # full grid + stress section (~2 min on 2 cores)
+    python scripts/calibrate_tolerances.py --quick    # smaller grid, no stress section (~30 s)
     python scripts/calibrate_tolerances.py --write    # also write docs/tolerances_table.md
 """
 
@@ -33,7 +37,8 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +47,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing  # noqa: E402
+from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff  # noqa: E402
 from bnbwd_cli.judge import CompareSettings, compare_sets  # noqa: E402
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS  # noqa: E402
 from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
@@ -62,7 +67,6 @@ STRESS_M = 400000
 STRESS_OFFSET = 1000.0
 TORCH_CHANNELS = 64
 DEFAULT_OUT = ROOT / "docs" / "tolerances_table.md"
-UNIT = 2.0**-24  # the unit roundoff every problem here is judged with (none is all-float64)
 
 
 # --------------------------------------------------------------------------- records
@@ -77,6 +81,7 @@ class OutputRow:
     bias_failed: bool
     bias_scale: float | None
     bias_z: float | None
+    bias_threshold: float | None
     bias_significant: bool
 
 
@@ -93,7 +98,7 @@ class Row:
     m: int
     shape: tuple[int, ...]
     outputs: dict[str, OutputRow]
-    effect_ulps: float | None = None  # bugs: max |bug - correct sequential| in ulps of the output dtype
+    effect: tuple[float, str] | None = None  # bugs: (normwise relative change vs the correct kernel, output)
     note: str = ""
 
     @property
@@ -151,6 +156,7 @@ def judge(problem: dict, outs: dict, truth: dict) -> dict[str, OutputRow]:
             bias_failed=bool(c.bias_failed),
             bias_scale=None if b is None else float(b.scale),
             bias_z=None if b is None else float(b.z),
+            bias_threshold=None if b is None else float(b.threshold),
             bias_significant=bool(b is not None and b.significant),
         )
     return rows
@@ -160,19 +166,22 @@ def same_outputs(a: dict, b: dict) -> bool:
     return all(np.array_equal(to_float64(a[k]), to_float64(b[k]), equal_nan=True) for k in OUTPUTS)
 
 
-def effect_in_ulps(bug: dict, correct: dict) -> float:
-    """How far a bug moves the outputs from a correct kernel's, in ulps of the output dtype."""
-    worst = 0.0
+def effect_of(bug: dict, correct: dict) -> tuple[float, str]:
+    """How far a bug moves the outputs from a correct kernel's: the largest normwise relative change
+    max|bug - correct| / max|correct| over the outputs, and which output it is."""
+    worst, where = 0.0, OUTPUTS[0]
     for k in OUTPUTS:
         b, c = to_float64(bug[k]), to_float64(correct[k])
         if b.size == 0:
             continue
-        with np.errstate(invalid="ignore"):
-            d = np.abs(b - c) / ulp_spacing(c, dtype_name(correct[k].dtype))
-        d = d[np.isfinite(d)] if np.isfinite(b).all() else np.array([math.inf])
-        if d.size:
-            worst = max(worst, float(d.max()))
-    return worst
+        if not np.isfinite(b).all():
+            return math.inf, k
+        norm = float(np.abs(c).max())
+        change = float(np.abs(b - c).max())
+        rel = change / norm if norm > 0 else (math.inf if change > 0 else 0.0)
+        if rel > worst:
+            worst, where = rel, k
+    return worst, where
 
 
 def name_of(dtype) -> str:
@@ -279,7 +288,7 @@ def run_torch(rng, quick: bool, log) -> tuple[list[Row], str]:
     return rows, note
 
 
-def run_stress(rng, log) -> tuple[list[Row], str]:
+def run_stress(rng, log, use_torch: bool = True) -> tuple[list[Row], str]:
     """Beyond the grid: diff_dst with |mean| >> sd (dy_offset) at large M, for PyTorch and the zoo.
 
     A diff_dst whose mean dominates its spread makes the roundings of a float32 accumulator
@@ -287,7 +296,7 @@ def run_stress(rng, log) -> tuple[list[Row], str]:
     distinct values. Both are where the error model's assumptions are weakest.
     """
     rows = []
-    torch = torch_or_none()
+    torch = torch_or_none() if use_torch else None
     if torch is not None:
         for t1 in (np.float32, np.float16, zoo.BF16):
             for fmt in LAYOUTS:
@@ -309,7 +318,7 @@ def run_stress(rng, log) -> tuple[list[Row], str]:
                                 m_of(problem["src"].shape, fmt), problem["src"].shape,
                                 judge(problem, zoo.kernel(problem, order), truth)))
                 log(rows[-1])
-    note = ("" if torch is not None else "PyTorch is not importable here: only the zoo rows were run. ") + (
+    note = ("" if torch is not None else "No PyTorch (not importable, or --no-torch): only the zoo rows were run. ") + (
         f"diff_dst = dy_offset + N(0, 1): PyTorch at M ~ 1e5 with dy_offset = 100 in every dtype and layout, "
         f"then PyTorch channels_last and the zoo at M ~ {STRESS_M:g} with dy_offset = {STRESS_OFFSET:g}.")
     return rows, note
@@ -318,17 +327,15 @@ def run_stress(rng, log) -> tuple[list[Row], str]:
 # --------------------------------------------------------------------------- the NumPy zoo
 
 
-def zoo_problems(rng, m_grid) -> list[tuple[str, dict]]:
+def zoo_problems(rng, m_grid) -> Iterator[tuple[str, dict]]:
     """(data tag, problem) for the zoo grid: default data at every M, harder data at the two largest M."""
-    problems = []
     for t1, t2 in DTYPE_PAIRS:
         for fmt in LAYOUTS:
             for m in m_grid:
-                problems.append(("", zoo.make_problem(rng, zoo.shape_for(m, CHANNELS, fmt), fmt, t1, t2)))
+                yield "", zoo.make_problem(rng, zoo.shape_for(m, CHANNELS, fmt), fmt, t1, t2)
             for tag, kwargs in HARD_DATA:
                 for m in sorted(m_grid)[-2:]:
-                    problems.append((tag, zoo.make_problem(rng, zoo.shape_for(m, CHANNELS, fmt), fmt, t1, t2, **kwargs)))
-    return problems
+                    yield tag, zoo.make_problem(rng, zoo.shape_for(m, CHANNELS, fmt), fmt, t1, t2, **kwargs)
 
 
 def square_nxc_shape(m: int, c: int = CHANNELS) -> tuple[int, int, int, int]:
@@ -356,11 +363,12 @@ def run_zoo(rng, m_grid, log) -> tuple[list[Row], list[Row], dict[str, int]]:
             correct.append(row)
             log(row)
         for bug in plain_bugs:
-            outs = zoo.kernel(problem, "sequential", bug=bug)
+            with np.errstate(all="ignore"):  # some bugs overflow float16 on purpose
+                outs = zoo.kernel(problem, "sequential", bug=bug)
             if same_outputs(outs, sequential):
                 noops[bug] = noops.get(bug, 0) + 1
                 continue
-            row = Row("bug", f"bug/{bug}", *meta, judge(problem, outs, truth), effect_ulps=effect_in_ulps(outs, sequential))
+            row = Row("bug", f"bug/{bug}", *meta, judge(problem, outs, truth), effect=effect_of(outs, sequential))
             bugs.append(row)
             log(row)
     if "nhwc-as-nchw" in zoo.BUGS:
@@ -370,12 +378,13 @@ def run_zoo(rng, m_grid, log) -> tuple[list[Row], list[Row], dict[str, int]]:
                 problem = zoo.make_problem(rng, shape, "NXC", t1, t2)
                 truth = truth_of(problem)
                 sequential = zoo.kernel(problem, "sequential")
-                outs = zoo.kernel(problem, "sequential", bug="nhwc-as-nchw")
+                with np.errstate(all="ignore"):
+                    outs = zoo.kernel(problem, "sequential", bug="nhwc-as-nchw")
                 if same_outputs(outs, sequential):
                     noops["nhwc-as-nchw"] = noops.get("nhwc-as-nchw", 0) + 1
                     continue
                 row = Row("bug", "bug/nhwc-as-nchw", "", name_of(t1), name_of(t2), "NXC", m_of(shape, "NXC"), shape,
-                          judge(problem, outs, truth), effect_ulps=effect_in_ulps(outs, sequential))
+                          judge(problem, outs, truth), effect=effect_of(outs, sequential))
                 bugs.append(row)
                 log(row)
     return correct, bugs, noops
@@ -454,16 +463,17 @@ def correct_summary(name: str, rows: list[Row]) -> list[str]:
     for k in OUTPUTS:
         values = [r.outputs[k].units for r in rows if r.outputs[k].units is not None]
         per_output.append(f"{k} {_units_text(max(values)) if values else 'n/a'}")
-    zs = [(o.bias_z, r, k) for r in rows for k, o in r.outputs.items() if o.bias_z is not None and math.isfinite(o.bias_z)]
+    zs = [(o.bias_z, r, k) for r in rows for k, o in r.outputs.items()
+          if o.bias_z is not None and math.isfinite(o.bias_z)]
     z_text = ""
     if zs:
         z, zr, zk = max(zs, key=lambda t: t[0])
         z_text = f"; largest bias z {z:.3g} ({zk} of {zr.describe()})"
-    scales = [(abs(o.bias_scale) / UNIT, r, k) for r in rows for k, o in r.outputs.items() if o.bias_scale is not None]
-    if scales:
-        sc, sr, sk = max(scales, key=lambda t: t[0])
-        z_text += (f"; largest |bias scale| {sc:.3g} unit roundoffs (floor {BIAS_FLOOR_UNITS:g}; "
-                   f"{sk} of {sr.describe()})")
+    ratios = [(abs(o.bias_scale) / o.bias_threshold, r, k) for r in rows for k, o in r.outputs.items()
+              if o.bias_scale is not None and o.bias_threshold and not o.bias_significant]
+    if ratios:
+        q, qr, qk = max(ratios, key=lambda t: t[0])
+        z_text += f"; closest non-significant bias: |scale|/threshold {q:.2g} ({qk} of {qr.describe()})"
     failed = [r for r in rows if not r.passed]
     line = (f"- **{name}** ({len(rows)} runs): worst units {_units_text(worst.worst_units)} ({worst.describe()}); "
             f"per output: {', '.join(per_output)}{z_text}; "
@@ -498,8 +508,11 @@ def bug_summary(rows: list[Row], noops: dict[str, int]) -> list[str]:
                          f"{mildest.layout} M={mildest.m}{' ' + mildest.data if mildest.data else ''})")
         lines.append(f"  - `{bug}`: " + "; ".join(parts) + ".")
         for r in ok:
-            lines.append(f"    - PASSED: {r.describe()} (moves the outputs by at most {_units_text(r.effect_ulps)} ulp "
-                         f"of their dtype from the correct sequential kernel's)")
+            rel, out = r.effect
+            dtype = r.t1 if out == "diff_src" else r.t2
+            lines.append(f"    - PASSED: {r.describe()}: changes the outputs by at most {rel:.2g} (normwise relative, "
+                         f"{out}) from the correct sequential kernel's; {dtype}'s unit roundoff is "
+                         f"{unit_roundoff(dtype):.2g}")
     return lines
 
 
@@ -508,11 +521,13 @@ def bug_summary(rows: list[Row], noops: dict[str, int]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"smaller grid: M in {QUICK_M}, no ResNet-size torch runs")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smaller grid: M in {QUICK_M}, no ResNet-size PyTorch runs, no stress section")
     parser.add_argument("--write", action="store_true", help="also write the tables to --out")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where --write writes (default %(default)s)")
     parser.add_argument("--seed", type=int, default=20240607)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
+    parser.add_argument("--no-stress", action="store_true", help="skip the stress section (large dy_offset, large M)")
     parser.add_argument("--verbose", "-v", action="store_true", help="one line per run on stderr as it finishes")
     args = parser.parse_args(argv)
 
@@ -529,14 +544,33 @@ def main(argv: list[str] | None = None) -> int:
         torch_rows, torch_note = run_torch(np.random.default_rng([args.seed, 1]), args.quick, log)
     t_torch = time.perf_counter() - start
     correct, bugs, noops = run_zoo(np.random.default_rng([args.seed, 2]), m_grid, log)
+    t_zoo = time.perf_counter() - start - t_torch
+    stress_rows, stress_note = [], ""
+    if not (args.quick or args.no_stress):
+        stress_rows, stress_note = run_stress(np.random.default_rng([args.seed, 3]), log, use_torch=not args.no_torch)
     elapsed = time.perf_counter() - start
 
     command = "python scripts/calibrate_tolerances.py" + (" --quick" if args.quick else "") + (
-        f" --seed {args.seed}" if args.seed != parser.get_default("seed") else "") + (" --no-torch" if args.no_torch else "")
-    all_correct = torch_rows + correct
+        f" --seed {args.seed}" if args.seed != parser.get_default("seed") else "") + (
+        " --no-torch" if args.no_torch else "") + (" --no-stress" if args.no_stress and not args.quick else "")
+    grid_correct = torch_rows + correct
     el_bugs = [r for r in bugs if r.reason == "elements"]
-    worst_correct = max((r.worst_units for r in all_correct), default=math.nan)
+    worst_grid = max((r.worst_units for r in grid_correct), default=math.nan)
+    worst_stress = max((r.worst_units for r in stress_rows), default=math.nan)
     mildest_bug = min((r.failing_units for r in el_bugs), default=math.nan)
+    def failures(rows: list[Row]) -> str:
+        failed = [r for r in rows if not r.passed]
+        if not failed:
+            return f"all {len(rows)} PASS"
+        return (f"**{len(failed)} of {len(rows)} FAILED** ({sum(r.reason == 'elements' for r in failed)} on elements, "
+                f"{sum(r.reason == 'bias' for r in failed)} on bias only)")
+
+    headline = (f"**Summary**: K = {DEFAULT_MAX_UNITS:g}. Correct kernels on the grid: worst {_units_text(worst_grid)} "
+                f"units, {failures(grid_correct)}"
+                + (f"; in the stress section: worst {_units_text(worst_stress)} units, {failures(stress_rows)}"
+                   if stress_rows else "")
+                + f". Planted bugs: mildest element-wise failure {_units_text(mildest_bug)} units, "
+                f"{sum(r.passed for r in bugs)} of {len(bugs)} PASS.")
     doc = [
         "# Error-model calibration table",
         "",
@@ -547,16 +581,21 @@ def main(argv: list[str] | None = None) -> int:
         "rule `run --reference` / `verify --inputs` apply. *Units*: the worst element's `max(0, |a - r| - ulp) / s`, "
         "s the error model's scale for that element (judge/model.py). An element fails above "
         f"K = {DEFAULT_MAX_UNITS:g} units (**bold** + `E`); an output also fails (`B`) on a systematic deviation "
-        f"(bias) more than {BIAS_Z:g} standard errors from zero and above {BIAS_FLOOR_UNITS:g} unit roundoffs. "
+        f"(bias) more than {BIAS_Z:g} standard errors from zero and above {BIAS_FLOOR_UNITS:g} unit roundoffs "
+        "(u = 2^-24), or with a channel that is. "
         "The bias column gives the output(s) whose bias is significant (`*`), otherwise the output with the largest z: "
-        "the fitted relative scale (actual ~ (1 + scale) * reference) and its z. M is the number of elements per channel.",
+        "the fitted relative scale (actual ~ (1 + scale) * reference) and its z. "
+        "M is the number of elements per channel.",
         "",
-        f"**Summary**: worst correct kernel {_units_text(worst_correct)} units; K = {DEFAULT_MAX_UNITS:g}; "
-        f"mildest element-wise-failing bug {_units_text(mildest_bug)} units.",
+        headline,
         "",
         *correct_summary("PyTorch CPU (correct)", torch_rows),
         *correct_summary("NumPy zoo (correct)", correct),
         *bug_summary(bugs, noops),
+        *(correct_summary("Stress, PyTorch CPU (correct)", [r for r in stress_rows if r.group == "torch"])
+          if any(r.group == "torch" for r in stress_rows) else []),
+        *(correct_summary("Stress, NumPy zoo (correct)", [r for r in stress_rows if r.group == "zoo"])
+          if stress_rows else []),
         "",
         "## PyTorch CPU (correct)",
         "",
@@ -582,12 +621,16 @@ def main(argv: list[str] | None = None) -> int:
         table(bugs),
         "",
     ]
+    if stress_rows:
+        doc += ["## Stress: diff_dst with |mean| >> sd (correct kernels)", "", stress_note, "", table(stress_rows), ""]
     text = "\n".join(doc)
     print(text)
-    print(f"runtime: {elapsed:.1f} s (torch {t_torch:.1f} s, zoo {elapsed - t_torch:.1f} s)", file=sys.stderr)
+    t_stress = elapsed - t_torch - t_zoo
+    print(f"runtime: {elapsed:.1f} s (torch {t_torch:.1f} s, zoo {t_zoo:.1f} s, stress {t_stress:.1f} s)",
+          file=sys.stderr)
     if args.write:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        args.out.write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
