@@ -10,7 +10,7 @@ and outputs with explicit --atol/--rtol/--ulp, use fixed dtype tolerances (judge
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -126,8 +126,8 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInp
             regression.add(xhat, r64, a64 - r64, where[1], usable)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, scaled.unit)
-    partial = state.result(bias)
-    return state.result(bias, hint_rules.diff_src_hints(partial, fit, facts, inputs))
+    comparison = state.result(bias)
+    return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
 
 
 def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts, output: str) -> Comparison:
@@ -138,8 +138,8 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, 
     state.add(a64, r64, 0, scale)
     noise = scale + ulp_spacing(r64, state.dtype) / 2
     bias = vector_bias(a64, r64, noise, state.rule.scaled.unit)
-    partial = state.result(bias)
-    return state.result(bias, hint_rules.sum_hints(output, partial, a64, r64, facts, inputs))
+    comparison = state.result(bias)
+    return replace(comparison, hints=hint_rules.sum_hints(output, comparison, a64, r64, facts, inputs))
 
 
 def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs | None, facts) -> Comparison:

@@ -436,7 +436,7 @@ class Accumulator:
         counts["zero_r"] += int((r == 0).sum())
         return finite
 
-    def result(self, bias: Bias | None = None, hints: tuple[str, ...] = ()) -> Comparison:
+    def result(self, bias: Bias | None = None) -> Comparison:
         shape, counts = self.shape, self.counts
         size = math.prod(shape)
         scaled = isinstance(self.rule, ScaledRule)
@@ -478,7 +478,6 @@ class Accumulator:
             zero_fraction_reference=zero_r,
             mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
             bias=bias,
-            hints=hints,
         )
 
 
