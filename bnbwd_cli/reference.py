@@ -10,12 +10,8 @@ import math
 
 import numpy as np
 
+from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis
-
-
-def to_float64(array: np.ndarray) -> np.ndarray:
-    """Upcast any float (bfloat16 included, via float32, which holds it exactly) to float64."""
-    return np.asarray(array).astype(np.float32 if array.dtype.itemsize == 2 else array.dtype).astype(np.float64)
 
 
 def exact_sum(values: np.ndarray) -> float:
