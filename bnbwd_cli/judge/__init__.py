@@ -115,15 +115,14 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInp
     scaled = state.rule.scaled
     model = diff_src_scale(facts, scaled.unit, inputs.training)
     a3, r3, dy3 = (layout.view3(x, inputs.data_format) for x in (a, r, inputs.diff_dst))
-    regression = ChannelRegression(a3.shape[1])
+    regression = ChannelRegression(a3.shape[1], state.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape):
             a64, r64, dy = to_float64(a3[where]), to_float64(r3[where]), to_float64(dy3[where])
             xhat = xhat_block(inputs, where, facts.mean, facts.invstd)
             scale = model.block(xhat, dy, r64, where[1])
             state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))
-            usable = np.isfinite(a64) & np.isfinite(r64) & np.isfinite(xhat)
-            regression.add(xhat, r64, a64 - r64, where[1], usable)
+            regression.add(xhat, r64, a64, dy, where[1])
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, scaled.unit)
     comparison = state.result(bias)
@@ -137,7 +136,9 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, 
     a64, r64 = to_float64(a.reshape(-1)), to_float64(r.reshape(-1))
     state.add(a64, r64, 0, scale)
     noise = scale + ulp_spacing(r64, state.dtype) / 2
-    bias = vector_bias(a64, r64, noise, state.rule.scaled.unit)
+    sys_beta, sys_gamma = facts.systematic(state.rule.scaled.unit)
+    systematic = sys_gamma if output == "diff_gamma" else sys_beta
+    bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic)
     comparison = state.result(bias)
     return replace(comparison, hints=hint_rules.sum_hints(output, comparison, a64, r64, facts, inputs))
 

@@ -20,11 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bnbwd_cli.dtypes import ulp_spacing
+
 from bnbwd_cli.judge.stats import Bias
-from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z
+from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 
 MIN_ELEMENTS = 8  # fewer elements per channel than this: no per-channel estimate
 MIN_CHANNELS = 4  # fewer channels than this: no scale for a (C,) output
+COLLINEAR = 1e-4  # smallest determinant of the basis' correlation matrix
+RESOLUTION = 4  # r's rms must be this many times the actual output's rms spacing
+CLUSTER_BITS = 6
+CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
 
 
 @dataclass(frozen=True)
@@ -41,47 +47,102 @@ class ChannelFit:
 
 
 class ChannelRegression:
-    """Sums of products of the basis [1, xhat, r] and d, per channel, over blocks."""
+    """Sums of products of the basis [1, xhat, r] and d, per channel and cluster, over blocks.
 
-    def __init__(self, channels: int) -> None:
-        self.gram = np.zeros((channels, 3, 3))
-        self.rhs = np.zeros((channels, 3))
+    Elements are not independent when the data is coarse: a reduced-precision diff_dst takes few
+    distinct values, and elements that share a value (or share a reference value) round the same
+    way under a correct kernel's constant sum error. The standard error is therefore the largest of
+    the plain least-squares one and two cluster-robust (sandwich) ones: clusters by diff_dst value
+    and by reference value, each hashed into CLUSTERS groups per channel (a union of clusters is
+    still a valid cluster, so hashing only costs degrees of freedom).
+    """
+
+    def __init__(self, channels: int, dtype: str) -> None:
+        # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
+        self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
+        self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
+        self.dtype = dtype
 
-    def add(self, xhat: np.ndarray, reference: np.ndarray, deviation: np.ndarray, channels: slice, usable: np.ndarray) -> None:
-        """Blocks of shape (n, c, s); `usable` masks finite elements."""
+    def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
+            channels: slice) -> None:
+        """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
+        usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
         w = usable.astype(np.float64)
         basis = (w, np.where(usable, xhat, 0.0), np.where(usable, reference, 0.0))
-        d = np.where(usable, deviation, 0.0)
-        for i in range(3):
-            self.rhs[channels, i] += np.einsum("ncs,ncs->c", basis[i], d)
-            for j in range(i, 3):
-                value = np.einsum("ncs,ncs->c", basis[i], basis[j])
-                self.gram[channels, i, j] += value
-                if i != j:
-                    self.gram[channels, j, i] += value
+        d = np.where(usable, actual - reference, 0.0)
+        c = basis[0].shape[1]
+        products = [(basis[i] * basis[j]).reshape(-1) for i, j in _PAIRS] + [(b * d).reshape(-1) for b in basis]
+        first = np.arange(c)[None, :, None] * CLUSTERS
+        for clustering, key in enumerate((diff_dst, reference)):
+            ids = (first + cluster_of(key)).reshape(-1)
+            for k, values in enumerate(products):
+                sums = np.bincount(ids, values, c * CLUSTERS).reshape(c, CLUSTERS)
+                self.cross[clustering, channels, :, k] += sums
         self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
+        spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
     def fit(self) -> ChannelFit:
-        count = self.gram[:, 0, 0]
-        norms = np.sqrt(np.diagonal(self.gram, axis1=1, axis2=2))
+        totals = self.cross[0].sum(axis=1)
+        gram = _symmetric(totals[:, :6])
+        rhs = totals[:, 6:]
+        count = gram[:, 0, 0]
+        norms = np.sqrt(np.diagonal(gram, axis1=1, axis2=2))
         safe = np.where(norms > 0, norms, 1.0)
-        gram = self.gram / safe[:, :, None] / safe[:, None, :]  # unit diagonal: better conditioned
-        rhs = self.rhs / safe
+        unit_gram = gram / safe[:, :, None] / safe[:, None, :]  # unit diagonal: better conditioned
         ok = (count >= MIN_ELEMENTS) & np.all(norms > 0, axis=1)
-        ok &= np.abs(np.linalg.det(np.where(ok[:, None, None], gram, np.eye(3)))) > 1e-12
-        inverse = np.linalg.inv(np.where(ok[:, None, None], gram, np.eye(3)))
-        coef = np.einsum("cij,cj->ci", inverse, rhs)
-        sse = np.maximum(self.dd - np.einsum("ci,ci->c", coef, rhs), 0.0)
+        # r nearly a multiple of xhat (diff_dst constant over the channel: diff_src is -k*xhat*
+        # diff_gamma/M) confounds scale with slope, a sum error with a scaling bug: no estimate.
+        ok &= np.abs(np.linalg.det(np.where(ok[:, None, None], unit_gram, np.eye(3)))) > COLLINEAR
+        # The output's resolution must show r's variation: where the actual values' spacing is
+        # not well below r's spread (a large correct sum error moved every element to one
+        # value), rounding makes d = -r exactly and a scale says nothing.
+        ok &= norms[:, 2] > RESOLUTION * np.sqrt(self.ulp_squares)
+        inverse = np.linalg.inv(np.where(ok[:, None, None], unit_gram, np.eye(3)))
+        coef = np.einsum("cij,cj->ci", inverse, rhs / safe)  # in the unit-diagonal basis
+        sse = np.maximum(self.dd - np.einsum("ci,ci->c", coef, rhs / safe), 0.0)
+        beta = coef / safe  # in the original basis
         with np.errstate(invalid="ignore", divide="ignore"):
             variance = sse / np.maximum(count - 3, 1)
             stderr = np.sqrt(variance * inverse[:, 2, 2]) / safe[:, 2]
-            coef = coef / safe
+            for cross in self.cross:
+                stderr = np.maximum(stderr, _robust_stderr(cross, beta, inverse, safe))
             rms = np.sqrt(variance)
             rms_x = norms[:, 1] / np.sqrt(np.maximum(count, 1))
             rms_r = norms[:, 2] / np.sqrt(np.maximum(count, 1))
         nan = np.where(ok, 1.0, np.nan)
-        return ChannelFit(coef[:, 0] * nan, coef[:, 1] * nan, coef[:, 2] * nan, stderr * nan, rms * nan, rms_x, rms_r)
+        return ChannelFit(beta[:, 0] * nan, beta[:, 1] * nan, beta[:, 2] * nan, stderr * nan, rms * nan, rms_x, rms_r)
+
+
+def _robust_stderr(cross: np.ndarray, beta: np.ndarray, inverse: np.ndarray, safe: np.ndarray) -> np.ndarray:
+    """Cluster-robust standard error of the r coefficient: bread = (X'X)^-1, meat = sum over
+    clusters of the outer products of each cluster's score X_g'(d_g - X_g beta)."""
+    scores = cross[:, :, 6:] - np.einsum("cgij,cj->cgi", _symmetric(cross[:, :, :6]), beta)
+    scores = scores / safe[:, None, :]  # into the unit-diagonal basis of `inverse`
+    meat = np.einsum("cgi,cgj->cij", scores, scores)
+    clusters = np.count_nonzero(cross[:, :, 0], axis=1)
+    correction = clusters / np.maximum(clusters - 1, 1)  # the usual small-sample factor G/(G-1)
+    row = inverse[:, 2, :]  # the r coefficient's row of the bread
+    variance = np.einsum("cj,cjk,ck->c", row, meat, row) * correction
+    return np.sqrt(np.maximum(variance, 0.0)) / safe[:, 2]
+
+
+_PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
+
+
+def _symmetric(entries: np.ndarray) -> np.ndarray:
+    """(..., 6) upper-triangle entries in _PAIRS order -> (..., 3, 3)."""
+    out = np.empty(entries.shape[:-1] + (3, 3))
+    for k, (i, j) in enumerate(_PAIRS):
+        out[..., i, j] = out[..., j, i] = entries[..., k]
+    return out
+
+
+def cluster_of(key: np.ndarray) -> np.ndarray:
+    """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing)."""
+    bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64)
+    return ((bits * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - CLUSTER_BITS)).astype(np.intp)
 
 
 def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | None:
@@ -104,8 +165,14 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
     return Bias(overall, overall_se, threshold, significant, flagged)
 
 
-def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, unit: float) -> Bias | None:
-    """One scale over the channels of a (C,) output: actual ~ (1 + scale) * reference, noise = its sd."""
+def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, unit: float,
+                systematic: np.ndarray | None = None) -> Bias | None:
+    """One scale over the channels of a (C,) output: actual ~ (1 + scale) * reference, noise = its sd.
+
+    ``systematic``: per-channel errors a correct kernel may make *in the same direction* on every
+    channel (a float32 accumulator's correlated roundings, judge/model.py); a scale up to
+    SYSTEMATIC_UNITS times what they would fit to is not a deviation.
+    """
     usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & (reference != 0)
     if usable.sum() < MIN_CHANNELS:
         return None
@@ -113,5 +180,8 @@ def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, un
     information = float(np.sum(w * r * r))
     scale = float(np.sum(w * r * d) / information)
     stderr = 1.0 / np.sqrt(information)
-    threshold = max(BIAS_Z * stderr, BIAS_FLOOR_UNITS * unit)
+    floor = BIAS_FLOOR_UNITS * unit
+    if systematic is not None:
+        floor = max(floor, SYSTEMATIC_UNITS * float(np.sum(w * np.abs(r) * systematic[usable]) / information))
+    threshold = max(BIAS_Z * stderr, floor)
     return Bias(scale, float(stderr), float(threshold), bool(abs(scale) > threshold), ())

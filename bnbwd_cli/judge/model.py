@@ -10,6 +10,12 @@ With unit roundoff u (2**-24 for any kernel that touches float32, 2**-53 for an 
   random-walk size ||x||_2 and take
         s_sum = u * sqrt(M) * (D + ||x||_2)
   (a sequential float32 sum, the worst realistic order, then averages ~0.5 units).
+  That assumes the roundings are independent. When the terms are all about the same (diff_dst
+  = 1000 + N(0, 1), say) and M*|mean|/sd approaches 1/u, every addition to a large partial sum
+  rounds the same way and the error grows like u*M*|S| instead. No closed form tracks that well,
+  so for float32 accumulation the model also runs the worst realistic order itself: a sequential
+  float32 sum in storage order, one accumulator per channel (what PyTorch's channels_last CPU
+  kernel does), and takes s_sum = max(the above, |its error|).
 - diff_beta = sum dy:        s_beta  = s_sum(dy)
 - diff_gamma = sum dy*xhat:  s_gamma = s_sum(dy*xhat) + u*|mean|*invstd*|diff_beta| + u*|diff_gamma|
   (the last two: a kernel may use a mean or variance one rounding away from the ones passed).
@@ -77,6 +83,8 @@ class ChannelFacts:
     drift_gamma: np.ndarray  # the same for dy*xhat
     norm_beta: np.ndarray  # ||dy||_2
     norm_gamma: np.ndarray  # ||dy*xhat||_2
+    sequential_beta: np.ndarray  # |error| of a sequential float32 sum of dy
+    sequential_gamma: np.ndarray  # the same for diff_gamma, the larger of two forms of its terms
 
     def sum_scales(self, unit: float) -> tuple[np.ndarray, np.ndarray]:
         """(s_beta, s_gamma): the error scale of diff_beta and diff_gamma, (C,) each."""
@@ -84,7 +92,17 @@ class ChannelFacts:
         s_beta = unit * root * (self.drift_beta + self.norm_beta)
         s_gamma = unit * (root * (self.drift_gamma + self.norm_gamma)
                           + np.abs(self.mean) * self.invstd * np.abs(self.diff_beta) + np.abs(self.diff_gamma))
+        if unit >= U32:  # float32 accumulation: correlated roundings (module docstring)
+            s_beta = np.maximum(s_beta, self.sequential_beta)
+            s_gamma = np.maximum(s_gamma, self.sequential_gamma)
         return s_beta, s_gamma
+
+    def systematic(self, unit: float) -> tuple[np.ndarray, np.ndarray]:
+        """The correlated part of (s_beta, s_gamma): errors that every channel may share."""
+        if unit < U32:
+            zero = np.zeros_like(self.sequential_beta)
+            return zero, zero
+        return self.sequential_beta, self.sequential_gamma
 
 
 def blocks(shape3: tuple[int, int, int], chunk: int = CHUNK) -> Iterator[tuple[slice, slice, slice]]:
@@ -153,23 +171,52 @@ class _Drift:
         self.squares[channels] += np.einsum("ncs,ncs->c", values, values)
 
 
+class _Sequential32:
+    """One float32 accumulator per channel, element by element in storage order, over blocks."""
+
+    def __init__(self, channels: int) -> None:
+        self.total = np.zeros(channels, np.float32)
+
+    def add(self, terms: np.ndarray, channels: slice) -> None:
+        """terms: (n, c, s) float32 block. np.cumsum is sequential (np.sum would be pairwise);
+        the carried total joins the first column."""
+        rows = terms.transpose(1, 0, 2).reshape(terms.shape[1], -1)
+        rows[:, 0] += self.total[channels]
+        self.total[channels] = np.cumsum(rows, axis=1, dtype=np.float32)[:, -1]
+
+
 def channel_facts(inputs: BackwardInputs) -> ChannelFacts:
     """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients."""
     dy3 = view3(inputs.diff_dst, inputs.data_format)
     channels = dy3.shape[1]
     mean, invstd, scale = channel_constants(inputs)
     beta, gamma = _Drift(channels), _Drift(channels)
+    # The sequential float32 sums: of dy, of dy*xhat, and of dy*(x - mean) as PyTorch's CPU kernel
+    # forms it (float32 difference and product; times invstd at the end). Two forms of diff_gamma's
+    # terms because correlated roundings depend on the exact terms: two realisations, not one.
+    seq_beta, seq_gamma, seq_centred = (_Sequential32(channels) for _ in range(3))
+    mean32 = mean.astype(np.float32)[:, None]
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(dy3.shape):
             dy = to_float64(dy3[where])
+            terms = dy * xhat_block(inputs, where, mean, invstd)
             beta.add(dy, where[1])
-            gamma.add(dy * xhat_block(inputs, where, mean, invstd), where[1])
+            gamma.add(terms, where[1])
+            dy32 = dy.astype(np.float32)
+            seq_beta.add(dy32.copy(), where[1])
+            seq_gamma.add(terms.astype(np.float32), where[1])
+            src32 = to_float64(view3(inputs.src, inputs.data_format)[where]).astype(np.float32)
+            seq_centred.add((src32 - mean32[where[1]]) * dy32, where[1])
     count = dy3.shape[0] * dy3.shape[2]
+    with np.errstate(invalid="ignore", over="ignore"):
+        centred_error = np.abs(seq_centred.total * invstd - gamma.total)
     return ChannelFacts(
         count=count, mean=mean, invstd=invstd, scale=scale,
         diff_beta=beta.total, diff_gamma=gamma.total,
         drift_beta=beta.drift, drift_gamma=gamma.drift,
         norm_beta=np.sqrt(beta.squares), norm_gamma=np.sqrt(gamma.squares),
+        sequential_beta=np.abs(seq_beta.total - beta.total),
+        sequential_gamma=np.maximum(np.abs(seq_gamma.total - gamma.total), centred_error),
     )
 
 

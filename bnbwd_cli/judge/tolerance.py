@@ -28,6 +28,9 @@ DEFAULT_MAX_UNITS = 16.0
 # BIAS_FLOOR_UNITS unit roundoffs (what a correct kernel's own per-channel roundings can shift).
 BIAS_Z = 6.0
 BIAS_FLOOR_UNITS = 16.0
+# diff_gamma/diff_beta: a common relative scale up to this many times the one a sequential float32
+# sum's correlated roundings fit to (judge/model.py) is what a correct kernel can do on such data.
+SYSTEMATIC_UNITS = 4.0
 
 
 @dataclass(frozen=True)
