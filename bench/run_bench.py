@@ -276,6 +276,30 @@ def cli_table(args, threads: int) -> list[str]:
     return lines
 
 
+def verify_table(args) -> list[str]:
+    """`bnbwd verify A.npz R.npz` against the same check done by hand: load both, assert_allclose."""
+    shape = (8, 64, 112, 112) if args.quick else (32, 64, 112, 112)  # 6.4M / 25.7M elements
+    lines = ["| verify two .npz files (diff_src %s f32 + diff_gamma, diff_beta) | wall s | peak RSS MiB |"
+             % "x".join(map(str, shape)), "|---|---|---|"]
+    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
+        rng = np.random.default_rng(2)
+        reference = {"diff_src": rng.standard_normal(shape, dtype=np.float32),
+                     "diff_gamma": rng.standard_normal(shape[1], dtype=np.float32),
+                     "diff_beta": rng.standard_normal(shape[1], dtype=np.float32)}
+        actual = {k: np.nextafter(v, np.float32(np.inf)) for k, v in reference.items()}  # 1 ulp off: passes
+        np.savez(f"{work}/a.npz", **actual)
+        np.savez(f"{work}/r.npz", **reference)
+        del reference, actual
+        by_hand = (f"import numpy as np; a = np.load('{work}/a.npz'); r = np.load('{work}/r.npz')\n"
+                   "for k in r.files: np.testing.assert_allclose(a[k], r[k], rtol=1e-5, atol=1e-5)")
+        base_seconds, base_rss = run_child([sys.executable, "-c", by_hand])
+        lines.append(f"| Python: np.load both, np.testing.assert_allclose | {base_seconds:.2f} | {base_rss:.0f} |")
+        for label, extra in (("bnbwd verify", []), ("bnbwd verify --json -", ["--json", "-"])):
+            seconds, rss = run_child([sys.executable, "-m", "bnbwd_cli", "verify", f"{work}/a.npz", f"{work}/r.npz", *extra])
+            lines.append(f"| {label} | {seconds:.2f} ({seconds / base_seconds:.2f}x by hand) | {rss:.0f} |")
+    return lines
+
+
 def oracle64(src, dy, mean, invstd, gamma, data_format):
     axes = tuple(i for i in range(src.ndim) if i != (1 if data_format == "NCX" else src.ndim - 1))
     shape = [1] * src.ndim
@@ -356,7 +380,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the CLI run's ~1 GB of .npy files go (default: $TMPDIR)")
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--skip", default="", help="comma list of tables to skip: speed,cli,accuracy")
+    parser.add_argument("--skip", default="", help="comma list of tables to skip: speed,cli,verify,accuracy")
     args = parser.parse_args()
     if args.torch_worker:
         torch_worker(args.torch_worker)
@@ -380,6 +404,10 @@ def main() -> None:
     if "cli" not in skip:
         lines = cli_table(args, threads)
         sections += ["## bnbwd run through the CLI (.npy files, page cache warm)", "", *lines, ""]
+        print("\n".join(lines), flush=True)
+    if "verify" not in skip:
+        lines = verify_table(args)
+        sections += ["## bnbwd verify through the CLI (.npz files, page cache warm)", "", *lines, ""]
         print("\n".join(lines), flush=True)
     if "accuracy" not in skip:
         lines = accuracy_table(args, torch_python, threads)
