@@ -7,6 +7,7 @@ real process in the middle of a write.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -19,13 +20,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bnbwd_cli import cli as cli_module
-from bnbwd_cli import tensor_io
+from bnbwd_cli.files import write as files_write
 from bnbwd_cli.cli import main
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.tensor_io import atomic_file, write_npy_dir, write_npz
+from bnbwd_cli.files.write import OutputSet, write_npy_dir, write_npz
 
 OLD_CONTENT = b"previous run's output: must survive a failed write"
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """One file as an output set of its own."""
+    with OutputSet() as outputs:
+        yield outputs.new_file(path)
 
 
 @pytest.fixture
@@ -75,7 +82,7 @@ class FailingFile:
 
 def fail_writes_after(monkeypatch, limit: int, error: BaseException) -> None:
     real_fdopen = os.fdopen
-    monkeypatch.setattr(tensor_io.os, "fdopen", lambda fd, *a, **k: FailingFile(real_fdopen(fd, *a, **k), limit, error))
+    monkeypatch.setattr(files_write.os, "fdopen", lambda fd, *a, **k: FailingFile(real_fdopen(fd, *a, **k), limit, error))
 
 
 def enospc() -> OSError:
@@ -134,9 +141,9 @@ def test_atomic_file_removes_temp_on_any_failure(tmp_path: Path, error: BaseExce
 def test_fsync_failure_is_one_line_and_keeps_the_old_file(tmp_path: Path, monkeypatch) -> None:
     target = tmp_path / "g.npz"
     target.write_bytes(OLD_CONTENT)
-    monkeypatch.setattr(tensor_io.os, "fsync", lambda fd: (_ for _ in ()).throw(enospc()))
-    with pytest.raises(BnbwdError, match=r"g\.npz: write failed \(\[Errno 28\] No space left on device\)"):
-        write_npz(target, {"a": np.ones(3)})
+    monkeypatch.setattr(files_write.os, "fsync", lambda fd: (_ for _ in ()).throw(enospc()))
+    with pytest.raises(BnbwdError, match=r"g\.npz: write failed \(No space left on device\)"):
+        write_npz(target, {"a": np.ones(3)}, fsync=True)
     assert listing(tmp_path) == ["g.npz"] and target.read_bytes() == OLD_CONTENT
 
 
@@ -151,7 +158,7 @@ def test_out_dir_is_all_or_nothing_when_a_later_file_fails(tmp_path: Path, monke
             raise enospc()
         real_save(stream, array, **kwargs)
 
-    monkeypatch.setattr(tensor_io.np, "save", save)
+    monkeypatch.setattr(files_write.np, "save", save)
     with pytest.raises(BnbwdError, match="No space left"):
         write_npy_dir(tmp_path, arrays)
     assert listing(tmp_path) == []  # diff_src.npy and diff_gamma.npy were complete, yet neither appears
@@ -167,9 +174,9 @@ def test_out_dir_fsync_failure_on_one_file_leaves_none(tmp_path: Path, monkeypat
             raise enospc()
         real_fsync(fd)
 
-    monkeypatch.setattr(tensor_io.os, "fsync", fsync)
+    monkeypatch.setattr(files_write.os, "fsync", fsync)
     with pytest.raises(BnbwdError, match="No space left"):
-        write_npy_dir(tmp_path, {"diff_src": np.ones(8), "diff_gamma": np.ones(2), "diff_beta": np.ones(2)})
+        write_npy_dir(tmp_path, {"diff_src": np.ones(8), "diff_gamma": np.ones(2), "diff_beta": np.ones(2)}, fsync=True)
     assert listing(tmp_path) == []
 
 
@@ -194,8 +201,8 @@ def test_disk_full_mid_write(bundle: Path, out: Path, monkeypatch, limit: int) -
 
 
 def test_disk_full_at_fsync(bundle: Path, out: Path, monkeypatch) -> None:
-    monkeypatch.setattr(tensor_io.os, "fsync", lambda fd: (_ for _ in ()).throw(enospc()))
-    result = run_cli(bundle, "--out-dir", out)
+    monkeypatch.setattr(files_write.os, "fsync", lambda fd: (_ for _ in ()).throw(enospc()))
+    result = run_cli(bundle, "--out-dir", out, "--fsync")
     assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
     assert listing(out) == []
 
@@ -209,7 +216,7 @@ def test_ctrl_c_mid_write_exits_130_and_leaves_nothing(bundle: Path, out: Path, 
 
 
 def test_rename_failure_removes_temp(bundle: Path, out: Path, monkeypatch) -> None:
-    monkeypatch.setattr(tensor_io.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
+    monkeypatch.setattr(files_write.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3 and "cross-device" in one_error_line(result)
     assert listing(out) == []
@@ -228,7 +235,7 @@ def test_read_only_output_directory(bundle: Path, out: Path) -> None:
 
 def test_read_only_output_directory_detected_up_front(bundle: Path, out: Path, monkeypatch) -> None:
     real_access = os.access
-    monkeypatch.setattr(cli_module.os, "access", lambda p, mode: False if Path(p) == out else real_access(p, mode))
+    monkeypatch.setattr(files_write.os, "access", lambda p, mode: False if Path(p) == out else real_access(p, mode))
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3
     assert re.search(r"output .*grads\.npz: directory .*out is not writable", one_error_line(result))
@@ -237,7 +244,14 @@ def test_read_only_output_directory_detected_up_front(bundle: Path, out: Path, m
 
 def test_read_only_file_system_at_create(bundle: Path, out: Path, monkeypatch) -> None:
     """The up-front check passes but creating the temp file fails (e.g. a read-only mount)."""
-    monkeypatch.setattr(tensor_io.tempfile, "mkstemp", lambda **kw: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only file system")))
+    real_open = os.open
+
+    def read_only_open(path, flags, mode=0o777, **kwargs):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(files_write.os, "open", read_only_open)
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3
     assert re.search(r"output .*grads\.npz: cannot create a file in .*Read-only file system", one_error_line(result))
@@ -248,7 +262,7 @@ SIGINT_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np
-    from bnbwd_cli import tensor_io
+    from bnbwd_cli.files import write as files_write
     from bnbwd_cli.cli import main
 
     real_savez = np.savez
@@ -259,7 +273,7 @@ SIGINT_SCRIPT = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered mid-write
         real_savez(stream, **arrays)
 
-    tensor_io.np.savez = savez_then_ctrl_c
+    files_write.np.savez = savez_then_ctrl_c
     main(sys.argv[1:], prog_name="bnbwd")
     """
 )
@@ -288,8 +302,8 @@ def npy_inputs(bundle: Path, directory: Path) -> list[str]:
 @pytest.mark.parametrize("target", ["-o", "--out-dir"])
 def test_stream_mode_failure_leaves_nothing(bundle: Path, out: Path, tmp_path: Path, monkeypatch, error, target) -> None:
     args = npy_inputs(bundle, tmp_path)
-    monkeypatch.setattr(tensor_io.os, "fsync", lambda fd: (_ for _ in ()).throw(error))
-    result = run_cli(*args, "--stream", target, out / "grads.npz" if target == "-o" else out)
+    monkeypatch.setattr(files_write.os, "fsync", lambda fd: (_ for _ in ()).throw(error))
+    result = run_cli(*args, "--stream", "--fsync", target, out / "grads.npz" if target == "-o" else out)
     assert result.exit_code == (3 if isinstance(error, OSError) else 130), result.stderr
     assert re.search("No space left|interrupted", one_error_line(result))
     assert listing(out) == []

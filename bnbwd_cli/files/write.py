@@ -144,20 +144,22 @@ class OutputSet:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+        where = self._entries[-1][0] if self._entries else None
         if exc is None:
             try:
                 self.commit()
             except BaseException as error:
                 self.abort()
-                self._raise(error)
+                self._raise(error, where)
             return
         self.abort()
-        self._raise(exc)
+        self._raise(exc, where)
 
-    def _raise(self, exc: BaseException) -> None:
+    @staticmethod
+    def _raise(exc: BaseException, where: Path | None) -> None:
         if isinstance(exc, OSError):
-            where = self._entries[-1][0] if self._entries else "output"
-            raise BnbwdError(f"output {where}: write failed ({reason(exc)}); nothing was written") from None
+            name = f"output {where}" if where is not None else "output"
+            raise BnbwdError(f"{name}: write failed ({reason(exc)}); nothing was written") from None
         raise exc
 
     def new_file(self, path: Path) -> BinaryIO:
