@@ -307,3 +307,239 @@ def test_stream_mode_failure_leaves_nothing(bundle: Path, out: Path, tmp_path: P
     assert result.exit_code == (3 if isinstance(error, OSError) else 130), result.stderr
     assert re.search("No space left|interrupted", one_error_line(result))
     assert listing(out) == []
+
+
+# ---------------------------------------------------------------- issue 13: destinations, odd paths, streamed outputs, faults
+
+
+@pytest.mark.parametrize("target", ["actual", "reference"])
+def test_verify_json_never_replaces_an_input(bundle: Path, out: Path, target: str) -> None:
+    """`bnbwd verify A.npz R.npz --json A.npz` replaced A.npz with JSON and exited 0."""
+    actual, reference = out / "a.npz", out / "r.npz"
+    assert run_cli(bundle, "-o", actual).exit_code == 0 and run_cli(bundle, "-o", reference).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    victim = actual if target == "actual" else reference
+    result = CliRunner().invoke(main, ["verify", str(actual), str(reference), "--json", str(victim)])
+    assert result.exit_code == 3
+    assert re.search(r"--json .*: is also an input .*refusing to overwrite it", one_error_line(result))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("flag,value", [("-o", ""), ("-o", "missing/"), ("-o", "sub/"), ("--json", "")],
+                         ids=["o-empty", "o-missing-dir-slash", "o-existing-dir-slash", "json-empty"])
+def test_empty_and_directory_output_names_are_refused(bundle: Path, out: Path, monkeypatch, flag: str, value: str) -> None:
+    """`-o ''` exited 0 writing nothing; `-o dir/` created a file named `dir`."""
+    monkeypatch.chdir(out)
+    (out / "sub").mkdir()
+    extra = ["-o", "grads.npz"] if flag == "--json" else []
+    result = run_cli(bundle, flag, value, *extra)
+    assert result.exit_code == 3
+    assert re.search(r"empty file name|is a directory, expected a file name", one_error_line(result))
+    assert listing(out) == ["sub"] and listing(out / "sub") == []
+
+
+@pytest.mark.parametrize("flag", ["-o", "--json"])
+def test_fifo_is_written_through_not_replaced(bundle: Path, out: Path, flag: str) -> None:
+    """`-o FIFO` replaced the named pipe by a regular file."""
+    fifo = out / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there: the writer's open does not block
+    try:
+        args = [flag, fifo] + (["-o", out / "grads.npz"] if flag == "--json" else [])
+        result = run_cli(bundle, *args)
+        assert result.exit_code == 0, result.stderr
+        data = os.read(reader, 1 << 20)
+    finally:
+        os.close(reader)
+    assert stat_is_fifo(fifo)
+    if flag == "-o":
+        with np.load(__import__("io").BytesIO(data)) as written:
+            assert sorted(written.files) == ["diff_beta", "diff_gamma", "diff_src"]
+    else:
+        assert b'"command": "run"' in data
+    assert [name for name in listing(out) if name.endswith(".tmp")] == []
+
+
+def stat_is_fifo(path: Path) -> bool:
+    import stat
+
+    return stat.S_ISFIFO(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("flag", ["-o", "--json", "--out-dir-json"])
+def test_long_valid_output_names_work(bundle: Path, out: Path, flag: str) -> None:
+    """A valid 245-character name failed: the temp name beside it was longer than NAME_MAX."""
+    name = "g" * 241 + ".npz"  # 245 characters
+    if flag == "-o":
+        args = ["-o", out / name]
+    else:
+        args = ["-o", out / "grads.npz", "--json", out / (name[:-4] + ".json" + "x" * 5)]
+    result = run_cli(bundle, *args)
+    assert result.exit_code == 0, result.stderr
+    assert all(len(n) <= 255 for n in listing(out)) and not [n for n in listing(out) if n.endswith(".tmp")]
+    assert len(listing(out)) == (1 if flag == "-o" else 2)
+
+
+@pytest.mark.parametrize("target", ["--out-dir", "--json"])
+def test_streamed_and_json_outputs_get_the_umask_mode(bundle: Path, out: Path, tmp_path: Path, target: str) -> None:
+    """The streamed diff_src got mkstemp's 0600; the JSON file too is created with the umask's mode."""
+    args = npy_inputs(bundle, tmp_path)
+    old = os.umask(0o027)
+    try:
+        extra = ["--out-dir", out] if target == "--out-dir" else ["-o", out / "g.npz", "--json", out / "facts.json"]
+        result = run_cli(*args, "--stream", *extra)
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.stderr
+    checked = out / ("diff_src.npy" if target == "--out-dir" else "facts.json")
+    assert checked.stat().st_mode & 0o777 == 0o640
+
+
+def test_stream_out_dir_is_all_or_nothing(bundle: Path, out: Path, tmp_path: Path, monkeypatch) -> None:
+    """`--stream --out-dir` renamed diff_src.npy before diff_gamma/diff_beta were written."""
+    args = npy_inputs(bundle, tmp_path)
+    real_save = np.save
+
+    def save(stream, array, **kwargs):
+        if array.ndim == 1:
+            raise enospc()
+        real_save(stream, array, **kwargs)
+
+    monkeypatch.setattr(files_write.np, "save", save)
+    result = run_cli(*args, "--stream", "--out-dir", out)
+    assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
+    assert listing(out) == []
+
+
+def test_stream_npz_stages_under_a_unique_name(bundle: Path, out: Path, tmp_path: Path) -> None:
+    """`--stream -o OUT.npz` staged at .OUT.npz.diff_src.npy, overwriting then deleting whatever was there."""
+    args = npy_inputs(bundle, tmp_path)
+    bystander = out / ".grads.npz.diff_src.npy"
+    bystander.write_bytes(OLD_CONTENT)
+    result = run_cli(*args, "--stream", "-o", out / "grads.npz")
+    assert result.exit_code == 0, result.stderr
+    assert listing(out) == [".grads.npz.diff_src.npy", "grads.npz"] and bystander.read_bytes() == OLD_CONTENT
+
+
+@pytest.mark.parametrize("target", ["-o", "--out-dir"])
+def test_stream_disk_full_at_preallocation(bundle: Path, out: Path, tmp_path: Path, monkeypatch, target: str) -> None:
+    """A full disk under the streamed output: exit 3 at the preallocation, nothing left (was SIGBUS, exit 135)."""
+    args = npy_inputs(bundle, tmp_path)
+    monkeypatch.setattr(files_write.os, "posix_fallocate", lambda fd, offset, size: (_ for _ in ()).throw(enospc()))
+    result = run_cli(*args, "--stream", target, out / "grads.npz" if target == "-o" else out)
+    assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
+    assert listing(out) == []
+
+
+def big_npy_inputs(directory: Path, shape=(2, 4, 64, 64)) -> list[str]:
+    rng = np.random.default_rng(5)
+    args = []
+    for key in ("src", "diff_dst"):
+        np.save(directory / f"{key}.npy", rng.normal(size=shape).astype(np.float32))
+        args += ["--" + key.replace("_", "-"), str(directory / f"{key}.npy")]
+    for key in ("mean", "variance"):
+        np.save(directory / f"{key}.npy", np.full(shape[1], 1.0, np.float32))
+        args += ["--" + key, str(directory / f"{key}.npy")]
+    return args + ["--epsilon", "1e-5", "--format", "NCHW"]
+
+
+@pytest.mark.parametrize("target", ["-o", "--out-dir"])
+def test_file_size_limit_is_a_clean_error(out: Path, tmp_path: Path, target: str) -> None:
+    """RLIMIT_FSIZE (`ulimit -f`) below the output's size: EFBIG, exit 3, nothing left behind."""
+    import resource
+
+    args = big_npy_inputs(tmp_path)  # diff_src: 128 KiB
+    destination = str(out / "grads.npz") if target == "-o" else str(out)
+    completed = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "-q", *args, "--stream", target, destination],
+                               capture_output=True, text=True, timeout=60,
+                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    assert completed.returncode == 3, completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"error: output .*: write failed \(File too large\)", lines[0]), completed.stderr
+    assert listing(out) == []
+
+
+TRUNCATE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from bnbwd_cli import kernels, streaming
+    from bnbwd_cli.cli import main
+
+    victim, real = sys.argv.pop(1), kernels.batchnorm_backward
+    streaming.STREAM_BLOCK_BYTES = 1  # one channel a block: the file is read again after the first block
+    calls = []
+
+    def truncate_then_compute(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            os.truncate(victim, 200)  # another process cuts the input short while bnbwd reads it
+        return real(*args, **kwargs)
+
+    kernels.batchnorm_backward = streaming.batchnorm_backward = truncate_then_compute
+    main(sys.argv[1:], prog_name="bnbwd")
+    """
+)
+
+
+@pytest.mark.parametrize("victim,target", [("src", "--out-dir"), ("diff_dst", "-o")])
+def test_input_truncated_while_streamed(out: Path, tmp_path: Path, victim: str, target: str) -> None:
+    """An input cut short during a --stream run: exit 3 and one line (was SIGBUS: exit 135, a temp file left)."""
+    args = big_npy_inputs(tmp_path)
+    destination = str(out / "grads.npz") if target == "-o" else str(out)
+    completed = subprocess.run([sys.executable, "-c", TRUNCATE_SCRIPT, str(tmp_path / f"{victim}.npy"), "run", "-q", *args,
+                                "--stream", target, destination], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 3, completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(rf"error: {victim} .*changed size while it was read", lines[0]), completed.stderr
+    assert listing(out) == []
+
+
+SIGTERM_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from bnbwd_cli import streaming
+    from bnbwd_cli.files import write as files_write
+    from bnbwd_cli.cli import main
+
+    real_savez, real_save = np.savez, np.save
+
+    def savez_then_term(stream, **arrays):
+        stream.write(b"PK\\x03\\x04 half an archive")
+        os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` (a CI timeout) mid-write
+        real_savez(stream, **arrays)
+
+    def save_then_term(stream, array, **kwargs):
+        real_save(stream, array, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    files_write.np.savez = savez_then_term
+    files_write.np.save = save_then_term
+    main(sys.argv[1:], prog_name="bnbwd")
+    """
+)
+
+
+@pytest.mark.parametrize("target", ["-o", "--stream-out-dir"])
+def test_sigterm_is_handled_like_ctrl_c(bundle: Path, out: Path, tmp_path: Path, target: str) -> None:
+    """SIGTERM mid-write: exit 143, one line, no temp file left (it left `.*.tmp` files behind)."""
+    if target == "-o":
+        args = [str(bundle), "-o", str(out / "grads.npz")]
+    else:
+        args = [*npy_inputs(bundle, tmp_path), "--stream", "--out-dir", str(out)]
+    completed = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT, "run", "-q", *args], capture_output=True, text=True,
+                               timeout=60)
+    assert completed.returncode == 143, completed.stderr
+    assert completed.stderr.strip().splitlines() == ["error: terminated (SIGTERM); no partial output file is left"]
+    assert listing(out) == []
+
+
+@pytest.mark.parametrize("flags,expected", [([], 0), (["--fsync"], 1)], ids=["default", "fsync"])
+@pytest.mark.parametrize("target", ["-o", "--out-dir"])
+def test_fsync_is_opt_in(bundle: Path, out: Path, monkeypatch, flags: list[str], expected: int, target: str) -> None:
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(files_write.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    result = run_cli(bundle, *flags, target, out / "grads.npz" if target == "-o" else out)
+    assert result.exit_code == 0
+    assert bool(synced) == bool(expected)

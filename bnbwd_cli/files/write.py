@@ -22,7 +22,7 @@ import stat
 import sys
 import zipfile
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -323,14 +323,15 @@ def _copy_stream(writer: NpyBlockWriter, member: BinaryIO) -> None:
         position += len(data)
 
 
-@contextlib.contextmanager
-def staging() -> Iterator[OutputSet]:
-    """A set of scratch files (e.g. the streamed diff_src before it goes into an .npz): always removed."""
-    scratch = OutputSet()
-    try:
-        yield scratch
-    finally:
-        scratch.abort()
+class Scratch(OutputSet):
+    """Scratch files (the streamed diff_src before it goes into an .npz): removed at the end, whatever happens."""
+
+    def commit(self) -> None:
+        self.abort()
+
+
+def staging() -> Scratch:
+    return Scratch()
 
 
 def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--json") -> None:
