@@ -446,7 +446,7 @@ def _save_npy_inputs(directory, arrays: dict) -> list[str]:
 
 @pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True), (["--core", "numba"], False)])
 def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, extra, streamed):
-    # Over STREAM_MIN_BYTES, .npy inputs are memory-mapped and diff_src goes through a memmap (the JSON says
+    # Over STREAM_MIN_BYTES, .npy inputs are read and diff_src written by blocks of channels (the JSON says
     # so), with the same results; an explicit --core numba keeps them in memory instead of refusing.
     if "numba" in extra:
         pytest.importorskip("numba")
@@ -460,7 +460,8 @@ def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, 
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["stream"] is streamed
-    assert document["core"] == ("numba" if "numba" in extra else "numpy")
+    if extra:  # auto picks numba for in-memory blocks once this process has loaded it (no start-up cost then)
+        assert document["core"] == ("numba" if "numba" in extra else "numpy")
     expect_oracle(load_npz(tmp_path / "out.npz"), arrays)
     result = cli("run", *flags, "--epsilon", "1e-3", "--format", "NCHW", "-o", tmp_path / "out2.npz", "--json", "-",
                  "-q", "--no-stream", *extra)
