@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -16,26 +18,78 @@ from bnbwd_cli import __version__, kernels, streaming
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.kernels import batchnorm_backward
-from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
+from bnbwd_cli.files import read as files_read
+from bnbwd_cli.files import write as files_write
+from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
     OUTPUT_NAMES,
     PROFILES,
+    check_bundle_keys,
     check_epsilon,
     inputs_from_bundle,
     validate_inputs,
 )
 from bnbwd_cli.render.text import make_console
 from bnbwd_cli.run_summary import RunFacts, render_run, run_json
-from bnbwd_cli.tensor_io import BFLOAT16, npz_bytes, read_array, read_bundle, read_tensor_set, write_npy_dir, write_npz
-from bnbwd_cli.verify_cli import comparison_options, report_comparison, verify
+from bnbwd_cli.verify_cli import comparison_options, fsync_option, report_comparison, verify
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that the same cleanup as for Ctrl-C runs."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal's signature
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception():
+    """SIGTERM -> Terminated for the duration (main thread only; elsewhere the default stays)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _echo_error(text: str) -> None:
+    """One line on stderr; a failing stderr cannot change the exit code."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(text, err=True)
+
+
 class BnbwdGroup(click.Group):
     """Maps failures that are not user errors to one line and a stable exit code."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
+        """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        with _sigterm_as_exception():
+            try:
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                code = code if isinstance(code, int) else 0
+                _flush_stdout()
+            except click.exceptions.Exit as exc:
+                code = exc.exit_code
+            except click.ClickException as exc:
+                with contextlib.suppress(OSError, ValueError):
+                    exc.show()
+                code = exc.exit_code
+            except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Ctrl-C while parsing the command line
+                code = _interrupted(exc.__context__ if isinstance(exc, click.exceptions.Abort) else exc)
+            except OSError as exc:  # stdout failed at the final flush
+                code = _stream_failed(exc)
+        sys.exit(code)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -45,13 +99,10 @@ class BnbwdGroup(click.Group):
                 return super().invoke(ctx)
         except MemoryError:
             raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
-        except KeyboardInterrupt:
-            click.echo("error: interrupted; no partial output file is left", err=True)
-            ctx.exit(130)
-        except BrokenPipeError:  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
-            _silence_stdout()
-            click.echo("error: stdout was closed before bnbwd finished writing to it (broken pipe)", err=True)
-            ctx.exit(ExitCode.INPUT)
+        except KeyboardInterrupt as exc:
+            ctx.exit(_interrupted(exc))
+        except OSError as exc:  # writing the report to stdout or stderr failed (closed, full device)
+            ctx.exit(_stream_failed(exc))
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
@@ -59,6 +110,30 @@ class BnbwdGroup(click.Group):
                 raise
             click.echo(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)", err=True)
             ctx.exit(ExitCode.INTERNAL)
+
+
+def _interrupted(exc: BaseException | None) -> int:
+    if isinstance(exc, Terminated):
+        _echo_error("error: terminated (SIGTERM); no partial output file is left")
+        return 128 + signal.SIGTERM
+    _echo_error("error: interrupted; no partial output file is left")
+    return 130
+
+
+def _stream_failed(exc: OSError) -> int:
+    """stdout or stderr failed: exit 3 (an output that cannot be written), never 1 or 4."""
+    _silence_stdout()
+    if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
+        _echo_error("error: stdout was closed before bnbwd finished writing to it (broken pipe)")
+    else:
+        _echo_error(f"error: cannot write to stdout or stderr ({files_read.reason(exc)})")
+    return ExitCode.INPUT
+
+
+def _flush_stdout() -> None:
+    stream = sys.stdout
+    if stream is not None:
+        stream.flush()
 
 
 def _silence_stdout() -> None:
@@ -80,7 +155,8 @@ def main(traceback: bool) -> None:
     Exit codes: 0 ok, 1 verification mismatch, 2 usage error,
                 3 input error (unreadable, malformed or inconsistent input,
                   or an output that cannot be written),
-                4 internal error (a bug: rerun with --traceback), 130 interrupted.
+                4 internal error (a bug: rerun with --traceback),
+                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
     \b
     Start with:  bnbwd run --help   and   bnbwd verify --help
@@ -110,9 +186,9 @@ Reduced precision is computed in float32 with float64 sums, rounded once.
 """
 
 
-def _output_paths(output: str | None, out_dir: Path | None, outputs: tuple[str, ...]) -> list[Path]:
-    if output and output != "-":
-        return [Path(output)]
+def _output_paths(output: str | None, out_dir: Path | None, outputs: tuple[str, ...]) -> list[str | Path]:
+    if output is not None and output != "-":
+        return [output]
     if out_dir is not None:
         return [out_dir / f"{name}.npy" for name in outputs]
     return []
@@ -120,7 +196,7 @@ def _output_paths(output: str | None, out_dir: Path | None, outputs: tuple[str, 
 
 def _input_paths(bundle: str | None, sources: dict[str, str]) -> list[Path]:
     paths = [bundle] if bundle else []
-    paths += [source.rpartition(":")[0] if ".npz:" in source.lower() else source for source in sources.values()]
+    paths += [split_source(source)[0] for source in sources.values()]
     return [Path(p) for p in paths if p != "-"]
 
 
@@ -132,29 +208,7 @@ def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Pa
     return [path / f"{name}.npy" for name in outputs] if path.is_dir() else [path]
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _check_destinations(destinations: list[Path], inputs: list[Path]) -> None:
-    """Fail before any work if an output cannot be written or would overwrite an input."""
-    for path in destinations:
-        parent = path.parent
-        if not parent.is_dir():
-            raise BnbwdError(f"output {path}: directory {parent} does not exist")
-        if path.is_dir():
-            raise BnbwdError(f"output {path}: is a directory, expected a file name")
-        if not os.access(parent, os.W_OK):
-            raise BnbwdError(f"output {path}: directory {parent} is not writable")
-        for source in inputs:
-            if _same_file(path, source) or path.resolve() == source.resolve():
-                raise BnbwdError(f"output {path}: is also an input ({source}); refusing to overwrite it")
-
-
-def _reinterpret_bf16(name: str, array: np.ndarray) -> np.ndarray:
+def _reinterpret_bf16(name: str, array):  # noqa: ANN001 - an ndarray or NpyBlocks
     if array.dtype == BFLOAT16:
         return array
     if array.dtype.itemsize != 2 or array.dtype.kind not in "uiV":
@@ -201,29 +255,33 @@ def _progress_callback(console, enabled: bool):
 @click.option("--bf16", "bf16_inputs", multiple=True, type=click.Choice(INPUT_NAMES),
               help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
-@click.option("--block-size", type=ByteSize(), help="Cache budget of one tile, e.g. 8M.  [default: from the CPU caches]")
+@click.option("--block-size", type=ByteSize(minimum=MIN_BLOCK_BYTES),
+              help=f"Cache budget of one tile, e.g. 8M; smaller values are raised to {MIN_BLOCK_BYTES >> 10}K.  "
+              "[default: from the CPU caches]")
 @click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
               help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; 4-20x faster kernel, "
               "~0.5 s start-up), numpy, or auto (numba when installed and src is in memory "
               "and >= 1 GiB, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
-@click.option("--stream/--no-stream", default=None, help="Out-of-core: map .npy inputs read-only and write diff_src "
-              "through a memmap (needs -o FILE.npz or --out-dir); --no-stream loads them.  [default: on when src and "
-              "diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the output is a file]")
+@click.option("--stream/--no-stream", default=None, help="Out-of-core: read src and diff_dst (.npy files) by blocks "
+              "of channels and write diff_src by blocks (needs -o FILE.npz or --out-dir); --no-stream loads them.  "
+              "[default: on when src and diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the "
+              "output is a file]")
+@fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
               "on mismatch. The options below tune it (--map KERNEL_KEY=OUR_KEY).")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size, core,
-        json_target, quiet, stream, reference, comparison) -> None:
+        json_target, quiet, stream, fsync, reference, comparison) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
     sources = {name: value for name, value in zip(INPUT_NAMES, (src, diff_dst, mean, variance, gamma, beta)) if value}
     stdin_users = [name for name, value in [("BUNDLE", bundle), *sources.items()] if value == "-"]
     if len(stdin_users) > 1:
         raise click.UsageError(f"only one input can come from stdin ('-'), got {', '.join(stdin_users)}")
-    if output and out_dir:
+    if output is not None and out_dir is not None:
         raise click.UsageError("give -o/--output or --out-dir, not both")
     if output == "-" and json_target == "-":
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
@@ -233,94 +291,136 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
-    destinations = _output_paths(output, out_dir, outputs)
     if out_dir is not None and not out_dir.is_dir():
         raise BnbwdError(f"output directory {out_dir} does not exist")
-    json_paths = [Path(json_target)] if json_target and json_target != "-" else []
-    _check_destinations(destinations + json_paths, _input_paths(bundle, sources) + _reference_paths(reference, outputs))
-    if json_paths and any(json_paths[0].resolve() == path.resolve() for path in destinations):
-        raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
+    input_paths = _input_paths(bundle, sources) + _reference_paths(reference, outputs)
+    destinations = files_write.vet_destinations(_output_paths(output, out_dir, outputs), input_paths)
+    if json_target is not None and json_target != "-":
+        json_path = files_write.vet_destination(json_target, input_paths, "--json")
+        if any(json_path.resolve() == path.resolve() for path in destinations):
+            raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
     if reference is not None and not Path(reference).exists():
         raise BnbwdError(f"reference {reference}: no such file or directory")
 
     profile = PROFILES[spec]
-    inputs, attributes = inputs_from_bundle(read_bundle(bundle), f"bundle ({bundle})") if bundle else ({}, {})
-    has_file_output = out_dir is not None or bool(output and output != "-")
-    # Large .npy inputs stream by themselves. With --core numba (which keeps mapped pages resident) only those
-    # too large to load safely do, and then the refusal below says why.
+    label = f"bundle ({bundle})"
+    inputs, attributes = ({}, {}) if not bundle else inputs_from_bundle(
+        read_bundle(bundle, check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    has_file_output = out_dir is not None or (output is not None and output != "-")
+    # Large .npy inputs stream by themselves. With --core numba only those too large to load safely do, and then
+    # the refusal below says why.
     if stream is None:
         stream = has_file_output and streaming.should_stream(sources, memory_only=core == "numba")
     if stream and not has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
-    if stream and core == "numba":
-        # Only the NumPy core drops mapped pages as it goes; numba over mapped files would grow to their size.
-        raise click.UsageError("--core numba keeps memory-mapped inputs resident; use --core numpy (or auto) with "
-                               "--stream (on by itself for inputs over a quarter of available memory)")
-    for name, source in sources.items():
-        inputs[name] = read_array(source, name, mmap=stream and name in ("src", "diff_dst"))
-    for name in bf16_inputs:
-        if name in inputs:
-            inputs[name] = _reinterpret_bf16(name, inputs[name])
-    data_format = data_format or attributes.get("data_format") or profile.default_format
-    epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
-    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
-    if profile.paired_param_grads and "diff_gamma" not in outputs:
-        inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
+    with contextlib.ExitStack() as stack:
+        for name, source in sources.items():
+            blocks = files_read.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
+            if blocks is not None:
+                stack.callback(blocks.close)
+            inputs[name] = blocks if blocks is not None else read_array(source, name)
+        for name in bf16_inputs:
+            if name in inputs:
+                inputs[name] = _reinterpret_bf16(name, inputs[name])
+        data_format = data_format or attributes.get("data_format") or profile.default_format
+        epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
+        canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
+        if profile.paired_param_grads and "diff_gamma" not in outputs:
+            inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
 
-    stderr_console = make_console(stderr=True)
-    progress_bar, on_progress = _progress_callback(
-        stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
-    started = time.perf_counter()
-    if progress_bar:
-        progress_bar.start()
-    staged: dict[str, Path] = {}
-    try:
-        with contextlib.ExitStack() as stack:
-            diff_src_out = None
-            if stream and "diff_src" in outputs:
-                diff_src_out, staged["diff_src"] = stack.enter_context(streaming.staged_diff_src(
-                    output, out_dir, inputs["src"].shape, inputs["src"].dtype))
+        stderr_console = make_console(stderr=True)
+        progress_bar, on_progress = _progress_callback(
+            stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
+        started = time.perf_counter()
+        if progress_bar:
+            stack.callback(progress_bar.stop)
+            progress_bar.start()
+        stats = {}
+        if stream:
+            run_options = streaming.StreamedRun(epsilon, canonical, not inference, variance_is_invstd, outputs,
+                                                block_size, threads, core)
+            arrays, stats, ran = _run_streamed(inputs, run_options, output, out_dir, fsync, on_progress,
+                                               keep_diff_src=reference is not None)
+        else:
             result = batchnorm_backward(
                 inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
                 epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
                 outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
-                diff_src_out=diff_src_out, core=core,
+                diff_src_out=None, core=core,
             )
-    finally:
+            arrays, ran = {name: getattr(result, name) for name in outputs}, result.core
+        elapsed = time.perf_counter() - started
         if progress_bar:
             progress_bar.stop()
-    elapsed = time.perf_counter() - started
-    arrays = {name: getattr(result, name) for name in outputs}
+        if not stream:
+            _write_outputs(arrays, output, out_dir, fsync)
 
+        facts = RunFacts(spec=profile.name, data_format=data_format.upper(), canonical_format=canonical,
+                         epsilon=None if variance_is_invstd else epsilon, training=not inference,
+                         inputs=inputs, outputs=arrays,
+                         written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
+                         elapsed_s=elapsed, core=ran, stream=stream, stats=stats)
+        stdout_busy = output == "-" or json_target == "-"
+        report_console = make_console(stderr=stdout_busy)
+        if json_target and reference is None:
+            files_write.write_text(json_target, run_json(facts) + "\n", fsync=fsync)
+        if not quiet:
+            render_run(report_console, stderr_console, facts)
+        if reference is not None:
+            # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
+            # every element its error scale (streamed inputs are read whole here: the judge needs them).
+            full = {name: read_array(sources[name], name) if isinstance(value, files_read.NpyBlocks) else value
+                    for name, value in inputs.items()}
+            problem = BackwardInputs(full["src"], full["diff_dst"], full["mean"], full["variance"], full.get("gamma"),
+                                     epsilon=epsilon, data_format=canonical, training=not inference,
+                                     variance_is_invstd=variance_is_invstd)
+            code = report_comparison(read_tensor_set(reference), arrays, comparison, report_console, json_target,
+                                     actual_label=reference, reference_label="bnbwd run", data_format=canonical,
+                                     inputs=problem, fsync=fsync)
+            click.get_current_context().exit(int(code))
+
+
+def _write_outputs(arrays: dict[str, np.ndarray], output: str | None, out_dir: Path | None, fsync: bool) -> None:
+    """In-memory outputs: an .npz (a file, a FIFO or device, or stdout) or a directory of .npy files."""
     if output == "-":
-        sys.stdout.buffer.write(npz_bytes(arrays))
-        sys.stdout.buffer.flush()
-    elif output and staged:
-        streaming.write_npz_staged(destinations[0], arrays, staged)
-    elif output:
-        write_npz(destinations[0], arrays)
+        files_write.write_stdout(files_write.npz_bytes(arrays))
+    elif output is not None:
+        files_write.write_npz(Path(output), arrays, fsync=fsync)
     elif out_dir is not None:
-        write_npy_dir(out_dir, {name: array for name, array in arrays.items() if name not in staged})
+        files_write.write_npy_dir(out_dir, arrays, fsync=fsync)
 
-    facts = RunFacts(spec=profile.name, data_format=data_format.upper(), canonical_format=canonical,
-                     epsilon=None if variance_is_invstd else epsilon, training=not inference,
-                     inputs=inputs, outputs=arrays, written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
-                     elapsed_s=elapsed, core=result.core, stream=stream)
-    stdout_busy = output == "-" or json_target == "-"
-    report_console = make_console(stderr=stdout_busy)
-    if json_target and reference is None:
-        _emit_json(json_target, run_json(facts))
-    if not quiet:
-        render_run(report_console, stderr_console, facts)
-    if reference is not None:
-        # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
-        # every element its error scale.
-        problem = BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-                                 epsilon=epsilon, data_format=canonical, training=not inference,
-                                 variance_is_invstd=variance_is_invstd)
-        code = report_comparison(read_tensor_set(reference), arrays, comparison, report_console, json_target,
-                                 actual_label=reference, reference_label="bnbwd run", data_format=canonical, inputs=problem)
-        click.get_current_context().exit(int(code))
+
+def _run_streamed(inputs: dict, run_options, output: str | None, out_dir: Path | None, fsync: bool, progress,
+                  keep_diff_src: bool) -> tuple[dict, dict, str]:
+    """--stream: diff_src written by blocks into a temp file, committed with the other outputs, all or nothing.
+
+    Returns (outputs, stats of the streamed ones, core that ran); a streamed diff_src is a shape-only stand-in
+    unless `keep_diff_src` (then it is read back, for --reference).
+    """
+    src = inputs["src"]
+    want_diff_src = "diff_src" in run_options.outputs
+    with contextlib.ExitStack() as stack:
+        if out_dir is not None:
+            outset = stack.enter_context(files_write.OutputSet(fsync=fsync))
+            staged_path = out_dir / "diff_src.npy"
+        else:
+            outset = stack.enter_context(files_write.staging())
+            destination = Path(output)
+            directory = Path(tempfile.gettempdir()) if files_write.is_write_through(destination) else destination.parent
+            staged_path = directory / f"{destination.name}.diff_src.npy"
+        writer = outset.new_npy(staged_path, src.shape, src.dtype) if want_diff_src else None
+        result = streaming.run_streamed(inputs, run_options, writer, progress)
+        arrays = {name: getattr(result, name) for name in run_options.outputs if name != "diff_src"}
+        stats = {}
+        if writer is not None:
+            diff_src = writer.read_all() if keep_diff_src else np.broadcast_to(np.zeros((), src.dtype), src.shape)
+            arrays = {"diff_src": diff_src, **arrays}
+            stats["diff_src"] = result.diff_src_stats
+        if out_dir is not None:
+            files_write.write_npy_dir(out_dir, {k: v for k, v in arrays.items() if k != "diff_src"}, outputs=outset)
+        else:
+            files_write.write_npz_with_streamed(destination, arrays, {"diff_src": writer} if writer else {}, fsync=fsync)
+    return arrays, stats, result.core
 
 
 def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_invstd: bool) -> float:
@@ -331,16 +431,6 @@ def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_
             return 1.0  # unused: the variance input already is 1/sqrt(var + eps)
         raise click.UsageError(f"missing --epsilon (spec {profile.name} has no default and the bundle has no 'epsilon')")
     return check_epsilon(epsilon, profile)
-
-
-def _emit_json(target: str, text: str) -> None:
-    if target == "-":
-        click.echo(text)
-        return
-    from bnbwd_cli.tensor_io import atomic_file
-
-    with atomic_file(Path(target)) as stream:
-        stream.write(text.encode() + b"\n")
 
 
 main.add_command(verify)

@@ -12,7 +12,7 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, resolve_format
-from bnbwd_cli.tensor_io import FLOAT_DTYPES, dtype_name
+from bnbwd_cli.files.read import FLOAT_DTYPES, dtype_name
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
@@ -100,12 +100,20 @@ def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str) -> tuple[dict[
             continue
         name = canonical_input_name(key)
         if name is None:
-            known = ", ".join([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS])
-            raise BnbwdError(f"{label}: unknown key {key!r}; expected one of {known}")
+            check_bundle_keys([key], label)
         if name in inputs:
             raise BnbwdError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
         inputs[name], seen_as[name] = array, key
     return inputs, attributes
+
+
+def check_bundle_keys(keys: list[str], label: str) -> None:
+    """Refuse a bundle key that is neither an input (by any spec's name) nor an attribute: from the names
+    alone, before any member is inflated."""
+    for key in keys:
+        if key not in ATTRIBUTE_KEYS and key not in IGNORED_KEYS and canonical_input_name(key) is None:
+            known = ", ".join([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS])
+            raise BnbwdError(f"{label}: unknown key {key!r}; expected one of {known}")
 
 
 def _attribute(key: str, array: np.ndarray, label: str) -> object:
@@ -118,7 +126,10 @@ def _attribute(key: str, array: np.ndarray, label: str) -> object:
     if array.dtype.kind not in "US":
         raise BnbwdError(f"{label}: 'data_format' must be a string, found dtype {array.dtype}")
     value = array.item()
-    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    if not text.strip():
+        raise BnbwdError(f"{label}: 'data_format' is empty; expected NCX, NXC or an alias (e.g. NCHW), or leave the entry out")
+    return text
 
 
 def check_epsilon(epsilon: float, profile: SpecProfile) -> float:

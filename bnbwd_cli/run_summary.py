@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bnbwd_cli.kernels import release_mapped_pages
-from bnbwd_cli.tensor_io import dtype_name
+from bnbwd_cli.files.read import dtype_name
 
 SCHEMA_VERSION = 1
 STATS_CHUNK = 1 << 20  # elements per chunk: summary statistics never make a full-size temporary
@@ -39,7 +39,8 @@ class RunFacts:
     stats: dict[str, OutputStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.stats.update({name: output_stats(array) for name, array in self.outputs.items()})
+        # Outputs written by blocks (--stream) come with their stats; the others are scanned here.
+        self.stats.update({name: output_stats(array) for name, array in self.outputs.items() if name not in self.stats})
 
 
 def output_stats(array: np.ndarray) -> OutputStats:

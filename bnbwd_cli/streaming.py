@@ -1,60 +1,33 @@
-"""Out-of-core runs: memory-mapped inputs, diff_src written through a memmap, atomically.
+"""Out-of-core runs: inputs read by channel blocks, diff_src written by channel blocks, no memory mapping.
 
-The core (kernels.batchnorm_backward) walks the tensor in cache-sized tiles, so over
-`np.load(mmap_mode="r")` inputs and a memmapped output only the tiles in flight are
-resident: peak memory stays bounded whatever the input size (the page cache holds
-the rest and the kernel may drop it).
+Channels are independent in batch norm, so the core runs on one block of channels at a time: the block's
+src and diff_dst are read with explicit reads (files.read.NpyBlocks: any byte order or memory order,
+a file truncated while it is read is a clean error), the core computes, and the block of diff_src is
+written with pwrite into a preallocated temp file (files.write.NpyBlockWriter: a full disk fails at the
+preallocation). Peak memory is about STREAM_BLOCK_BYTES (at least one channel), whatever the input size.
+The core's reduction order is fixed per channel, so the bits are those of an in-memory run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
-import zipfile
-from pathlib import Path
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
-from numpy.lib import format as npy_format
 
-from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files.read import NpyBlocks, available_memory, npy_data_bytes
+from bnbwd_cli.files.write import NpyBlockWriter
+from bnbwd_cli.kernels import BackwardResult, batchnorm_backward
+from bnbwd_cli.layout import channel_axis
+from bnbwd_cli.run_summary import OutputStats, output_stats
 
 # Stream automatically when src + diff_dst (.npy files) exceed this share of available memory, or this size:
-# from a few hundred MB up, mapping beats loading on both time and memory (measured, 2-core EPYC, f32 NCHW:
-# 0.27 GB of inputs 0.65 s / 113 MiB streamed against 0.84 s / 431 MiB loaded; 1.07 GB 1.95 s / 112 MiB
-# against 3.96 s / 1586 MiB), because loading page-faults in a private copy of every input first.
+# from a few hundred MB up, reading by blocks beats loading on memory (and a private copy of every input).
 STREAM_MEMORY_FRACTION = 0.25
 STREAM_MIN_BYTES = 256 << 20
-COPY_CHUNK = 16 << 20
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), in bytes; None elsewhere."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def npy_data_bytes(source: str) -> int:
-    """Data size of a plain .npy path from its header (0 for anything else: npz, stdin, unreadable)."""
-    path = Path(source)
-    if source == "-" or not path.is_file():
-        return 0
-    try:
-        with path.open("rb") as stream:
-            version = npy_format.read_magic(stream)
-            reader = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
-            shape, _, dtype = reader(stream)
-        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    except (OSError, ValueError, EOFError, SyntaxError):
-        return 0
+# Working set of one block of channels: src and diff_dst (as read and native), diff_src and the core's scratch.
+STREAM_BLOCK_BYTES = 256 << 20
+BYTES_PER_ELEMENT_FACTOR = 6
 
 
 def should_stream(sources: dict[str, str], *, memory_only: bool = False) -> bool:
@@ -68,78 +41,83 @@ def should_stream(sources: dict[str, str], *, memory_only: bool = False) -> bool
     return bool(limits) and needed > min(limits)
 
 
-@contextlib.contextmanager
-def memmap_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> Iterator[np.ndarray]:
-    """A writable memmap of a new .npy, created as a temp file beside `path`, renamed over it on success.
+@dataclass(frozen=True)
+class StreamedRun:
+    """What batchnorm_backward needs besides the arrays (its keyword arguments, as the in-memory run passes them)."""
 
-    bfloat16 is stored as np.save stores it (raw |V2), so the file round-trips.
-    """
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
-    except OSError as exc:
-        raise BnbwdError(f"output {path}: cannot create a file in {directory} ({exc.strerror})") from None
-    try:
-        stored = np.dtype("V2") if dtype.kind == "V" or dtype.name == "bfloat16" else dtype
-        array = npy_format.open_memmap(temp_name, mode="w+", dtype=stored, shape=shape)
-        yield array.view(dtype) if stored != dtype else array
-        array.flush()
-        del array
-        with open(temp_name, "rb+") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temp_name, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        if isinstance(exc, OSError):
-            raise BnbwdError(f"output {path}: write failed ({exc.strerror or exc})") from None
-        raise
+    epsilon: float
+    data_format: str
+    training: bool
+    variance_is_invstd: bool
+    outputs: tuple[str, ...]
+    block_bytes: int | None
+    threads: int | None
+    core: str
 
 
-def add_npy_to_zip(archive: zipfile.ZipFile, key: str, npy_path: Path) -> None:
-    """Copy a .npy file into an .npz member `key.npy` in chunks (stored, zip64): no full-size buffer."""
-    with npy_path.open("rb") as source, archive.open(f"{key}.npy", "w", force_zip64=True) as member:
-        shutil.copyfileobj(source, member, COPY_CHUNK)
+@dataclass(frozen=True)
+class StreamedResult:
+    """diff_gamma/diff_beta in memory (None if not asked for), diff_src's stats (it is in the writer's file)."""
+
+    diff_gamma: np.ndarray | None
+    diff_beta: np.ndarray | None
+    diff_src_stats: OutputStats | None
+    core: str
 
 
-def add_array_to_zip(archive: zipfile.ZipFile, key: str, array: np.ndarray) -> None:
-    """A small array as an .npz member, as np.savez writes it."""
-    with archive.open(f"{key}.npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+def _block(source, axis: int, c0: int, c1: int) -> np.ndarray:  # noqa: ANN001 - NpyBlocks or ndarray
+    if isinstance(source, NpyBlocks):
+        return source.channels(axis, c0, c1)
+    return np.ascontiguousarray(source[(slice(None),) * axis + (slice(c0, c1),)])
 
 
-@contextlib.contextmanager
-def staged_diff_src(output: str | None, out_dir: Path | None, shape: tuple[int, ...],
-                    dtype: np.dtype) -> Iterator[tuple[np.ndarray, Path]]:
-    """A memmap for diff_src that becomes DIR/diff_src.npy (--out-dir) or a staging .npy beside OUT.npz.
-
-    Yields (memmap, path it has on success). For an .npz the caller builds the archive
-    with write_npz_staged and the staging file is removed.
-    """
-    if out_dir is not None:
-        path = out_dir / "diff_src.npy"
-    elif output and output != "-":
-        destination = Path(output)
-        path = destination.with_name(f".{destination.name}.diff_src.npy")
-    else:
-        raise BnbwdError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
-    with memmap_npy(path, shape, dtype) as array:
-        yield array, path
+def channel_ranges(channels: int, per_channel_bytes: int, budget: int = 0) -> list[tuple[int, int]]:
+    """Blocks of whole channels whose working set fits `budget` (at least one channel a block)."""
+    width = max((budget or STREAM_BLOCK_BYTES) // max(per_channel_bytes, 1), 1)
+    return [(c0, min(c0 + width, channels)) for c0 in range(0, channels, width)]
 
 
-def write_npz_staged(path: Path, arrays: dict[str, np.ndarray], staged: dict[str, Path]) -> None:
-    """An .npz (stored, zip64) from small arrays plus members copied from staged .npy files; atomic."""
-    from bnbwd_cli.tensor_io import atomic_file
+def _merge(a: OutputStats | None, b: OutputStats) -> OutputStats:
+    if a is None:
+        return b
+    return OutputStats(min(a.minimum, b.minimum), max(a.maximum, b.maximum), a.nonfinite + b.nonfinite)
 
-    try:
-        with atomic_file(path) as stream, zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for key, array in arrays.items():
-                if key in staged:
-                    add_npy_to_zip(archive, key, staged[key])
-                else:
-                    add_array_to_zip(archive, key, array)
-    finally:
-        for staged_path in staged.values():
-            with contextlib.suppress(OSError):
-                os.unlink(staged_path)
+
+def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | None,
+                 progress: Callable[[int, int], None] | None = None) -> StreamedResult:
+    """The backward pass over `inputs` (src/diff_dst: NpyBlocks or arrays; the (C,) stats: arrays), block by block."""
+    src = inputs["src"]
+    axis = channel_axis(run.data_format, src.ndim)
+    channels = src.shape[axis]
+    per_channel = (src.size // channels if channels else 0) * src.dtype.itemsize * BYTES_PER_ELEMENT_FACTOR
+    sums: dict[str, list[np.ndarray]] = {"diff_gamma": [], "diff_beta": []}
+    stats, core, done = None, "numpy", 0
+    for c0, c1 in channel_ranges(channels, per_channel):
+        def block_progress(finished: int, total: int, base: int = done, size: int = per_channel // BYTES_PER_ELEMENT_FACTOR // src.dtype.itemsize * (c1 - c0)) -> None:
+            if progress is not None:
+                progress(base + finished * size // max(total, 1), src.size)
+
+        gamma = inputs.get("gamma")
+        result: BackwardResult = batchnorm_backward(
+            _block(src, axis, c0, c1), _block(inputs["diff_dst"], axis, c0, c1), inputs["mean"][c0:c1],
+            inputs["variance"][c0:c1], gamma[c0:c1] if gamma is not None else None,
+            epsilon=run.epsilon, data_format=run.data_format, training=run.training,
+            variance_is_invstd=run.variance_is_invstd, outputs=run.outputs, block_bytes=run.block_bytes,
+            threads=run.threads, progress=block_progress, core=run.core,
+        )
+        core = result.core
+        done += src.size // channels * (c1 - c0)
+        if result.diff_src is not None and diff_src_out is not None:
+            diff_src_out.write_channels(axis, c0, c1, result.diff_src)
+            stats = _merge(stats, output_stats(result.diff_src))
+        for name in sums:
+            if getattr(result, name) is not None:
+                sums[name].append(getattr(result, name))
+    if progress is not None:
+        progress(src.size, src.size)
+    empty = np.zeros(0, dtype=inputs["mean"].dtype)
+    gathered = {name: (np.concatenate(parts) if parts else empty) if name in run.outputs else None
+                for name, parts in sums.items()}
+    if channels == 0 and diff_src_out is not None:
+        stats = output_stats(np.zeros(src.shape, dtype=src.dtype))
+    return StreamedResult(gathered["diff_gamma"], gathered["diff_beta"], stats, core)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,12 +17,13 @@ import numpy as np
 
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report
-from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import BackwardInputs, compare_sets
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
 from bnbwd_cli.params import FORMAT_CHOICE
-from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, inputs_from_bundle, validate_inputs
-from bnbwd_cli.tensor_io import read_bundle, read_tensor_set
+from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_bundle_keys, check_epsilon, inputs_from_bundle, validate_inputs
+from bnbwd_cli.files import write as files_write
+from bnbwd_cli.files.read import read_bundle, read_tensor_set
 
 # --------------------------------------------------------------------------- click types
 
@@ -218,6 +220,7 @@ def report_comparison(
     reference_label: str = "reference",
     data_format: str | None = None,
     inputs: BackwardInputs | None = None,
+    fsync: bool = False,
 ) -> ExitCode:
     """Compare two tensor sets, print the report (and JSON), return the exit code.
 
@@ -244,10 +247,8 @@ def report_comparison(
     if json_target != "-":
         report.render_report(stdout_console, result, verbose=options.verbose, brief=options.brief, **labels)
     if json_target is not None:
-        try:
-            report_json.write_json(report_json.report_document(result, **labels), json_target)
-        except OSError as exc:
-            raise BnbwdError(f"--json {json_target}: cannot write ({exc.strerror or exc})") from None
+        files_write.write_text(json_target, report_json.document_text(report_json.report_document(result, **labels)),
+                               fsync=fsync)
     report.print_problems(result)
     return result.exit_code
 
@@ -308,11 +309,24 @@ Examples:
 """
 
 
+fsync_option = click.option(
+    "--fsync", is_flag=True,
+    help="fsync each output file and its directory before the command ends (survives a power loss; slower). "
+    "Without it outputs are still atomic: complete under their name, or absent.")
+
+
+def _input_files(source: str) -> list[Path]:
+    """The files a tensor-set argument reads (a directory: its .npy files), which no output may replace."""
+    path = Path(source)
+    return sorted(path.glob("*.npy")) if path.is_dir() else [path]
+
+
 def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
                       variance_is_invstd: bool) -> BackwardInputs:
     """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them."""
     label = f"--inputs ({bundle})"
-    inputs, attributes = inputs_from_bundle(read_bundle(bundle, label), label)
+    inputs, attributes = inputs_from_bundle(
+        read_bundle(bundle, "--inputs", check_keys=lambda keys: check_bundle_keys(keys, label)), label)
     profile = PROFILES["generic"]
     data_format = data_format or attributes.get("data_format") or profile.default_format
     epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
@@ -334,11 +348,15 @@ def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | Non
 @click.option("--epsilon", type=float, help="With --inputs: epsilon, when the bundle has none.")
 @click.option("--inference", is_flag=True, help="With --inputs: the kernel is TF's is_training=False backward.")
 @click.option("--variance-is-invstd", is_flag=True, help="With --inputs: variance holds 1/sqrt(var+eps).")
+@fsync_option
 @comparison_options
 def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: float | None, inference: bool,
-           variance_is_invstd: bool, comparison: ComparisonOptions, json_target: str | None) -> None:
+           variance_is_invstd: bool, fsync: bool, comparison: ComparisonOptions, json_target: str | None) -> None:
     if inputs_bundle is None and (epsilon is not None or inference or variance_is_invstd):
         raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
+    if json_target is not None and json_target != "-":
+        sources = _input_files(actual) + _input_files(reference) + ([Path(inputs_bundle)] if inputs_bundle else [])
+        files_write.vet_destination(json_target, sources, "--json")
     actual_set = read_tensor_set(actual)
     reference_set = read_tensor_set(reference)
     inputs = None
@@ -354,5 +372,6 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
         actual_label=actual,
         reference_label=reference,
         inputs=inputs,
+        fsync=fsync,
     )
     click.get_current_context().exit(int(code))

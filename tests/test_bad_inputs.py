@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import textwrap
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -559,3 +560,189 @@ def test_process_substitution_inputs(ws: Workspace, cut: bool) -> None:
     else:
         assert completed.returncode == 0, completed.stderr
         assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
+
+
+# ---------------------------------------------------------------- issue 13: bounds before work, odd paths, streams, signals
+
+
+def bnbwd_cmd(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Any bnbwd command (verify too) in a real process."""
+    return subprocess.run([sys.executable, "-m", "bnbwd_cli", *args], capture_output=True, timeout=60, **kwargs)
+
+
+def test_unknown_npz_members_are_never_inflated(ws: Workspace, monkeypatch) -> None:
+    """An unknown key fails from its name alone: the member is never opened, let alone inflated."""
+    arrays = make_inputs()
+    bundle = ws.write("bundle.npz", npz_of({**{f"{k}.npy": npy_bytes(v) for k, v in arrays.items()},
+                                            "epsilon.npy": npy_bytes(np.array(EPSILON)),
+                                            "junk.npy": npy_bytes(np.zeros(4096, np.float32))}, zipfile.ZIP_DEFLATED))
+    opened = []
+    real_open = zipfile.ZipFile.open
+    monkeypatch.setattr(zipfile.ZipFile, "open", lambda self, name, *a, **k: opened.append(getattr(name, "filename", name))
+                        or real_open(self, name, *a, **k))
+    outputs = ws.write("outputs.npz", npz_of({"diff_beta.npy": npy_bytes(np.zeros(3, np.float32))}))
+    for command in (["run", bundle, "--format", "NCHW", "-o", str(ws.out / "grads.npz")],
+                    ["verify", outputs, outputs, "--inputs", bundle]):
+        opened.clear()
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 3 and re.search(r"unknown key 'junk'", error_line(result)), result.stderr
+        assert "junk.npy" not in opened, opened
+    assert list(ws.out.iterdir()) == []
+
+
+def lying_member(data: bytes, declared: int) -> bytes:
+    """A one-member deflated .npz whose local and central headers declare `declared` uncompressed bytes."""
+    archive = bytearray(npz_of({"diff_dst.npy": data}, zipfile.ZIP_DEFLATED))
+    local = archive.index(b"PK\x03\x04")
+    central = archive.index(b"PK\x01\x02")
+    archive[local + 22 : local + 26] = struct.pack("<I", declared)
+    archive[central + 24 : central + 28] = struct.pack("<I", declared)
+    return bytes(archive)
+
+
+@pytest.mark.parametrize("where", ["flag", "bundle"])
+def test_declared_size_beyond_deflate_ratio_is_refused_before_inflating(ws: Workspace, where: str) -> None:
+    """A 1 KB deflated member that declares 4 GB: refused from the headers (today it is read as if nothing were wrong)."""
+    data = lying_member(npy_bytes(make_inputs()["diff_dst"]), 0xF0000000)
+    if where == "flag":
+        args = [ws.bundle(), "--diff-dst", ws.write("dy.npz", data) + ":diff_dst"]
+    else:
+        args = [ws.write("b2.npz", data)]
+    result = CliRunner().invoke(main, ["run", *args, "-o", str(ws.out / "grads.npz")])
+    assert result.exit_code == 3 and re.search(r"declares 4026531840 bytes .*more than deflate can produce", error_line(result))
+    assert list(ws.out.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["bundle", "stdin"])
+def test_declared_sizes_over_available_memory_fail_before_reading(ws: Workspace, monkeypatch, mode: str) -> None:
+    from bnbwd_cli.files import read as files_read
+
+    monkeypatch.setattr(files_read, "memory_cap", lambda: 1000 if mode == "bundle" else 5000)  # bundle: 1032 bytes
+    if mode == "bundle":
+        result = CliRunner().invoke(main, ["run", ws.bundle(), "-o", str(ws.out / "grads.npz")])
+        pattern = r"bundle .*arrays declare \d+ bytes, more than the memory available"
+    else:
+        big = npy_bytes(np.zeros(2000, np.float32))
+        result = CliRunner().invoke(main, ["run", ws.bundle(), "--mean", "-", "-o", str(ws.out / "grads.npz")], input=big)
+        pattern = r"mean \(stdin\): header declares shape \(2000,\) float32 \(8000 bytes\), more than the memory available"
+    assert result.exit_code == 3 and re.search(pattern, error_line(result)), result.stderr
+    assert list(ws.out.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("feed,code", [("yes", 3), ('cat "$2"; yes', 0)], ids=["endless-garbage", "npy-then-endless"])
+def test_stdin_is_checked_at_the_magic_and_read_only_as_far_as_declared(ws: Workspace, feed: str, code: int) -> None:
+    """An endless stream on stdin: garbage fails at its first bytes; a .npy is read to its declared size, no further."""
+    dy = ws.npy("dy.npy", make_inputs()["diff_dst"])
+    script = f'({feed}) | "$0" -m bnbwd_cli run -q "$1" --diff-dst - -o "$3"'
+    completed = subprocess.run(["bash", "-c", script, sys.executable, ws.bundle(), dy, str(ws.out / "grads.npz")],
+                               capture_output=True, timeout=30)
+    assert completed.returncode == code, completed.stderr
+    if code:
+        assert_one_error(completed.stderr, r"diff_dst \(stdin\): not a valid \.npy or \.npz \(starts with b'y\\ny\\n")
+        assert list(ws.out.iterdir()) == []
+    else:
+        assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(...)")
+@pytest.mark.parametrize("command", ["verify", "reference"])
+def test_pipe_paths_work_in_verify_and_reference(ws: Workspace, command: str) -> None:
+    bundle = ws.bundle()
+    reference = ws.out / "ref.npz"
+    assert CliRunner().invoke(main, ["run", "-q", bundle, "-o", str(reference)]).exit_code == 0
+    if command == "verify":
+        script = '"$0" -m bnbwd_cli verify --brief <(cat "$1") <(cat "$1") --inputs <(cat "$2")'
+    else:
+        script = '"$0" -m bnbwd_cli run -q "$2" --reference <(cat "$1") --brief'
+    completed = subprocess.run(["bash", "-c", script, sys.executable, str(reference), bundle], capture_output=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert [p.name for p in ws.out.iterdir()] == ["ref.npz"]
+
+
+BOOL_SHAPE_NPY = npy_with_header({"descr": "<f4", "fortran_order": False, "shape": (True,)}, b"\0" * 4)
+
+
+@pytest.mark.parametrize("where", ["npy", "npz-member"])
+def test_non_integer_in_shape_tuple_is_an_input_error(ws: Workspace, where: str) -> None:
+    """A bool in the shape tuple reached NumPy's reshape and gave exit 4 (internal error)."""
+    if where == "npy":
+        args = [ws.bundle(), "--mean", ws.write("mean.npy", BOOL_SHAPE_NPY)]
+    else:
+        args = [ws.bundle(), "--mean", ws.write("m.npz", npz_of({"mean.npy": BOOL_SHAPE_NPY})) + ":mean"]
+    result = CliRunner().invoke(main, ["run", *args, "-o", str(ws.out / "grads.npz")])
+    assert result.exit_code == 3, result.stderr
+    assert re.search(r"mean .*not a valid \.npy file \(shape \(True,\) is not a tuple of integers\)", error_line(result))
+    assert list(ws.out.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", "   "], ids=["empty", "blank"])
+@pytest.mark.parametrize("command", ["run", "verify"])
+def test_empty_data_format_entry_is_an_error_not_absent(ws: Workspace, value: str, command: str) -> None:
+    bundle = ws.bundle(data_format=np.array(value))
+    if command == "run":
+        result = CliRunner().invoke(main, ["run", bundle, "-o", str(ws.out / "grads.npz")])
+    else:
+        result = CliRunner().invoke(main, ["verify", bundle, bundle, "--inputs", bundle])
+    assert result.exit_code == 3, result.stderr
+    assert re.search(r"'data_format' is empty", error_line(result))
+    assert list(ws.out.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", ["1", "100"])
+def test_tiny_block_size_is_raised_to_the_minimum(ws: Workspace, size: str) -> None:
+    """`--block-size 1` made one tile per element (minutes for a 2 MB problem); now it is raised to 64K."""
+    import time
+
+    arrays = make_inputs(shape=(4, 8, 32, 32))
+    started = time.perf_counter()
+    result = CliRunner().invoke(main, ["run", "-q", ws.bundle(arrays), "--block-size", size, "-o", str(ws.out / "grads.npz")])
+    assert result.exit_code == 0, result.stderr
+    assert time.perf_counter() - started < 3
+    with np.load(ws.out / "grads.npz") as written:
+        expected = reference_backward(*(arrays[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),
+                                      epsilon=EPSILON, data_format="NCX")
+        np.testing.assert_allclose(written["diff_beta"], expected["diff_beta"], rtol=1e-5)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args,stream", [(["-o", "-"], "stdout"), ([], "stdout"), (["--json", "-"], "stdout"),
+                                         (["--src", "missing.npy"], "stderr")],
+                         ids=["npz-to-full-stdout", "report-to-full-stdout", "json-to-full-stdout", "error-to-full-stderr"])
+def test_failing_output_streams_exit_3(ws: Workspace, args: list[str], stream: str) -> None:
+    """stdout on a full device gave exit 4; a failing stderr turned an input error into exit 1."""
+    if "-o" not in args:
+        args = [*args, "-o", str(ws.out / "grads.npz")] if stream == "stdout" else args
+    with open("/dev/full", "wb") as full:
+        redirect = {"stdout": full} if stream == "stdout" else {"stderr": full, "stdout": subprocess.PIPE}
+        completed = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", ws.bundle(), *args],
+                                   **({"stderr": subprocess.PIPE} if stream == "stdout" else {}), **redirect, timeout=60)
+    assert completed.returncode == 3, completed.stderr
+    if stream == "stdout":
+        assert_one_error(completed.stderr, r"cannot write to stdout|stdout: write failed")
+    assert [p.name for p in ws.out.iterdir()] in ([], ["grads.npz"])
+
+
+STARTUP_INTERRUPT = textwrap.dedent(
+    """
+    import builtins, runpy, sys
+    real_import = builtins.__import__
+    target = sys.argv[1]
+
+    def ctrl_c_while_importing(name, *args, **kwargs):
+        if name == target:
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    builtins.__import__ = ctrl_c_while_importing
+    sys.argv = ["bnbwd", "run", "--help"]
+    runpy.run_module("bnbwd_cli", run_name="__main__")
+    """
+)
+
+
+@pytest.mark.parametrize("module", ["numpy", "rich.console"])
+def test_ctrl_c_during_start_up_prints_no_traceback(module: str) -> None:
+    completed = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT, module], capture_output=True, timeout=60)
+    assert completed.returncode == 130
+    assert completed.stderr.decode().strip().splitlines() == ["error: interrupted; no partial output file is left"]

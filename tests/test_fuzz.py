@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from bnbwd_cli.cli import main
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.kernels import batchnorm_backward
-from bnbwd_cli.tensor_io import read_array, read_bundle
+from bnbwd_cli.files.read import read_array, read_bundle
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # mutated floats overflow in the comparisons
 

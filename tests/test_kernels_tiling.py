@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from bnbwd_cli import kernels, streaming
+from bnbwd_cli.files.read import NpyBlocks
+from bnbwd_cli.files.write import OutputSet
 from bnbwd_cli.kernels import batchnorm_backward as _batchnorm_backward
 from bnbwd_cli.kernels import float_to_half, half_to_float, plan_groups
 from bnbwd_cli.reference import reference_backward
@@ -97,8 +99,12 @@ def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtyp
     mapped = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
     assert kernels._file_mappings(*mapped)
     in_memory = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
-    with streaming.memmap_npy(tmp_path / "out.npy", src.shape, src.dtype) as out:
-        result = batchnorm_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out, block_bytes=512)
+    out = np.lib.format.open_memmap(tmp_path / "out.npy", mode="w+", dtype="V2" if dtype is ml_dtypes.bfloat16 else src.dtype,
+                                    shape=src.shape)
+    result = batchnorm_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out.view(src.dtype),
+                                block_bytes=512)
+    out.flush()
+    del out
     written = np.load(tmp_path / "out.npy")
     if dtype is ml_dtypes.bfloat16:
         written = written.view(ml_dtypes.bfloat16)
@@ -107,11 +113,42 @@ def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtyp
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-def test_failed_memmap_write_leaves_nothing(tmp_path):
+def test_failed_block_write_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
-        with streaming.memmap_npy(tmp_path / "out.npy", (4, 4), np.dtype(np.float32)):
+        with OutputSet() as outputs:
+            outputs.new_npy(tmp_path / "out.npy", (4, 4), np.dtype(np.float32)).write_channels(1, 0, 2, np.ones((4, 2), np.float32))
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+STREAM_CASES = [((3, 5, 4, 6), "NCX", "C"), ((3, 4, 6, 5), "NXC", "C"), ((3, 5, 4, 6), "NCX", "F"), ((3, 4, 6, 5), "NXC", "F"),
+                ((2, 7, 3), "NCX", "big-endian"), ((40, 7), "NXC", "big-endian")]
+
+
+@pytest.mark.parametrize("shape,data_format,storage", STREAM_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
+def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, shape, data_format, storage, dtype):
+    """Out-of-core by blocks of channels (here 1-2 channels a block): any byte or memory order, the same bits."""
+    if storage == "big-endian" and dtype is ml_dtypes.bfloat16:
+        pytest.skip("bfloat16 has no byte order in .npy (|V2)")
+    src, diff_dst, *stats = _inputs(rng, shape, data_format, dtype)
+    for name, array in (("src", src), ("dy", diff_dst)):
+        stored = np.asfortranarray(array) if storage == "F" else array
+        stored = stored.astype(stored.dtype.newbyteorder(">")) if storage == "big-endian" else stored
+        np.save(tmp_path / f"{name}.npy", stored)
+    per_channel = src.size // src.shape[1 if data_format == "NCX" else -1] * src.itemsize * streaming.BYTES_PER_ELEMENT_FACTOR
+    monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", per_channel * 2)
+    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
+              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
+    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), None, None, "numpy")
+    with OutputSet() as outputs:
+        writer = outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype)
+        result = streaming.run_streamed(inputs, run, writer)
+    in_memory = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
+    written = np.load(tmp_path / "out.npy")
+    assert written.tobytes() == in_memory.diff_src.tobytes()
+    assert result.diff_gamma.tobytes() == in_memory.diff_gamma.tobytes()
+    assert result.diff_beta.tobytes() == in_memory.diff_beta.tobytes()
 
 
 def test_cli_stream_outputs_match(cli, tmp_path, rng):

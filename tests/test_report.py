@@ -11,7 +11,8 @@ from rich.console import Console
 
 from bnbwd_cli.judge import CompareSettings, SetComparison, compare_sets
 from bnbwd_cli.judge.tolerance import PerOutput
-from bnbwd_cli.render.json import SCHEMA_VERSION, report_document, write_json
+from bnbwd_cli.files.write import write_text
+from bnbwd_cli.render.json import SCHEMA_VERSION, document_text, report_document
 from bnbwd_cli.render.text import coordinates, fmt, render_report
 
 
@@ -249,6 +250,6 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     assert [p["kind"] for p in document["problems"]] == ["shape", "missing", "extra"]
     nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, CompareSettings())
     path = tmp_path / "r.json"
-    write_json(report_document(nan_case, actual_label="a", reference_label="r"), str(path))
+    write_text(str(path), document_text(report_document(nan_case, actual_label="a", reference_label="r")))
     loaded = json.loads(path.read_text())["outputs"][0]["comparison"]
     assert loaded["min_atol"] is None and loaded["worst"][0]["abs_err"] is None

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from typing import Any, TextIO
+from typing import Any
 
 from bnbwd_cli.judge import SetComparison
 from bnbwd_cli.judge.stats import Bias, Comparison, Located
@@ -129,11 +128,6 @@ def report_document(result: SetComparison, *, actual_label: str, reference_label
     }
 
 
-def write_json(document: dict[str, Any], target: str, stdout: TextIO | None = None) -> None:
-    """Write the document to a path, or to stdout for "-"."""
-    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
-    if target == "-":
-        (stdout or sys.stdout).write(text)
-        return
-    with open(target, "w", encoding="utf-8") as handle:
-        handle.write(text)
+def document_text(document: dict[str, Any]) -> str:
+    """The document as JSON text (files.write writes it: one writer for every output)."""
+    return json.dumps(document, indent=2, allow_nan=False) + "\n"
