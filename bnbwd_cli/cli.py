@@ -12,10 +12,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bnbwd_cli import __version__, kernels, streaming
+from bnbwd_cli import __version__, streaming
+from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
-from bnbwd_cli.kernels import batchnorm_backward
 from bnbwd_cli.params import FORMAT_CHOICE, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
@@ -229,7 +229,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
     if output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
-    if core == "numba" and not kernels.numba_available():
+    if core == "numba" and not compute_core.numba_available():
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
@@ -280,12 +280,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             if stream and "diff_src" in outputs:
                 diff_src_out, staged["diff_src"] = stack.enter_context(streaming.staged_diff_src(
                     output, out_dir, inputs["src"].shape, inputs["src"].dtype))
-            result = batchnorm_backward(
-                inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-                epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
-                outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
-                diff_src_out=diff_src_out, core=core,
-            )
+            op = compute_core.Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+                                 epsilon=epsilon, data_format=canonical, training=not inference,
+                                 variance_is_invstd=variance_is_invstd)
+            result = compute_core.backward(op, compute_core.Settings(
+                outputs=outputs, diff_src_out=diff_src_out, block_bytes=block_size, threads=threads,
+                progress=on_progress, core=core))
     finally:
         if progress_bar:
             progress_bar.stop()

@@ -9,7 +9,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bnbwd_cli.kernels import release_mapped_pages
+from bnbwd_cli.core.numpy_core import release_mapped_pages
 from bnbwd_cli.tensor_io import dtype_name
 
 SCHEMA_VERSION = 1

@@ -1,6 +1,6 @@
 """Out-of-core runs: memory-mapped inputs, diff_src written through a memmap, atomically.
 
-The core (kernels.batchnorm_backward) walks the tensor in cache-sized tiles, so over
+The NumPy core (core/numpy_core.py) walks the tensor in cache-sized tiles, so over
 `np.load(mmap_mode="r")` inputs and a memmapped output only the tiles in flight are
 resident: peak memory stays bounded whatever the input size (the page cache holds
 the rest and the kernel may drop it).
