@@ -351,8 +351,12 @@ def _row_partials(src2, dy2, mean_col, shape, partials):
 
 
 @njit(parallel=True, cache=True)
-def _row_write(src2, dy2, out2, columns, exponents, training):
-    """diff_src over (row block, column range) tasks; columns (4, C·S): mean, mean(dy), k, scale per column."""
+def _row_write(src2, dy2, out2, columns, exponents, flags):
+    """diff_src over (row block, column range) tasks; columns (4, C·S): mean, mean(dy), k, scale per column.
+
+    flags: (training, scaled); without per-column exponents the loop has no branch and vectorises.
+    """
+    training, scaled = flags
     n, width = src2.shape
     blocks = (n + WRITE_ROWS - 1) // WRITE_ROWS
     ranges = (width + WRITE_COLUMNS - 1) // WRITE_COLUMNS
@@ -369,8 +373,12 @@ def _row_write(src2, dy2, out2, columns, exponents, training):
             g = dy2[i, k0:k1]
             x = src2[i, k0:k1]
             o = out2[i, k0:k1]
-            for j in range(k1 - k0):
-                _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training))
+            if scaled:
+                for j in range(k1 - k0):
+                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training))
+            else:
+                for j in range(k1 - k0):
+                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, training))
 
 
 # ---------------------------------------------------------------- driver
@@ -446,7 +454,7 @@ def run(problem, threads: int) -> np.ndarray:
         del partials
     if want_out:
         _row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(problem, sums), s, axis=1),
-                   np.repeat(exponents, s), problem.training)
+                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None))
     return sums
 
 
