@@ -157,7 +157,7 @@ def dtype_of(name: str) -> np.dtype:
 
 
 def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str], str | None]:
-    from bnbwd_cli.kernels import batchnorm_backward, numba_available
+    from bnbwd_cli.core import Op, Settings, backward, numba_available
 
     shapes = {"L2": (8, 32, 14, 14), "L3": (16, 64, 64, 64), "DRAM": (64, 128, 56, 56)}
     dtypes = ["float32", "bfloat16", "float16"]
@@ -175,12 +175,11 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
                 c = base[1]
                 mean, var, gamma = np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(c, np.float32)
                 out = np.empty_like(src)
-                core = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
-                                                          diff_src_out=out, threads=threads, core="numpy"), reps)
+                op = Op(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format)
+                core = best_of(lambda: backward(op, Settings(diff_src_out=out, threads=threads, core="numpy")), reps)
                 fast = None
                 if numba_available():
-                    fast = best_of(lambda: batchnorm_backward(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format,
-                                                              diff_src_out=out, threads=threads, core="numba"), reps)
+                    fast = best_of(lambda: backward(op, Settings(diff_src_out=out, threads=threads, core="numba")), reps)
                 naive = best_of(lambda: naive_numpy(src, dy, mean, var, gamma, data_format), max(reps // 2, 1))
                 bound = 3 * src.nbytes / bandwidth
                 rows.append(dict(size=size, format=data_format, dtype=dtype_name, shape=shape, mb=src.nbytes / 1e6,
@@ -264,7 +263,7 @@ def cli_table(args, threads: int) -> list[str]:
         runs = [("bnbwd run --no-stream --out-dir (loaded, NumPy core)", ["--out-dir", str(work / "a"), "--no-stream",
                                                                             "--core", "numpy"]),
                 ("bnbwd run --out-dir (default: streams)", ["--out-dir", str(work / "b")])]
-        from bnbwd_cli.kernels import numba_available
+        from bnbwd_cli.core import numba_available
 
         if numba_available():
             runs.insert(1, ("bnbwd run --no-stream --core numba --out-dir (loaded)",
@@ -318,7 +317,7 @@ def normalised(actual, expected) -> float:
 
 
 def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
-    from bnbwd_cli.kernels import batchnorm_backward, numba_available
+    from bnbwd_cli.core import Op, Settings, backward, numba_available
 
     cores = ["numpy", "numba"] if numba_available() else ["numpy"]
     m_target = 2_000_000 if args.quick else 10_000_000
@@ -347,8 +346,9 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                     expected = oracle64(src, dy, mean, invstd, gamma, data_format)
                     errors = {}
                     for core in cores:
-                        ours = batchnorm_backward(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
-                                                  variance_is_invstd=True, threads=threads, core=core)
+                        op = Op(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
+                                variance_is_invstd=True)
+                        ours = backward(op, Settings(threads=threads, core=core))
                         errors[core] = [normalised(getattr(ours, k), e)
                                         for k, e in zip(("diff_src", "diff_gamma", "diff_beta"), expected)]
                         del ours
@@ -385,7 +385,7 @@ def main() -> None:
     if args.torch_worker:
         torch_worker(args.torch_worker)
         return
-    from bnbwd_cli.kernels import default_block_bytes, usable_cores
+    from bnbwd_cli.core.numpy_core import default_block_bytes, usable_cores
 
     threads = args.threads or usable_cores()
     torch_python = find_torch_python(args.torch_python)

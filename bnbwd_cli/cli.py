@@ -14,10 +14,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bnbwd_cli import __version__, kernels, streaming
+from bnbwd_cli import __version__, streaming
+from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
-from bnbwd_cli.kernels import batchnorm_backward
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
@@ -287,7 +287,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
     if output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
-    if core == "numba" and not kernels.numba_available():
+    if core == "numba" and not compute_core.numba_available():
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
@@ -342,12 +342,11 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             arrays, stats, ran = _run_streamed(inputs, run_options, output, out_dir, fsync, on_progress,
                                                keep_diff_src=reference is not None)
         else:
-            result = batchnorm_backward(
-                inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-                epsilon=epsilon, data_format=canonical, training=not inference, variance_is_invstd=variance_is_invstd,
-                outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress,
-                diff_src_out=None, core=core,
-            )
+            op = compute_core.Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+                                 epsilon=epsilon, data_format=canonical, training=not inference,
+                                 variance_is_invstd=variance_is_invstd)
+            result = compute_core.backward(op, compute_core.Settings(
+                outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress, core=core))
             arrays, ran = {name: getattr(result, name) for name in outputs}, result.core
         elapsed = time.perf_counter() - started
         if progress_bar:

@@ -9,7 +9,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bnbwd_cli.kernels import release_mapped_pages
 from bnbwd_cli.files.read import dtype_name
 
 SCHEMA_VERSION = 1
@@ -35,7 +34,7 @@ class RunFacts:
     written: list[str]
     elapsed_s: float
     core: str = "numpy"  # the core that ran
-    stream: bool = False  # inputs memory-mapped, diff_src written through a memmap
+    stream: bool = False  # out of core: inputs and diff_src moved by channel blocks
     stats: dict[str, OutputStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -55,8 +54,6 @@ def output_stats(array: np.ndarray) -> OutputStats:
         if finite.any():
             values = chunk[finite]
             lowest, highest = min(lowest, float(values.min())), max(highest, float(values.max()))
-        if start % (STATS_CHUNK * 16) == 0:
-            release_mapped_pages(array)  # a memmapped (--stream) output: keep RSS bounded
     return OutputStats(lowest if flat.size else float("nan"), highest if flat.size else float("nan"), nonfinite)
 
 

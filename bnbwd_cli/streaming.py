@@ -17,7 +17,7 @@ import numpy as np
 
 from bnbwd_cli.files.read import NpyBlocks, available_memory, npy_data_bytes
 from bnbwd_cli.files.write import NpyBlockWriter
-from bnbwd_cli.kernels import BackwardResult, batchnorm_backward
+from bnbwd_cli import core as compute_core
 from bnbwd_cli.layout import channel_axis
 from bnbwd_cli.run_summary import OutputStats, output_stats
 
@@ -43,7 +43,7 @@ def should_stream(sources: dict[str, str], *, memory_only: bool = False) -> bool
 
 @dataclass(frozen=True)
 class StreamedRun:
-    """What batchnorm_backward needs besides the arrays (its keyword arguments, as the in-memory run passes them)."""
+    """What core.backward needs besides the arrays (its keyword arguments, as the in-memory run passes them)."""
 
     epsilon: float
     data_format: str
@@ -98,13 +98,14 @@ def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | 
                 progress(base + finished * size // max(total, 1), src.size)
 
         gamma = inputs.get("gamma")
-        result: BackwardResult = batchnorm_backward(
+        op = compute_core.Op(
             _block(src, axis, c0, c1), _block(inputs["diff_dst"], axis, c0, c1), inputs["mean"][c0:c1],
             inputs["variance"][c0:c1], gamma[c0:c1] if gamma is not None else None,
             epsilon=run.epsilon, data_format=run.data_format, training=run.training,
-            variance_is_invstd=run.variance_is_invstd, outputs=run.outputs, block_bytes=run.block_bytes,
-            threads=run.threads, progress=block_progress, core=run.core,
-        )
+            variance_is_invstd=run.variance_is_invstd)
+        result = compute_core.backward(op, compute_core.Settings(
+            outputs=run.outputs, block_bytes=run.block_bytes, threads=run.threads, progress=block_progress,
+            core=run.core))
         core = result.core
         done += src.size // channels * (c1 - c0)
         if result.diff_src is not None and diff_src_out is not None:

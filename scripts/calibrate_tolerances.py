@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff  # noqa: E402
 from bnbwd_cli.judge import CompareSettings, compare_sets  # noqa: E402
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS  # noqa: E402
-from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
+from bnbwd_cli.core import Op, Settings, backward  # noqa: E402
 from tests import zoo  # noqa: E402
 
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
@@ -137,8 +137,9 @@ class Row:
 
 def truth_of(problem: dict) -> dict:
     """bnbwd's own outputs (NumPy core): the reference side."""
-    bn = batchnorm_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-                            epsilon=problem["epsilon"], data_format=problem["data_format"], core="numpy")
+    op = Op(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+            epsilon=problem["epsilon"], data_format=problem["data_format"])
+    bn = backward(op, Settings(core="numpy"))
     return {"diff_src": bn.diff_src, "diff_gamma": bn.diff_gamma, "diff_beta": bn.diff_beta}
 
 

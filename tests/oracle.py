@@ -1,10 +1,14 @@
-"""How tests measure agreement with the float64 oracle."""
+"""How tests call the core and measure agreement with the oracles (float64 and long double)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 
-from bnbwd_cli.reference import to_float64
+from bnbwd_cli.core import BackwardResult, Op, Settings, backward
+from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 
 # Normalised max error bounds per T1 (issue 3): max|out - ref| / max|ref|.
 BOUNDS = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -30,3 +34,59 @@ def problem_arrays(problem: dict):
         rng.uniform(0.5, 9.0, size=channels).astype(stats_dtype),
         rng.uniform(0.5, 2.0, size=channels).astype(stats_dtype) if problem["with_gamma"] else None,
     )
+
+
+def backward_arrays(src, diff_dst, mean, variance, gamma=None, **options) -> BackwardResult:
+    """core.backward for loose arrays and keywords, as tests like to call it: Op's and Settings' fields by name."""
+    op_fields = {f.name for f in dataclasses.fields(Op)}
+    op = Op(src, diff_dst, mean, variance, gamma, **{k: v for k, v in options.items() if k in op_fields})
+    return backward(op, Settings(**{k: v for k, v in options.items() if k not in op_fields}))
+
+
+def exact_backward(src, diff_dst, mean, variance, gamma, *, epsilon: float, data_format: str,
+                   training: bool = True) -> dict[str, np.ndarray]:
+    """The outputs in long double (x87's 64-bit significand where NumPy has it) with math.fsum-exact sums.
+
+    Every product and difference is formed in long double, so the oracle's own error is ~2**-64 of the
+    terms: far below an ulp of float32, and a fair judge of faithful rounding.
+    """
+    wide = np.longdouble
+    axis = 1 if data_format == "NCX" else src.ndim - 1
+    x = np.moveaxis(to_float64(src), axis, -1).reshape(-1, src.shape[axis]).astype(wide)
+    dy = np.moveaxis(to_float64(diff_dst), axis, -1).reshape(-1, src.shape[axis]).astype(wide)
+    count = x.shape[0]
+    invstd = 1 / np.sqrt(to_float64(variance).astype(wide) + wide(epsilon))
+    scale = invstd * (to_float64(gamma).astype(wide) if gamma is not None else 1)
+    d = x - to_float64(mean).astype(wide)
+    sum_dy = np.array([_exact_sum(column) for column in dy.T], dtype=wide)
+    sum_dy_d = np.array([_exact_sum(column) for column in (dy * d).T], dtype=wide)
+    if training:
+        diff_src = (dy - sum_dy / count - d * (invstd * invstd * sum_dy_d / count)) * scale
+    else:
+        diff_src = dy * scale
+    layout_shape = tuple(np.delete(src.shape, axis)) + (src.shape[axis],)
+    return {"diff_src": np.moveaxis(diff_src.reshape(layout_shape), -1, axis),
+            "diff_gamma": sum_dy_d * invstd, "diff_beta": sum_dy}
+
+
+def _exact_sum(values: np.ndarray):
+    """Σ of long doubles: split each into float64 head + tail, fsum both (exact to ~2**-106 of the terms)."""
+    head = values.astype(np.float64)
+    tail = (values - head.astype(values.dtype)).astype(np.float64)
+    try:
+        return np.longdouble(math.fsum(head)) + np.longdouble(math.fsum(tail))
+    except (ValueError, OverflowError):
+        return values.sum()
+
+
+def ulps(actual: np.ndarray, exact: np.ndarray) -> float:
+    """max |actual - exact| in units of the last place of actual's dtype at exact (0 for an empty array)."""
+    if exact.size == 0:
+        return 0.0
+    name = dtype_name(actual.dtype)
+    exact64 = exact.astype(np.float64)
+    difference = np.abs(to_float64(actual).astype(np.longdouble) - exact)
+    with np.errstate(invalid="ignore"):
+        units = (difference / ulp_spacing(exact64, name)).astype(np.float64)
+    same = (to_float64(actual) == exact64) | (np.isnan(to_float64(actual)) & np.isnan(exact64))
+    return float(np.max(np.where(same, 0.0, units)))

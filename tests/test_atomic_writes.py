@@ -462,10 +462,10 @@ def test_file_size_limit_is_a_clean_error(out: Path, tmp_path: Path, target: str
 TRUNCATE_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from bnbwd_cli import kernels, streaming
+    from bnbwd_cli import core, streaming
     from bnbwd_cli.cli import main
 
-    victim, real = sys.argv.pop(1), kernels.batchnorm_backward
+    victim, real = sys.argv.pop(1), core.backward
     streaming.STREAM_BLOCK_BYTES = 1  # one channel a block: the file is read again after the first block
     calls = []
 
@@ -475,7 +475,7 @@ TRUNCATE_SCRIPT = textwrap.dedent(
             os.truncate(victim, 200)  # another process cuts the input short while bnbwd reads it
         return real(*args, **kwargs)
 
-    kernels.batchnorm_backward = streaming.batchnorm_backward = truncate_then_compute
+    core.backward = truncate_then_compute  # streaming calls it as compute_core.backward
     main(sys.argv[1:], prog_name="bnbwd")
     """
 )

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.cli import main
-from bnbwd_cli.reference import reference_backward
+from bnbwd_cli.core.reference import reference_backward
 
 pytestmark = [pytest.mark.filterwarnings("error::RuntimeWarning"),  # NumPy warnings must not leak to the user
               pytest.mark.filterwarnings("error::UserWarning")]

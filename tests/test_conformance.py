@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from bnbwd_cli.judge import stats as compare
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, comparison_dtype
 from bnbwd_cli.cli import main
-from bnbwd_cli.reference import to_float64 as _as_float64
+from bnbwd_cli.dtypes import to_float64 as _as_float64
 from tests.oracle import normalised_error
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"

@@ -10,14 +10,17 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numba  # noqa: E402
 
-from bnbwd_cli import kernels, kernels_numba  # noqa: E402, F401
-from bnbwd_cli.kernels import batchnorm_backward  # noqa: E402
-from bnbwd_cli.reference import reference_backward  # noqa: E402
-from tests.oracle import BOUNDS, normalised_error, problem_arrays  # noqa: E402
+from bnbwd_cli import core  # noqa: E402
+from bnbwd_cli.core import Op, choose_core, numba_core  # noqa: E402
+from bnbwd_cli.core.reference import reference_backward  # noqa: E402
+from tests.oracle import BOUNDS, backward_arrays, normalised_error, problem_arrays  # noqa: E402
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
 
@@ -51,8 +54,8 @@ def test_numba_core_matches_oracle_and_numpy_core(problem):
     src, diff_dst, mean, variance, gamma = problem_arrays(problem)
     common = dict(epsilon=1e-3, data_format=problem["data_format"], training=problem["training"],
                   variance_is_invstd=problem["invstd"])
-    fast = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common, threads=problem["threads"], core="numba")
-    slow = batchnorm_backward(src, diff_dst, mean, variance, gamma, **common, core="numpy")
+    fast = backward_arrays(src, diff_dst, mean, variance, gamma, **common, threads=problem["threads"], core="numba")
+    slow = backward_arrays(src, diff_dst, mean, variance, gamma, **common, core="numpy")
     expected = reference_backward(src, diff_dst, mean, variance, gamma, **common)
 
     assert fast.diff_src.dtype == src.dtype and fast.diff_src.shape == src.shape
@@ -74,14 +77,14 @@ def test_same_bits_as_numpy_core_and_outputs_subset(rng, dtype, data_format):
     diff_dst = rng.normal(size=shape).astype(dtype)
     stats = (rng.normal(2.0, 0.5, 4).astype(np.float32), rng.uniform(1, 4, 4).astype(np.float32))
     out = np.empty_like(src)
-    fast = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+    fast = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
                               diff_src_out=out)
-    slow = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
+    slow = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
     assert fast.diff_src is out
     # Same formula, same order, no fastmath: identical bits except where float64 sums differ in the last place.
     assert np.mean(out.view(np.uint16 if out.itemsize == 2 else np.uint32)
                    == slow.diff_src.view(np.uint16 if out.itemsize == 2 else np.uint32)) > 0.99
-    only = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+    only = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
                               outputs=("diff_gamma",))
     assert only.diff_src is None and only.diff_beta is None
     np.testing.assert_allclose(only.diff_gamma, slow.diff_gamma, rtol=1e-6)
@@ -94,7 +97,7 @@ def test_bfloat16_rounding_and_nan(rng):
     dy = rng.normal(size=(4, 5, 64)).astype(np.float32)
     dy[:, :, :4] = [1.0, np.nan, np.inf, -np.inf]
     dy = dy.astype(ml_dtypes.bfloat16)
-    result = batchnorm_backward(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
+    result = backward_arrays(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
                                 training=False, variance_is_invstd=True, core="numba")
     with np.errstate(over="ignore", invalid="ignore"):
         expected = (dy.astype(np.float32) * scales[None, :, None]).astype(ml_dtypes.bfloat16)
@@ -112,7 +115,7 @@ def test_float16_rounding_nan_inf_and_subnormals(rng):
     dy = rng.normal(size=(4, 5, 64)).astype(np.float32)
     dy[:, :, :6] = [1.0, np.nan, np.inf, -np.inf, 6e-8, -65504.0]
     dy = dy.astype(np.float16)
-    result = batchnorm_backward(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
+    result = backward_arrays(dy, dy, np.zeros(5, np.float32), scales, None, epsilon=1.0, data_format="NCX",
                                 training=False, variance_is_invstd=True, core="numba")
     with np.errstate(over="ignore", invalid="ignore"):
         expected = (dy.astype(np.float32) * scales[None, :, None]).astype(np.float16)
@@ -131,7 +134,7 @@ def test_results_do_not_depend_on_threads(rng, data_format, shape):
     diff_dst = rng.normal(size=shape).astype(np.float32)
     channels = shape[1] if data_format == "NCX" else shape[-1]
     stats = (rng.normal(3.0, 0.5, channels).astype(np.float32), rng.uniform(1, 4, channels).astype(np.float32))
-    results = [batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
+    results = [backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
                                   threads=threads) for threads in (1, 2, 8)]
     for other in results[1:]:
         for name in ("diff_src", "diff_gamma", "diff_beta"):
@@ -141,23 +144,35 @@ def test_results_do_not_depend_on_threads(rng, data_format, shape):
         assert normalised_error(getattr(results[0], name), expected[name]) <= BOUNDS["float32"], name
 
 
-def test_auto_core_choice(tmp_path, monkeypatch):
+def _op(src):
+    return Op(src, src, np.zeros(src.shape[1], np.float32), np.ones(src.shape[1], np.float32), epsilon=1e-5,
+              data_format="NCX")
+
+
+def test_auto_core_choice_depends_on_size_alone(tmp_path, monkeypatch):
     src = np.ones((2, 3, 4), np.float32)
-    assert kernels._use_numba("numba", src.astype(np.float16), src.astype(np.float16), None)
-    assert kernels._use_numba("auto", src, src, None)
+    assert choose_core("numba", _op(src.astype(np.float16)), None) == "numba"
+    # Small inputs stay on NumPy whether or not numba is loaded already (numba's start-up costs more).
+    assert "bnbwd_cli.core.numba_core" in sys.modules
+    assert choose_core("auto", _op(src), None) == "numpy"
+    monkeypatch.setattr(core, "AUTO_NUMBA_MIN_BYTES", 8)
+    assert choose_core("auto", _op(src), None) == "numba"
     path = tmp_path / "src.npy"
     np.save(path, src)
-    mapped = np.load(path, mmap_mode="r")
-    assert not kernels._use_numba("auto", mapped, mapped, None)
-    # A process that has not loaded numba yet keeps small inputs on NumPy (numba's start-up costs more).
-    monkeypatch.delitem(sys.modules, "bnbwd_cli.kernels_numba")
-    assert not kernels._use_numba("auto", src, src, None)
-    monkeypatch.setattr(kernels, "AUTO_NUMBA_MIN_BYTES", 8)
-    assert kernels._use_numba("auto", src, src, None)
+    assert choose_core("auto", _op(np.load(path, mmap_mode="r")), None) == "numpy"  # mapped: bounded RSS
     monkeypatch.setenv("BNBWD_CORE", "numpy")
-    assert not kernels._use_numba("auto", src, src, None)
+    assert choose_core("auto", _op(src), None) == "numpy"
     with pytest.raises(ValueError):
-        kernels._use_numba("fortran", src, src, None)
+        backward_arrays(src, src, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=1e-5, data_format="NCX",
+                        core="fortran")
+
+
+def test_importing_the_core_sets_nothing_process_wide():
+    # The OpenMP wait policy is a default for numba's pool: set where the numba core is chosen, not at import.
+    code = ("import os, bnbwd_cli.core, bnbwd_cli.cli; assert 'OMP_WAIT_POLICY' not in os.environ; "
+            "import sys; assert 'numba' not in sys.modules")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parent.parent)
 
 
 @pytest.mark.parametrize("core", ["numba", "numpy"])
@@ -178,7 +193,7 @@ def test_cli_core_option(cli, tmp_path, rng, core):
 
 
 def test_cli_core_numba_missing_is_a_usage_error(cli, monkeypatch):
-    monkeypatch.setattr(kernels, "numba_available", lambda: False)
+    monkeypatch.setattr(core, "numba_available", lambda: False)
     result = cli("run", "--core", "numba", "x.npz")
     assert result.exit_code == 2
     assert "numba" in result.output + (result.stderr if hasattr(result, "stderr") else "")
@@ -208,7 +223,7 @@ def test_cancellation_prone_inputs_keep_float32_accuracy(data_format, shape):
     diff_dst = rng.normal(size=shape).astype(np.float32)
     mean = src.astype(np.float64).mean(axis=0 if data_format == "NXC" else (0, 2)).astype(np.float32)
     variance = np.ones(channels, np.float32)
-    fast = batchnorm_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format, core="numba")
+    fast = backward_arrays(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format, core="numba")
     expected = reference_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format)
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         assert normalised_error(getattr(fast, name), expected[name]) <= BOUNDS["float32"], name
@@ -218,10 +233,10 @@ def test_float16_without_hardware_half_conversions_stays_on_numpy(monkeypatch, r
     # Without F16C (or with NUMBA_CPU_NAME=generic) numba's JIT cannot link LLVM's half conversions and the
     # process would abort: float16 must then run on the NumPy core, even with core="numba".
     monkeypatch.setattr(numba.config, "CPU_NAME", "generic")
-    assert not kernels_numba.half_is_native()
+    assert not numba_core.half_is_native()
     src = rng.normal(size=(2, 3, 300)).astype(np.float16)
-    assert not kernels._use_numba("numba", src, src, None)
-    assert kernels._use_numba("numba", src.astype(np.float32), src.astype(np.float32), None)
-    result = batchnorm_backward(src, src, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=1e-3,
+    assert choose_core("numba", _op(src), None) == "numpy"
+    assert choose_core("numba", _op(src.astype(np.float32)), None) == "numba"
+    result = backward_arrays(src, src, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=1e-3,
                                 data_format="NCX", core="numba")
     assert result.core == "numpy"

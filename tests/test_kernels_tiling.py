@@ -8,15 +8,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bnbwd_cli import kernels, streaming
+from bnbwd_cli import streaming
+from bnbwd_cli.core import numpy_core, plan
+from bnbwd_cli.core.numpy_core import float_to_half, half_to_float
+from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files.read import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
-from bnbwd_cli.kernels import batchnorm_backward as _batchnorm_backward
-from bnbwd_cli.kernels import float_to_half, half_to_float, plan_groups
-from bnbwd_cli.reference import reference_backward
-from tests.oracle import BOUNDS, normalised_error
+from tests.oracle import BOUNDS, backward_arrays, normalised_error
 
-batchnorm_backward = functools.partial(_batchnorm_backward, core="numpy")  # the tiling under test is the NumPy core's
+numpy_backward = functools.partial(backward_arrays, core="numpy")  # the tiling under test is the NumPy core's
 
 SHAPES = [((3, 5, 7, 9), "NCX"), ((3, 7, 9, 5), "NXC"), ((2, 3, 1000), "NCX"), ((4, 3), "NCX"), ((1, 1, 1), "NXC")]
 
@@ -37,18 +37,25 @@ def _covered(groups, n, c, s) -> np.ndarray:
 
 
 @pytest.mark.parametrize("row_mode", [False, True], ids=["planes", "rows"])
-@pytest.mark.parametrize("budget", [1, 7, 64, 1000, 1 << 20])
-@pytest.mark.parametrize("n,c,s", [(1, 1, 1), (3, 5, 7), (2, 1, 100), (5, 9, 1), (1, 3, 1000)])
-def test_plan_covers_every_element_once(n, c, s, budget, row_mode):
-    assert (_covered(plan_groups(n, c, s, 4, budget, row_mode, threads=2), n, c, s) == 1).all()
+@pytest.mark.parametrize("budget", [1, 7, 64, 1000, 1 << 20, 1 << 24])
+@pytest.mark.parametrize("n,c,s", [(1, 1, 1), (3, 5, 7), (2, 1, 100), (5, 9, 1), (1, 3, 1000), (70, 2, 9000), (300, 3, 1)])
+def test_plan_covers_every_element_once_in_whole_chunks(n, c, s, budget, row_mode):
+    shape = plan.geometry(n, c, s)
+    groups = plan.plan_groups(shape, 4, budget, row_mode)
+    assert (_covered(groups, n, c, s) == 1).all()
+    for group in groups:
+        for tile in group.tiles:  # whole chunks and blocks: the sums cannot depend on the tiling
+            assert tile.n0 % shape.chunk_rows == 0 and (tile.n1 % shape.chunk_rows == 0 or tile.n1 == n)
+            assert tile.s0 % shape.block_lanes == 0 and (tile.s1 % shape.block_lanes == 0 or tile.s1 == s)
+            assert (tile.s0, tile.s1) == (0, s) or tile.n1 - tile.n0 <= shape.chunk_rows
 
 
 @pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
 @pytest.mark.parametrize("block_bytes", [64, 4096, None], ids=["tiny", "small", "default"])
 def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
     args = _inputs(rng, shape, data_format)
-    base = batchnorm_backward(*args, epsilon=1e-5, data_format=data_format, threads=1)
-    other = batchnorm_backward(*args, epsilon=1e-5, data_format=data_format, threads=2, block_bytes=block_bytes)
+    base = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=1)
+    other = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=2, block_bytes=block_bytes)
     expected = reference_backward(*args, epsilon=1e-5, data_format=data_format)
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         np.testing.assert_allclose(getattr(other, name), getattr(base, name), rtol=2e-6, atol=1e-6 * np.abs(expected[name]).max())
@@ -57,8 +64,8 @@ def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
 
 def test_threads_give_identical_results(rng):
     args = _inputs(rng, (4, 6, 50), "NCX")
-    one = batchnorm_backward(*args, epsilon=1e-5, data_format="NCX", threads=1, block_bytes=256)
-    two = batchnorm_backward(*args, epsilon=1e-5, data_format="NCX", threads=2, block_bytes=256)
+    one = numpy_backward(*args, epsilon=1e-5, data_format="NCX", threads=1, block_bytes=256)
+    two = numpy_backward(*args, epsilon=1e-5, data_format="NCX", threads=2, block_bytes=256)
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         np.testing.assert_array_equal(getattr(one, name), getattr(two, name))
 
@@ -85,7 +92,7 @@ def test_half_conversions_are_exact():
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64], ids=["f16", "bf16", "f64"])
 def test_reduced_and_double_precision_with_split_tiles(rng, dtype):
     args = _inputs(rng, (3, 4, 37), "NCX", dtype)
-    result = batchnorm_backward(*args, epsilon=1e-3, data_format="NCX", block_bytes=200, threads=2)
+    result = numpy_backward(*args, epsilon=1e-3, data_format="NCX", block_bytes=200, threads=2)
     expected = reference_backward(*args, epsilon=1e-3, data_format="NCX")
     assert normalised_error(result.diff_src, expected["diff_src"]) <= BOUNDS[np.dtype(dtype).name]
 
@@ -97,12 +104,12 @@ def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtyp
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
     mapped = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
-    assert kernels._file_mappings(*mapped)
-    in_memory = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
+    assert numpy_core._file_mappings(*mapped)
+    in_memory = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
     out = np.lib.format.open_memmap(tmp_path / "out.npy", mode="w+", dtype="V2" if dtype is ml_dtypes.bfloat16 else src.dtype,
                                     shape=src.shape)
-    result = batchnorm_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out.view(src.dtype),
-                                block_bytes=512)
+    result = numpy_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out.view(src.dtype),
+                            block_bytes=512)
     out.flush()
     del out
     written = np.load(tmp_path / "out.npy")
@@ -144,7 +151,7 @@ def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, sha
     with OutputSet() as outputs:
         writer = outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype)
         result = streaming.run_streamed(inputs, run, writer)
-    in_memory = batchnorm_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
+    in_memory = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
     written = np.load(tmp_path / "out.npy")
     assert written.tobytes() == in_memory.diff_src.tobytes()
     assert result.diff_gamma.tobytes() == in_memory.diff_gamma.tobytes()

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bnbwd_cli.reference import reference_backward
+from bnbwd_cli.core.reference import reference_backward
 from tests.conftest import make_inputs, save_bundle
 from tests.oracle import BOUNDS, normalised_error
 

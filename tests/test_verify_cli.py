@@ -174,14 +174,14 @@ def test_help_states_defaults_and_bf16(cli):
 
 def _inputs_case(tmp_path, bug=None):
     """A bundle of inputs, bnbwd's outputs, and a zoo kernel's outputs (correct, or with a planted bug)."""
-    from bnbwd_cli.kernels import batchnorm_backward
+    from tests.oracle import backward_arrays
     from tests import zoo
 
     problem = zoo.make_problem(np.random.default_rng(5), (4, 8, 16, 16), "NCX", np.float32, np.float32)
     bundle = tmp_path / "inputs.npz"
     np.savez(bundle, **{k: problem[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")},
              epsilon=np.array(problem["epsilon"]), data_format=np.array("NCHW"))
-    ours = batchnorm_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+    ours = backward_arrays(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
                               epsilon=problem["epsilon"], data_format="NCX")
     np.savez(tmp_path / "ref.npz", diff_src=ours.diff_src, diff_gamma=ours.diff_gamma, diff_beta=ours.diff_beta)
     np.savez(tmp_path / "kernel.npz", **zoo.kernel(problem, bug=bug))

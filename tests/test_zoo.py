@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from bnbwd_cli.judge import CompareSettings, compare_sets
-from bnbwd_cli.kernels import batchnorm_backward
+from tests.oracle import backward_arrays
 from tests import zoo
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
@@ -32,7 +32,7 @@ def _problem(m: int, fmt: str, types: str, seed: int = 0, **kwargs) -> dict:
 
 
 def _truth(problem: dict) -> dict:
-    result = batchnorm_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+    result = backward_arrays(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
                                 epsilon=problem["epsilon"], data_format=problem["data_format"], core="numpy")
     return {"diff_src": result.diff_src, "diff_gamma": result.diff_gamma, "diff_beta": result.diff_beta}
 

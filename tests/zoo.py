@@ -138,7 +138,7 @@ def inputs_of(problem: dict):
 
 def exact_outputs(problem: dict) -> dict:
     """The float64 oracle's outputs (tests/oracle-grade: math.fsum sums)."""
-    from bnbwd_cli.reference import reference_backward
+    from bnbwd_cli.core.reference import reference_backward
 
     return reference_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
                               epsilon=problem["epsilon"], data_format=problem["data_format"])

@@ -1,0 +1,208 @@
+"""The fixed reduction order, and the tiles that respect it: chosen from the shape alone.
+
+Every sum over a channel's M = N·S elements of the (N, C, S) view runs in one order, fixed
+by (N, C, S) and never by the thread count, the cache budget, --block-size or --stream, so
+that both cores, in any configuration, produce the same float64 sums bit for bit:
+
+- *lanes*: rows are taken `rows_per_lane` at a time (r0, so that a row group spans at least
+  LANES elements: NXC rows are short); a channel's lanes in such a group are (t, s), t < r0.
+  With r0 = 1 and S > LANE_BLOCK, the lanes are cut into blocks of LANE_BLOCK.
+- *chunks*: `chunk_rows` consecutive rows (K row groups). In a chunk every lane sums its
+  K values in row order, starting from 0.0 (vectorisable in both cores: lanes are independent).
+- each (chunk, block) reduces its lanes by a fixed halving tree (`lane_tree`): a *partial*.
+- a channel's partials, in (chunk, block) order, are folded by a compensated double-double
+  sum (`fold`): error ~2⁻¹⁰⁶ of the partials' size on top of each partial's own
+  (K + log2 lanes)·2⁻⁵³ of its values' size.
+
+Tiles (the NumPy core's units of work) hold whole chunks and blocks, and a tile that holds
+only some of a channel's blocks holds one chunk, so partials come out in (chunk, block) order.
+The arithmetic below (fold_step, fold_result, coefficients) is written once with plain operators
+and serves both cores: NumPy runs it on per-channel arrays, numba compiles it for scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+LANES = 2048  # a row group spans at least this many elements (over all channels): long enough NumPy calls
+LANE_BLOCK = 4096  # at most this many lanes of one channel go into one tree (>= 2·LANES: r0 > 1 means one block)
+CHUNK_ELEMENTS = 16384  # about this many elements of one channel per chunk ...
+MAX_CHUNK_GROUPS = 64  # ... but at most this many row groups: the lane sums stay short
+MIN_GROUPS = 16  # channel groups of the whole-plane tiles: enough to share between threads, whatever their count
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The reduction order of an (N, C, S) problem (see the module docstring)."""
+
+    n: int
+    c: int
+    s: int
+    rows_per_lane: int  # r0: rows in one row group
+    groups_per_chunk: int  # K: row groups in one chunk
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.rows_per_lane * self.groups_per_chunk
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.n // self.chunk_rows)
+
+    @property
+    def block_lanes(self) -> int:
+        """s positions in one lane block (the whole of S when rows are grouped)."""
+        return self.s if self.rows_per_lane > 1 else min(self.s, LANE_BLOCK)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.s // self.block_lanes) if self.s else 1
+
+    @property
+    def partials(self) -> int:
+        """Partials per channel: (chunk, block) pairs, in that order."""
+        return self.chunks * self.blocks
+
+
+def geometry(n: int, c: int, s: int) -> Geometry:
+    """The reduction order for an (N, C, S) view: a function of the shape alone."""
+    row = max(c * s, 1)
+    rows_per_lane = 1 if row >= LANES else -(-LANES // row)
+    lanes = rows_per_lane * min(max(s, 1), LANE_BLOCK)
+    groups = min(max(-(-CHUNK_ELEMENTS // lanes), 1), MAX_CHUNK_GROUPS)
+    return Geometry(n, c, s, rows_per_lane, groups)
+
+
+# ---------------------------------------------------------------- arithmetic shared by both cores
+
+
+def lane_tree(lanes: np.ndarray) -> np.ndarray:
+    """Reduce the last axis by the fixed halving tree (in place): lanes[i] += lanes[keep + i], length -> keep."""
+    length = lanes.shape[-1]
+    while length > 1:
+        half = length // 2
+        keep = length - half
+        lanes[..., :half] += lanes[..., keep:length]
+        length = keep
+    return lanes[..., 0]
+
+
+def fold_step(hi, lo, partial):
+    """One term of the compensated fold: (hi, lo) + partial, hi the rounded sum, lo the running error (TwoSum)."""
+    total = hi + partial
+    back = total - hi
+    error = (hi - (total - back)) + (partial - back)
+    return total, lo + error
+
+
+def fold_result(hi, lo):
+    """hi + lo rounded once; an Inf or NaN sum stays as IEEE order gives it (lo is NaN there)."""
+    return hi + lo
+
+
+def coefficients(sum_dy, sum_dy_d, invstd, count):
+    """(mean(dy), invstd·mean(dy·xhat), Σdy·xhat) from Σdy and Σdy·(src - mean), float64.
+
+    diff_src = scale·((dy - mean(dy)) - (src - mean)·k): k = invstd·mean(dy·xhat) is invstd²·Σdy·(src - mean)/M,
+    formed as invstd·((Σ·invstd)/M) so that neither invstd² nor Σ/M alone needs to be representable.
+    """
+    dy_xhat = sum_dy_d * invstd
+    return sum_dy / count, invstd * (dy_xhat / count), dy_xhat
+
+
+def fold(partials: np.ndarray) -> np.ndarray:
+    """Fold partials (J, ...) along axis 0 in order; float64 (...)."""
+    hi = np.zeros(partials.shape[1:])
+    lo = np.zeros(partials.shape[1:])
+    with np.errstate(invalid="ignore", over="ignore"):
+        for partial in partials:
+            hi, lo = fold_step(hi, lo, partial)
+        return np.where(np.isfinite(hi), fold_result(hi, lo), hi)
+
+
+def split_scale(gamma: np.ndarray, invstd: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """scale = gamma·invstd as (mantissa, power of two) where the plain product would overflow or underflow.
+
+    Returns (scale, None) when every channel's product is a normal float64 (or gamma/invstd is not finite);
+    otherwise (m, e) with gamma·invstd = m·2**e, applied to a result as ldexp(result·m, e): one rounding
+    more only where the result is subnormal.
+    """
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        scale = gamma * invstd
+    finite = np.isfinite(gamma) & np.isfinite(invstd) & (gamma != 0) & (invstd != 0)
+    unsafe = finite & ((np.abs(scale) < np.finfo(np.float64).tiny) | ~np.isfinite(scale))
+    if not unsafe.any():
+        return scale, None
+    gm, ge = np.frexp(gamma)
+    im, ie = np.frexp(invstd)
+    mantissa = np.where(unsafe, gm * im, scale)
+    exponent = np.where(unsafe, ge + ie, 0).astype(np.int64)
+    return mantissa, exponent
+
+
+# ---------------------------------------------------------------- tiles of the NumPy core
+
+
+@dataclass(frozen=True)
+class Tile:
+    n0: int
+    n1: int
+    s0: int
+    s1: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """A channel range and the tiles that cover it; one tile means both passes fuse."""
+
+    c0: int
+    c1: int
+    tiles: tuple[Tile, ...]
+
+
+def plan_groups(shape: Geometry, bytes_per_element: int, budget: int, row_mode: bool) -> list[Group]:
+    """Cover the (N, C, S) view with tiles of about `budget` bytes of working set, whole chunks and blocks each.
+
+    The budget changes only how the work is cut, never the result: tiles hold whole chunks (and whole lane
+    blocks), and the sums are formed per chunk.
+    """
+    n, c, s = shape.n, shape.c, shape.s
+    per_budget = max(budget // bytes_per_element, 1)  # elements one tile may hold
+    step = shape.chunk_rows
+
+    def row_tiles(rows: int) -> tuple[Tile, ...]:
+        rows = max(rows // step, 1) * step
+        return tuple(Tile(n0, min(n0 + rows, n), 0, s) for n0 in range(0, n, rows))
+
+    if row_mode and s * step <= per_budget:
+        # Rows of (channels x S) are contiguous: tile by row ranges over as many channels as fit.
+        width = c if c * s * step <= per_budget else max(per_budget // (s * step), 1)
+        tiles = row_tiles(per_budget // (width * s))
+        return [Group(c0, min(c0 + width, c), tiles) for c0 in range(0, c, width)]
+    plane = n * s
+    if plane <= per_budget:
+        width = max(min(per_budget // plane, -(-c // MIN_GROUPS)), 1)
+        return [Group(c0, min(c0 + width, c), (Tile(0, n, 0, s),)) for c0 in range(0, c, width)]
+    if s * step <= per_budget or shape.blocks == 1:
+        tiles = row_tiles(per_budget // s)
+    else:  # one chunk of rows a tile, a range of lane blocks
+        lanes = max(per_budget // (step * shape.block_lanes), 1) * shape.block_lanes
+        tiles = tuple(Tile(n0, min(n0 + step, n), s0, min(s0 + lanes, s))
+                      for n0 in range(0, n, step) for s0 in range(0, s, lanes))
+    return [Group(ch, ch + 1, tiles) for ch in range(c)]
+
+
+def tile_partials(tile: Tile, shape: Geometry) -> tuple[int, int]:
+    """(first partial index, count) of a tile's partials, per channel, in (chunk, block) order."""
+    chunk0 = tile.n0 // shape.chunk_rows
+    chunks = -(-(tile.n1 - tile.n0) // shape.chunk_rows)
+    block0 = tile.s0 // shape.block_lanes
+    blocks = -(-(tile.s1 - tile.s0) // shape.block_lanes)
+    return chunk0 * shape.blocks + block0, chunks * blocks
+
+
+def rows_of_chunk(shape: Geometry, chunk: int) -> tuple[int, int]:
+    return chunk * shape.chunk_rows, min((chunk + 1) * shape.chunk_rows, shape.n)
+
