@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bnbwd_cli import streaming
+from bnbwd_cli.files.read import NpyBlocks
+from bnbwd_cli.files.write import OutputSet
 from bnbwd_cli.core import numpy_core
 from tests.oracle import backward_arrays, exact_backward, normalised_error, problem_arrays, ulps
 
@@ -95,17 +97,21 @@ def test_same_bits_for_any_threads_and_block_size(rng, shape, data_format, dtype
 
 @pytest.mark.parametrize("shape,data_format", SHAPES[:4], ids=str)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16], ids=["f64", "f32", "bf16"])
-def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, shape, data_format, dtype):
+def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape, data_format, dtype):
+    """--stream: blocks of whole channels read from the files, one channel a block here."""
     src, diff_dst, *stats = _problem(rng, shape, data_format, dtype)
     in_memory = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
-    mapped = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
-    assert numpy_core._file_mappings(*mapped)
-    with streaming.memmap_npy(tmp_path / "out.npy", src.shape, src.dtype) as out:
-        streamed = backward_arrays(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out,
-                                   block_bytes=512, threads=3)
-        streamed_src = np.array(out)
+    monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", 1)  # one channel a block
+    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
+              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
+    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), 512, 3, "numpy")
+    with OutputSet() as outputs:
+        streamed = streaming.run_streamed(inputs, run, outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype))
+    streamed_src = np.load(tmp_path / "out.npy")
+    if dtype is ml_dtypes.bfloat16:
+        streamed_src = streamed_src.view(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(_bits(streamed_src), _bits(in_memory.diff_src))
     for name in ("diff_gamma", "diff_beta"):
         np.testing.assert_array_equal(_bits(getattr(streamed, name)), _bits(getattr(in_memory, name)))

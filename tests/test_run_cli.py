@@ -177,7 +177,7 @@ def test_bf16_round_trip_and_dtypes(cli, tmp_path, rng):
     assert result.exit_code == 0, result.output
     with np.load(tmp_path / "out.npz") as archive:
         assert archive["diff_src"].dtype == np.dtype("V2")  # as np.save stores bfloat16
-    from bnbwd_cli.tensor_io import read_tensor_set
+    from bnbwd_cli.files.read import read_tensor_set
 
     outputs = read_tensor_set(str(tmp_path / "out.npz"))
     assert all(array.dtype == ml_dtypes.bfloat16 for array in outputs.values())

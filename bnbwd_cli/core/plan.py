@@ -5,7 +5,9 @@ by (N, C, S) and never by the thread count, the cache budget, --block-size or --
 that both cores, in any configuration, produce the same float64 sums bit for bit:
 
 - *lanes*: rows are taken `rows_per_lane` at a time (r0, so that a row group spans at least
-  LANES elements: NXC rows are short); a channel's lanes in such a group are (t, s), t < r0.
+  LANES elements of one channel: NXC rows hold one per channel; counting one channel's elements,
+  not the row's, keeps the order independent of C, so a run split into channel blocks (--stream)
+  gives the same bits); a channel's lanes in such a group are (t, s), t < r0.
   With r0 = 1 and S > LANE_BLOCK, the lanes are cut into blocks of LANE_BLOCK.
 - *chunks*: `chunk_rows` consecutive rows (K row groups). In a chunk every lane sums its
   K values in row order, starting from 0.0 (vectorisable in both cores: lanes are independent).
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LANES = 2048  # a row group spans at least this many elements (over all channels): long enough NumPy calls
+LANES = 1  # a row group spans at least this many elements of one channel: 1 measured fastest for NXC (C = 128, 512)
 LANE_BLOCK = 4096  # at most this many lanes of one channel go into one tree (>= 2·LANES: r0 > 1 means one block)
 CHUNK_ELEMENTS = 16384  # about this many elements of one channel per chunk ...
 MAX_CHUNK_GROUPS = 64  # ... but at most this many row groups: the lane sums stay short
@@ -68,7 +70,7 @@ class Geometry:
 
 def geometry(n: int, c: int, s: int) -> Geometry:
     """The reduction order for an (N, C, S) view: a function of the shape alone."""
-    row = max(c * s, 1)
+    row = max(s, 1)  # one channel's share of a row: the order must not depend on C (--stream splits channels)
     rows_per_lane = 1 if row >= LANES else -(-LANES // row)
     lanes = rows_per_lane * min(max(s, 1), LANE_BLOCK)
     groups = min(max(-(-CHUNK_ELEMENTS // lanes), 1), MAX_CHUNK_GROUPS)
