@@ -396,10 +396,13 @@ class Accumulator:
         """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
         finite = self._count_nonfinite(a, r)
         nonfinite_bad = self._nonfinite_bad
-        af, rf = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
+        all_finite = bool(finite.all())
+        af, rf = (a, r) if all_finite else (np.where(finite, a, 0.0), np.where(finite, r, 0.0))
         abs_err, abs_ref = np.abs(af - rf), np.abs(rf)
         spacing = ulp_spacing(rf, self.dtype)
-        verdicts = self.rule.judge(abs_err, abs_ref, spacing, None if scale is None else np.where(finite, scale, 1.0))
+        if scale is not None and not all_finite:
+            scale = np.where(finite, scale, 1.0)
+        verdicts = self.rule.judge(abs_err, abs_ref, spacing, scale)
         fails = nonfinite_bad | (finite & verdicts.fails)
         self.counts["mismatches"] += int(fails.sum())
         ratio = verdicts.ratio
@@ -423,6 +426,11 @@ class Accumulator:
     def _count_nonfinite(self, a: np.ndarray, r: np.ndarray) -> np.ndarray:
         counts = self.counts
         finite = np.isfinite(a) & np.isfinite(r)
+        if finite.all():  # the usual case: no NaN/Inf to classify, only zeros to count
+            self._nonfinite_bad = np.zeros(a.shape, dtype=bool)
+            counts["zero_a"] += a.size - int(np.count_nonzero(a))
+            counts["zero_r"] += r.size - int(np.count_nonzero(r))
+            return finite
         nan_a, nan_r = np.isnan(a), np.isnan(r)
         any_nan = nan_a | nan_r
         self._nonfinite_bad = ~finite & ~((nan_a & nan_r & self.equal_nan) | (np.isinf(a) & np.isinf(r) & (a == r)))
