@@ -20,7 +20,7 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import Pairing, Problem, match_keys, structural_problem
-from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, xhat_block
+from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
 from bnbwd_cli.judge.stats import Accumulator, Comparison, FixedRule, Layout, ScaledRule, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, comparison_dtype
 
@@ -119,7 +119,7 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInp
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape):
             a64, r64, dy = to_float64(a3[where]), to_float64(r3[where]), to_float64(dy3[where])
-            xhat = xhat_block(inputs, where, facts.mean, facts.invstd)
+            xhat = xhat_block(src_block(inputs, where), where[1], facts.mean, facts.invstd)
             scale = model.block(xhat, dy, r64, where[1])
             state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))
             regression.add(xhat, r64, a64, dy, where[1])

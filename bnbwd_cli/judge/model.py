@@ -145,10 +145,13 @@ def channel_constants(inputs: BackwardInputs) -> tuple[np.ndarray, np.ndarray, n
     return mean, invstd, gamma * invstd
 
 
-def xhat_block(inputs: BackwardInputs, where, mean: np.ndarray, invstd: np.ndarray) -> np.ndarray:
-    """(src - mean) * invstd of one block, float64."""
-    src = to_float64(view3(inputs.src, inputs.data_format)[where])
-    channels = where[1]
+def src_block(inputs: BackwardInputs, where) -> np.ndarray:
+    """One block of src, float64."""
+    return to_float64(view3(inputs.src, inputs.data_format)[where])
+
+
+def xhat_block(src: np.ndarray, channels: slice, mean: np.ndarray, invstd: np.ndarray) -> np.ndarray:
+    """(src - mean) * invstd of one float64 block of src whose channels are `channels`."""
     return (src - mean[channels][:, None]) * invstd[channels][:, None]
 
 
@@ -178,10 +181,12 @@ class _Sequential32:
         self.total = np.zeros(channels, np.float32)
 
     def add(self, terms: np.ndarray, channels: slice) -> None:
-        """terms: (n, c, s) float32 block. np.cumsum is sequential (np.sum would be pairwise);
-        the carried total joins the first column."""
-        rows = terms.transpose(1, 0, 2).reshape(terms.shape[1], -1)
-        rows[:, 0] += self.total[channels]
+        """terms: (n, c, s) block, rounded to float32 here. np.cumsum is sequential (np.sum would be
+        pairwise); the carried total is the first column, so the first addition rounds as a kernel's."""
+        n, c, s = terms.shape
+        rows = np.empty((c, n * s + 1), np.float32)
+        rows[:, 0] = self.total[channels]
+        rows[:, 1:] = terms.transpose(1, 0, 2).reshape(c, -1)
         self.total[channels] = np.cumsum(rows, axis=1, dtype=np.float32)[:, -1]
 
 
@@ -199,14 +204,13 @@ def channel_facts(inputs: BackwardInputs) -> ChannelFacts:
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(dy3.shape):
             dy = to_float64(dy3[where])
-            terms = dy * xhat_block(inputs, where, mean, invstd)
+            src = src_block(inputs, where)
+            terms = dy * xhat_block(src, where[1], mean, invstd)
             beta.add(dy, where[1])
             gamma.add(terms, where[1])
-            dy32 = dy.astype(np.float32)
-            seq_beta.add(dy32.copy(), where[1])
-            seq_gamma.add(terms.astype(np.float32), where[1])
-            src32 = to_float64(view3(inputs.src, inputs.data_format)[where]).astype(np.float32)
-            seq_centred.add((src32 - mean32[where[1]]) * dy32, where[1])
+            seq_beta.add(dy, where[1])
+            seq_gamma.add(terms, where[1])
+            seq_centred.add((src.astype(np.float32) - mean32[where[1]]) * dy.astype(np.float32), where[1])
     count = dy3.shape[0] * dy3.shape[2]
     with np.errstate(invalid="ignore", over="ignore"):
         centred_error = np.abs(seq_centred.total * invstd - gamma.total)
