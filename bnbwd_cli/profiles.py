@@ -32,15 +32,13 @@ ATTRIBUTE_KEYS = ("epsilon", "data_format")
 IGNORED_KEYS = ("reserve_space_3",)
 
 F16, BF16, F32, F64 = (np.dtype(d) for d in FLOAT_DTYPES)
-REDUCED = (F16, BF16, F32)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecProfile:
     """One spec's defaults and restrictions."""
 
     name: str
-    summary: str
     default_format: str
     default_epsilon: float | None  # None: --epsilon is required
     formats: tuple[str, ...]  # format names (aliases allowed) this spec accepts
@@ -60,21 +58,30 @@ class SpecProfile:
 
 
 ANY_FORMAT = tuple(FORMAT_ALIASES)
+NCX_FORMATS = ("NCX", "NC", "NCW", "NCHW", "NCDHW")
 PROFILES: dict[str, SpecProfile] = {
     p.name: p
     for p in (
-        SpecProfile("generic", "any float combination the math allows", "NXC", None, ANY_FORMAT,
-                    None, False, (), False, False),
-        SpecProfile("ngraph", "nGraph BatchNormTrainingBackprop: NCX, gamma and beta required, one dtype",
-                    "NCX", None, ("NCX", "NC", "NCW", "NCHW", "NCDHW"),
-                    tuple((t, t) for t in FLOAT_DTYPES), True, ("gamma", "beta"), False, False),
-        SpecProfile("openvino", "OpenVINO BatchNormTrainingBackprop-1", "NXC", None, ANY_FORMAT,
-                    ((F32, F32), (F16, F32), (BF16, F32), (BF16, BF16)), True, (), True, False),
-        SpecProfile("onednn", "oneDNN Graph BatchNormTrainingBackward", "NXC", None, ANY_FORMAT,
-                    ((F32, F32), (BF16, F32), (BF16, BF16), (F16, F32)), True, (), True, True),
-        SpecProfile("tensorflow", "TensorFlow FusedBatchNormGradV3: 4-D NHWC/NCHW, f32 stats, eps 1e-4",
-                    "NHWC", 1e-4, ("NHWC", "NCHW"),
-                    ((F32, F32), (F16, F32), (BF16, F32)), True, ("gamma",), True, False),
+        # Any float combination the math allows.
+        SpecProfile(name="generic", default_format="NXC", default_epsilon=None, formats=ANY_FORMAT,
+                    type_pairs=None, same_param_dtypes=False, required=(),
+                    epsilon_is_f32=False, paired_param_grads=False),
+        # nGraph BatchNormTrainingBackprop: NCX, gamma and beta required, one element type.
+        SpecProfile(name="ngraph", default_format="NCX", default_epsilon=None, formats=NCX_FORMATS,
+                    type_pairs=tuple((t, t) for t in FLOAT_DTYPES), same_param_dtypes=True,
+                    required=("gamma", "beta"), epsilon_is_f32=False, paired_param_grads=False),
+        # OpenVINO BatchNormTrainingBackprop-1.
+        SpecProfile(name="openvino", default_format="NXC", default_epsilon=None, formats=ANY_FORMAT,
+                    type_pairs=((F32, F32), (F16, F32), (BF16, F32), (BF16, BF16)), same_param_dtypes=True,
+                    required=(), epsilon_is_f32=True, paired_param_grads=False),
+        # oneDNN Graph BatchNormTrainingBackward: diff_gamma and diff_beta both or neither.
+        SpecProfile(name="onednn", default_format="NXC", default_epsilon=None, formats=ANY_FORMAT,
+                    type_pairs=((F32, F32), (BF16, F32), (BF16, BF16), (F16, F32)), same_param_dtypes=True,
+                    required=(), epsilon_is_f32=True, paired_param_grads=True),
+        # TensorFlow FusedBatchNormGradV3: 4-D NHWC/NCHW, f32 stats, epsilon 1e-4 by default.
+        SpecProfile(name="tensorflow", default_format="NHWC", default_epsilon=1e-4, formats=("NHWC", "NCHW"),
+                    type_pairs=((F32, F32), (F16, F32), (BF16, F32)), same_param_dtypes=True,
+                    required=("gamma",), epsilon_is_f32=True, paired_param_grads=False),
     )
 }
 
