@@ -1,4 +1,6 @@
-"""Reading tensors: .npy, .npz, NAME.npz:key, stdin, pipes, directories, and out-of-core channel blocks.
+"""Reading tensors: .npy, .npz, NAME.npz:key, stdin, pipes, directories, and out-of-core channel blocks;
+.safetensors (files/safetensors_file.py) and raw dumps (files/raw.py) are dispatched from here, and PyTorch
+pickles are refused by name and content (files/sniff.py).
 
 Everything is loaded with allow_pickle=False, and bounds come before work: a header is checked
 against the bytes actually present (file size, zip member size) before any data is read; an .npz
@@ -33,6 +35,9 @@ from numpy.lib import format as npy_format
 from bnbwd_cli import dtypes
 from bnbwd_cli.dtypes import BFLOAT16
 from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import raw, sniff
+from bnbwd_cli.files.common import available_memory, memory_cap, reason  # noqa: F401 - re-exported
+from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
 
 FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 ZIP_MAGIC = b"PK\x03\x04"
@@ -52,29 +57,6 @@ ZIP_ERRORS = (*READ_ERRORS, RuntimeError, NotImplementedError)
 def dtype_name(dtype: np.dtype) -> str:
     """Short, spec-style dtype name: f32, f16, bf16, f64, else numpy's own name (for messages)."""
     return dtypes.dtype_name(dtype) or np.dtype(dtype).name
-
-
-def reason(exc: BaseException) -> str:
-    """An exception as a short single-line reason."""
-    text = " ".join(str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc).split())
-    return (text or type(exc).__name__)[:200]
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), in bytes; None elsewhere."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def memory_cap() -> int:
-    """The most bytes one read may bring into memory: what is available (8 GiB when unknown)."""
-    return available_memory() or (8 << 30)
 
 
 # ---------------------------------------------------------------- sniffing
@@ -300,7 +282,8 @@ def _read_npz_key(archive_source: BinaryIO | str | Path, key: str, what: str) ->
 
 def _only_array(arrays: dict[str, np.ndarray], what: str) -> np.ndarray:
     if len(arrays) != 1:
-        raise BnbwdError(f"{what}: the .npz holds {len(arrays)} arrays ({', '.join(arrays) or 'none'}); name one with FILE.npz:key")
+        raise BnbwdError(f"{what}: the file holds {len(arrays)} arrays ({', '.join(arrays) or 'none'}); "
+                         "name one with FILE.npz:key (or FILE.safetensors:key)")
     return next(iter(arrays.values()))
 
 
@@ -327,6 +310,8 @@ def _read_once(source: str, what: str, npz_only: bool = False) -> Iterator[Sniff
                 if source == "-":
                     raise BnbwdError(f"{what.removesuffix(' (stdin)')}: stdin is empty, expected a .npy or .npz")
                 raise BnbwdError(f"{what}: is empty, expected a .npy or .npz")
+            if sniff.is_pickle_head(sniffed.head):
+                raise sniff.refuse_pickle(what)
             if not (sniffed.head.startswith(NPY_MAGIC) or sniffed.head[:4] in (ZIP_MAGIC, EMPTY_ZIP_MAGIC)):
                 raise BnbwdError(f"{what}: not a valid .npy or .npz (starts with {sniffed.head[:8]!r}, neither magic); "
                                  "not reading further")
@@ -359,24 +344,19 @@ def is_pipe_like(path: Path) -> bool:
 
 
 def _has_npz_key(source: str) -> bool:
+    """FILE.npz:key or FILE.safetensors:key."""
     head, sep, key = source.rpartition(":")
-    return bool(sep) and head.lower().endswith(".npz") and bool(key)
+    return bool(sep) and head.lower().endswith(sniff.KEYED_SUFFIXES) and bool(key)
 
 
 def split_source(source: str) -> tuple[str, str]:
-    """`FILE.npz:key` -> (FILE.npz, key); anything else -> (source, "")."""
+    """`FILE.npz:key` (or .safetensors) -> (FILE.npz, key); `raw:DTYPE:SHAPE:PATH` -> (PATH, ""); else (source, "")."""
+    if raw.is_raw(source):
+        return str(raw.parse_raw(source).path), ""
     if _has_npz_key(source):
         path, _, key = source.rpartition(":")
         return path, key
     return source, ""
-
-
-def looks_like_zip(path: Path) -> bool:
-    try:
-        with path.open("rb") as stream:
-            return _is_zip(stream.read(4))
-    except OSError as exc:
-        raise BnbwdError(f"{path}: cannot read ({reason(exc)})") from None
 
 
 def _read_npy_path(path: Path, what: str) -> np.ndarray:
@@ -388,10 +368,13 @@ def _read_npy_path(path: Path, what: str) -> np.ndarray:
 
 
 def read_array(source: str, what: str) -> np.ndarray:
-    """One array from `FILE.npy`, `FILE.npz:key`, `FILE.npz` holding one array, a pipe, or `-` (stdin).
+    """One array from `FILE.npy`, `FILE.npz:key`, `FILE.npz` holding one array, `FILE.safetensors[:key]`,
+    `raw:DTYPE:SHAPE:PATH`, a pipe, or `-` (stdin).
 
     `what` names the input in error messages (e.g. "mean").
     """
+    if raw.is_raw(source):
+        return raw.read_raw(source, what)
     if source == "-":
         label = f"{what} (stdin)"
         result = _read_once_arrays("-", label)
@@ -412,28 +395,37 @@ def read_array(source: str, what: str) -> np.ndarray:
                 raise BnbwdError(f"{label}: is a .npy, not an .npz holding {key!r}")
             return result
         return result[key] if key else _only_array(result, label)
+    kind = sniff.file_kind(path, label)
+    if kind == "safetensors":
+        return read_safetensors_key(path, key, label) if key else _only_array(read_safetensors(path, label), label)
     if key:
         return _read_npz_key(path, key, label)
-    if looks_like_zip(path):
+    if kind == "npz":
         return _only_array(read_npz(path, label), label)
     return _read_npy_path(path, label)
 
 
 def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None) -> dict[str, np.ndarray]:
-    """All arrays of an input bundle (.npz path, pipe or `-` for stdin); `check_keys` vets the names first."""
+    """All arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first."""
     label = f"{what} (stdin)" if source == "-" else f"{what} ({source})"
     path = Path(source)
     if source == "-" or is_pipe_like(path):
         return _read_once_arrays(source, label, npz_only=True, check_keys=check_keys)
     if not path.is_file():
         raise BnbwdError(f"{label}: no such file" if not path.exists() else f"{label}: not a file")
-    if not looks_like_zip(path):
-        raise BnbwdError(f"{label}: not an .npz archive")
+    kind = sniff.file_kind(path, label)
+    if kind == "safetensors":
+        return read_safetensors(path, label, check_keys=check_keys)
+    if kind != "npz":
+        raise BnbwdError(f"{label}: not an .npz archive or a .safetensors file")
     return read_npz(path, label, check_keys=check_keys)
 
 
 def read_tensor_set(source: str) -> dict[str, np.ndarray]:
-    """Arrays by key from a .npy (key = stem), an .npz (its keys), a directory of .npy files (stems) or a pipe."""
+    """Arrays by key from a .npy (key = stem), an .npz or .safetensors (its keys), a raw dump (key = stem),
+    a directory of .npy files (stems) or a pipe."""
+    if raw.is_raw(source):
+        return {raw.parse_raw(source).path.stem: raw.read_raw(source, source)}
     path = Path(source)
     if path.is_dir():
         files = sorted(path.glob("*.npy"))
@@ -445,7 +437,10 @@ def read_tensor_set(source: str) -> dict[str, np.ndarray]:
     if is_pipe_like(path):
         result = _read_once_arrays(source, source)
         return {path.stem: result} if isinstance(result, np.ndarray) else result
-    if looks_like_zip(path):
+    kind = sniff.file_kind(path, source)
+    if kind == "safetensors":
+        return read_safetensors(path, source)
+    if kind == "npz":
         return read_npz(path, source)
     return {path.stem: _read_npy_path(path, source)}
 
@@ -530,7 +525,9 @@ CHUNK_BYTES = 8 << 20  # rows read at once when runs are short
 def open_npy_blocks(source: str, what: str) -> NpyBlocks | None:
     """An out-of-core reader for a plain, regular .npy file; None for anything else (npz, stdin, pipes)."""
     path = Path(source)
-    if source == "-" or _has_npz_key(source) or not path.is_file() or looks_like_zip(path):
+    if source == "-" or raw.is_raw(source) or _has_npz_key(source) or not path.is_file():
+        return None
+    if sniff.file_kind(path, f"{what} ({source})") != "npy":
         return None
     return NpyBlocks(path, f"{what} ({source})")
 
