@@ -67,6 +67,20 @@ def _echo_error(text: str) -> None:
         click.echo(text, err=True)
 
 
+def _show_error(exc: click.ClickException) -> None:
+    """Every error is one `error: ...` line on stderr; a usage error also names the --help to read.
+
+    click's own block (Usage:, Try ..., Error: ...) spans three lines; `bnbwd` alone still prints the help.
+    """
+    if not isinstance(exc, click.UsageError) or isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        exc.show()
+        return
+    text = " ".join(exc.format_message().split())
+    if exc.ctx is not None:
+        text += f" (see '{exc.ctx.command_path} --help')"
+    click.echo(f"error: {text}", err=True)
+
+
 class BnbwdGroup(click.Group):
     """Maps failures that are not user errors to one line and a stable exit code."""
 
@@ -83,7 +97,7 @@ class BnbwdGroup(click.Group):
                 code = exc.exit_code
             except click.ClickException as exc:
                 with contextlib.suppress(OSError, ValueError):
-                    exc.show()
+                    _show_error(exc)
                 code = exc.exit_code
             except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Ctrl-C while parsing the command line
                 code = _interrupted(exc.__context__ if isinstance(exc, click.exceptions.Abort) else exc)

@@ -227,7 +227,7 @@ def report_comparison(
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
     ``data_format`` overrides ``options.data_format`` (for ``run``, whose --format it is).
     ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
-    Structural problems also go to stderr as ``error: ...`` lines.
+    Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
     """
     _check_override_names(options, actual, reference)
     if data_format is not None:
