@@ -265,7 +265,7 @@ def _progress_callback(console, enabled: bool):
               help="Which outputs to produce.")
 @click.option("--no-param-grads", is_flag=True, help="Produce diff_src only (same as --outputs diff_src).")
 @click.option("-o", "--output", metavar="OUT.npz|-", help="Write the outputs to one .npz (- = stdout).")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc. (DIR is created when missing).")
 @click.option("--bf16", "bf16_inputs", multiple=True, type=click.Choice(INPUT_NAMES),
               help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
@@ -305,8 +305,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
-    if out_dir is not None and not out_dir.is_dir():
-        raise BnbwdError(f"output directory {out_dir} does not exist")
+    if out_dir is not None:  # made when missing (mkdir -p), removed again if the run fails
+        click.get_current_context().with_resource(files_write.output_directory(out_dir))
     input_paths = _input_paths(bundle, sources) + _reference_paths(reference, outputs)
     destinations = files_write.vet_destinations(_output_paths(output, out_dir, outputs), input_paths)
     if json_target is not None and json_target != "-":
