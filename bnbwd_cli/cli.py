@@ -20,7 +20,8 @@ from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
@@ -222,14 +223,6 @@ def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Pa
     return [path / f"{name}.npy" for name in outputs] if path.is_dir() else [path]
 
 
-def _reinterpret_bf16(name: str, array):  # noqa: ANN001 - an ndarray or NpyBlocks
-    if array.dtype == BFLOAT16:
-        return array
-    if array.dtype.itemsize != 2 or array.dtype.kind not in "uiV":
-        raise BnbwdError(f"--bf16 {name}: {name} has dtype {array.dtype}, expected 2-byte raw data (uint16, int16, V2)")
-    return array.view(BFLOAT16)
-
-
 def _progress_callback(console, enabled: bool):
     """A rich progress bar on stderr, or None."""
     if not enabled:
@@ -266,8 +259,9 @@ def _progress_callback(console, enabled: bool):
 @click.option("--no-param-grads", is_flag=True, help="Produce diff_src only (same as --outputs diff_src).")
 @click.option("-o", "--output", metavar="OUT.npz|-", help="Write the outputs to one .npz (- = stdout).")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc. (DIR is created when missing).")
-@click.option("--bf16", "bf16_inputs", multiple=True, type=click.Choice(INPUT_NAMES),
-              help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
+@click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
+              help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, ...) or, "
+              "with --reference, a key of KERNEL_OUT. Repeatable.")
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
 @click.option("--block-size", type=ByteSize(minimum=MIN_BLOCK_BYTES),
               help=f"Cache budget of one tile, e.g. 8M; smaller values are raised to {MIN_BLOCK_BYTES >> 10}K.  "
@@ -305,6 +299,10 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
+    bf16_outputs = [key for key in bf16_inputs if key not in INPUT_NAMES]  # keys of the kernel's outputs
+    if bf16_outputs and reference is None:
+        raise click.UsageError(f"--bf16 {bf16_outputs[0]}: not an input ({', '.join(INPUT_NAMES)}); "
+                               "a kernel output's key needs --reference KERNEL_OUT")
     if out_dir is not None:  # made when missing (mkdir -p), removed again if the run fails
         click.get_current_context().with_resource(files_write.output_directory(out_dir))
     input_paths = _input_paths(bundle, sources) + _reference_paths(reference, outputs)
@@ -333,9 +331,8 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             if blocks is not None:
                 stack.callback(blocks.close)
             inputs[name] = blocks if blocks is not None else read_array(source, name)
-        for name in bf16_inputs:
-            if name in inputs:
-                inputs[name] = _reinterpret_bf16(name, inputs[name])
+        bf16_names = [key for key in bf16_inputs if key in INPUT_NAMES]
+        check_found(bf16_names, reinterpret_bf16(bf16_names, {"input": inputs}), "the inputs")
         data_format = data_format or attributes.get("data_format") or profile.default_format
         epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
         canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
@@ -387,7 +384,9 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             problem = BackwardInputs(full["src"], full["diff_dst"], full["mean"], full["variance"], full.get("gamma"),
                                      epsilon=epsilon, data_format=canonical, training=not inference,
                                      variance_is_invstd=variance_is_invstd)
-            code = report_comparison(read_tensor_set(reference), arrays, comparison, report_console, json_target,
+            kernel = read_tensor_set(reference)
+            check_found(bf16_outputs, reinterpret_bf16(bf16_outputs, {reference: kernel}), reference)
+            code = report_comparison(kernel, arrays, comparison, report_console, json_target,
                                      actual_label=reference, reference_label="bnbwd run", data_format=canonical,
                                      inputs=problem, fsync=fsync)
             click.get_current_context().exit(int(code))
