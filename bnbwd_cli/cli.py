@@ -18,6 +18,7 @@ from bnbwd_cli import __version__, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
+from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
@@ -191,9 +192,13 @@ Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
 output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
 plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
-PATH is FILE.npy, FILE.npz:key, or - (stdin, one array). Raw 2-byte void
-arrays (|V2, how np.save stores ml_dtypes.bfloat16) are read as bfloat16;
---bf16 NAME reinterprets a uint16/int16 input as bfloat16 too.
+PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key] (pip install
+'bnbwd[safetensors]'), raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
+raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
+(stdin, one array). The bundle may be an .npz or a .safetensors file.
+PyTorch .pt/.pth files are pickles: refused, with how to convert them.
+Raw 2-byte void arrays (|V2, how np.save stores ml_dtypes.bfloat16) are
+read as bfloat16; --bf16 KEY reads uint16/int16 bits as bfloat16 too.
 
 \b
 Outputs: diff_src (dtype of src), diff_gamma and diff_beta (dtype of mean).
@@ -240,7 +245,7 @@ def _progress_callback(console, enabled: bool):
 
 
 @main.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
-@click.argument("bundle", required=False, metavar="[BUNDLE.npz|-]")
+@click.argument("bundle", required=False, metavar="[BUNDLE.npz|BUNDLE.safetensors|-]")
 @click.option("--src", type=ArraySource(), help="Forward input (input, input_forward, x).")
 @click.option("--diff-dst", type=ArraySource(), help="Gradient w.r.t. the output (output_delta, y_backprop).")
 @click.option("--mean", type=ArraySource(), help="Per-channel batch mean, shape (C,).")
@@ -327,12 +332,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     with contextlib.ExitStack() as stack:
         for name, source in sources.items():
-            blocks = files_read.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
+            blocks = files_blocks.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
             if blocks is not None:
                 stack.callback(blocks.close)
             inputs[name] = blocks if blocks is not None else read_array(source, name)
         bf16_names = [key for key in bf16_inputs if key in INPUT_NAMES]
-        check_found(bf16_names, reinterpret_bf16(bf16_names, {"input": inputs}), "the inputs")
+        check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
         data_format = data_format or attributes.get("data_format") or profile.default_format
         epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
         canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
@@ -379,7 +384,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         if reference is not None:
             # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
             # every element its error scale (streamed inputs are read whole here: the judge needs them).
-            full = {name: read_array(sources[name], name) if isinstance(value, files_read.NpyBlocks) else value
+            full = {name: read_array(sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
                     for name, value in inputs.items()}
             problem = BackwardInputs(full["src"], full["diff_dst"], full["mean"], full["variance"], full.get("gamma"),
                                      epsilon=epsilon, data_format=canonical, training=not inference,

@@ -262,8 +262,10 @@ _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for nam
 
 _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
-Each side is a .npy file (key = file stem), an .npz archive (its keys) or a
-directory of .npy files (keys = stems). Keys are matched by name; --map pairs
+Each side is a .npy file (key = file stem), an .npz archive or a .safetensors
+file (their keys), a directory of .npy files (keys = stems) or a headerless
+dump raw:DTYPE:SHAPE:FILE (key = file stem; e.g. raw:f32:8x64x56x56:dx.bin).
+PyTorch .pt/.pth pickles are refused (convert them: see bnbwd run --help). Keys are matched by name; --map pairs
 differently named keys, --only/--ignore select. A missing or extra key is a
 failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
 which is how np.save writes ml_dtypes.bfloat16) are read as bfloat16.

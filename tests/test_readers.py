@@ -238,7 +238,7 @@ def test_verify_bf16_inputs_and_errors(cli, tmp_path, arrays):
     ok = cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "src", "--bf16", "diff_dst")
     assert ok.exit_code == 0, ok.output
     one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
-              r"--bf16 mean: mean .* has dtype float32, expected 2-byte raw data")
+              r"--bf16 mean: mean has dtype float32 \(in --inputs .*\), expected 2-byte raw data")
     one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
 
 
@@ -255,7 +255,7 @@ def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
     result = cli(*args, "--bf16", "dx")
     assert result.exit_code == 0, result.output
     one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
-    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean \(input\) has dtype float32")
+    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in input\)")
 
 
 def test_exact_narrower():
@@ -350,3 +350,13 @@ def test_verify_structural_errors_are_printed_once(cli, tmp_path):
     result = cli("verify", tmp_path / "a.npz", tmp_path / "r.npz")
     one_error(result, r"diff_beta: in reference, missing from actual")
     assert "missing from actual" not in result.stdout and "structural problem(s), each named on stderr" in result.stdout
+
+
+def test_raw_dump_as_a_verify_side(cli, tmp_path, rng):
+    reference = rng.normal(size=(4, 6)).astype(np.float32)
+    reference.tofile(tmp_path / "diff_src.bin")  # key = the file's stem
+    np.savez(tmp_path / "ref.npz", diff_src=reference)
+    result = cli("verify", f"raw:f32:4x6:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz", "--brief")
+    assert result.exit_code == 0 and "diff_src: PASS 0/24 mismatched" in result.stdout, result.output
+    one_error(cli("verify", f"raw:f32:4x5:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz"),
+              r"needs 80 bytes, the file holds 96")

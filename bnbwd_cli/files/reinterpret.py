@@ -12,7 +12,7 @@ from bnbwd_cli.dtypes import BFLOAT16
 from bnbwd_cli.errors import BnbwdError
 
 
-def _is_raw16(array) -> bool:  # noqa: ANN001 - an ndarray or files.read.NpyBlocks
+def _is_raw16(array) -> bool:  # noqa: ANN001 - an ndarray or files.blocks.NpyBlocks
     return array.dtype.itemsize == 2 and array.dtype.kind in "uiV"
 
 
@@ -31,7 +31,7 @@ def reinterpret_bf16(keys: Iterable[str], sets: Mapping[str, MutableMapping]) ->
         raw = [label for label, array in holders.items() if _is_raw16(array)]
         if not raw and not any(array.dtype == BFLOAT16 for array in holders.values()):
             label, array = next(iter(holders.items()))
-            raise BnbwdError(f"--bf16 {key}: {key} ({label}) has dtype {array.dtype}, expected 2-byte raw data "
+            raise BnbwdError(f"--bf16 {key}: {key} has dtype {array.dtype} (in {label}), expected 2-byte raw data "
                              "(int16, uint16 or V2 holding bfloat16 bits)")
         for label in raw:
             sets[label][key] = sets[label][key].view(BFLOAT16)

@@ -29,7 +29,8 @@ from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.read import CHUNK_BYTES, SPAN_MIN_BYTES, reason
+from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES
+from bnbwd_cli.files.common import reason
 
 COPY_CHUNK = 16 << 20
 TEMP_SUFFIX = ".tmp"
