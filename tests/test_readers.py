@@ -255,7 +255,7 @@ def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
     result = cli(*args, "--bf16", "dx")
     assert result.exit_code == 0, result.output
     one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
-    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in input\)")
+    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in the inputs\)")
 
 
 def test_exact_narrower():
