@@ -360,3 +360,16 @@ def test_raw_dump_as_a_verify_side(cli, tmp_path, rng):
     assert result.exit_code == 0 and "diff_src: PASS 0/24 mismatched" in result.stdout, result.output
     one_error(cli("verify", f"raw:f32:4x5:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz"),
               r"needs 80 bytes, the file holds 96")
+
+
+def test_safetensors_over_available_memory_fails_before_reading(cli, tmp_path, arrays, monkeypatch):
+    from bnbwd_cli.files import safetensors_file
+
+    safetensors_numpy.save_file(arrays, str(tmp_path / "b.safetensors"))
+    monkeypatch.setattr(safetensors_file, "memory_cap", lambda: 100)
+    one_error(cli("run", tmp_path / "b.safetensors", *NCHW), r"tensors declare \d+ bytes, more than the memory available")
+
+
+def test_bare_command_still_prints_the_help(cli):
+    result = cli()
+    assert result.exit_code == 2 and "Commands:" in result.output and "error:" not in result.output
