@@ -18,9 +18,11 @@ from bnbwd_cli import __version__, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.judge import BackwardInputs
+from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
@@ -67,6 +69,20 @@ def _echo_error(text: str) -> None:
         click.echo(text, err=True)
 
 
+def _show_error(exc: click.ClickException) -> None:
+    """Every error is one `error: ...` line on stderr; a usage error also names the --help to read.
+
+    click's own block (Usage:, Try ..., Error: ...) spans three lines; `bnbwd` alone still prints the help.
+    """
+    if not isinstance(exc, click.UsageError) or isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        exc.show()
+        return
+    text = " ".join(exc.format_message().split())
+    if exc.ctx is not None:
+        text += f" (see '{exc.ctx.command_path} --help')"
+    click.echo(f"error: {text}", err=True)
+
+
 class BnbwdGroup(click.Group):
     """Maps failures that are not user errors to one line and a stable exit code."""
 
@@ -83,7 +99,7 @@ class BnbwdGroup(click.Group):
                 code = exc.exit_code
             except click.ClickException as exc:
                 with contextlib.suppress(OSError, ValueError):
-                    exc.show()
+                    _show_error(exc)
                 code = exc.exit_code
             except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Ctrl-C while parsing the command line
                 code = _interrupted(exc.__context__ if isinstance(exc, click.exceptions.Abort) else exc)
@@ -176,9 +192,13 @@ Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
 output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
 plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
-PATH is FILE.npy, FILE.npz:key, or - (stdin, one array). Raw 2-byte void
-arrays (|V2, how np.save stores ml_dtypes.bfloat16) are read as bfloat16;
---bf16 NAME reinterprets a uint16/int16 input as bfloat16 too.
+PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key] (pip install
+'bnbwd[safetensors]'), raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
+raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
+(stdin, one array). The bundle may be an .npz or a .safetensors file.
+PyTorch .pt/.pth files are pickles: refused, with how to convert them.
+Raw 2-byte void arrays (|V2, how np.save stores ml_dtypes.bfloat16) are
+read as bfloat16; --bf16 KEY reads uint16/int16 bits as bfloat16 too.
 
 \b
 Outputs: diff_src (dtype of src), diff_gamma and diff_beta (dtype of mean).
@@ -208,14 +228,6 @@ def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Pa
     return [path / f"{name}.npy" for name in outputs] if path.is_dir() else [path]
 
 
-def _reinterpret_bf16(name: str, array):  # noqa: ANN001 - an ndarray or NpyBlocks
-    if array.dtype == BFLOAT16:
-        return array
-    if array.dtype.itemsize != 2 or array.dtype.kind not in "uiV":
-        raise BnbwdError(f"--bf16 {name}: {name} has dtype {array.dtype}, expected 2-byte raw data (uint16, int16, V2)")
-    return array.view(BFLOAT16)
-
-
 def _progress_callback(console, enabled: bool):
     """A rich progress bar on stderr, or None."""
     if not enabled:
@@ -233,7 +245,7 @@ def _progress_callback(console, enabled: bool):
 
 
 @main.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
-@click.argument("bundle", required=False, metavar="[BUNDLE.npz|-]")
+@click.argument("bundle", required=False, metavar="[BUNDLE.npz|BUNDLE.safetensors|-]")
 @click.option("--src", type=ArraySource(), help="Forward input (input, input_forward, x).")
 @click.option("--diff-dst", type=ArraySource(), help="Gradient w.r.t. the output (output_delta, y_backprop).")
 @click.option("--mean", type=ArraySource(), help="Per-channel batch mean, shape (C,).")
@@ -251,9 +263,10 @@ def _progress_callback(console, enabled: bool):
               help="Which outputs to produce.")
 @click.option("--no-param-grads", is_flag=True, help="Produce diff_src only (same as --outputs diff_src).")
 @click.option("-o", "--output", metavar="OUT.npz|-", help="Write the outputs to one .npz (- = stdout).")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc.")
-@click.option("--bf16", "bf16_inputs", multiple=True, type=click.Choice(INPUT_NAMES),
-              help="Reinterpret this input's 2-byte raw data as bfloat16 (repeatable).")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc. (DIR is created when missing).")
+@click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
+              help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, ...) or, "
+              "with --reference, a key of KERNEL_OUT. Repeatable.")
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
 @click.option("--block-size", type=ByteSize(minimum=MIN_BLOCK_BYTES),
               help=f"Cache budget of one tile, e.g. 8M; smaller values are raised to {MIN_BLOCK_BYTES >> 10}K.  "
@@ -291,8 +304,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if no_param_grads:
         outputs = ("diff_src",)
-    if out_dir is not None and not out_dir.is_dir():
-        raise BnbwdError(f"output directory {out_dir} does not exist")
+    bf16_outputs = [key for key in bf16_inputs if key not in INPUT_NAMES]  # keys of the kernel's outputs
+    if bf16_outputs and reference is None:
+        raise click.UsageError(f"--bf16 {bf16_outputs[0]}: not an input ({', '.join(INPUT_NAMES)}); "
+                               "a kernel output's key needs --reference KERNEL_OUT")
+    if out_dir is not None:  # made when missing (mkdir -p), removed again if the run fails
+        click.get_current_context().with_resource(files_write.output_directory(out_dir))
     input_paths = _input_paths(bundle, sources) + _reference_paths(reference, outputs)
     destinations = files_write.vet_destinations(_output_paths(output, out_dir, outputs), input_paths)
     if json_target is not None and json_target != "-":
@@ -315,13 +332,12 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     with contextlib.ExitStack() as stack:
         for name, source in sources.items():
-            blocks = files_read.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
+            blocks = files_blocks.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
             if blocks is not None:
                 stack.callback(blocks.close)
             inputs[name] = blocks if blocks is not None else read_array(source, name)
-        for name in bf16_inputs:
-            if name in inputs:
-                inputs[name] = _reinterpret_bf16(name, inputs[name])
+        bf16_names = [key for key in bf16_inputs if key in INPUT_NAMES]
+        check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
         data_format = data_format or attributes.get("data_format") or profile.default_format
         epsilon = _resolve_epsilon(epsilon, attributes, profile, variance_is_invstd)
         canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=outputs)
@@ -368,12 +384,14 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         if reference is not None:
             # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
             # every element its error scale (streamed inputs are read whole here: the judge needs them).
-            full = {name: read_array(sources[name], name) if isinstance(value, files_read.NpyBlocks) else value
+            full = {name: read_array(sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
                     for name, value in inputs.items()}
             problem = BackwardInputs(full["src"], full["diff_dst"], full["mean"], full["variance"], full.get("gamma"),
                                      epsilon=epsilon, data_format=canonical, training=not inference,
                                      variance_is_invstd=variance_is_invstd)
-            code = report_comparison(read_tensor_set(reference), arrays, comparison, report_console, json_target,
+            kernel = read_tensor_set(reference)
+            check_found(bf16_outputs, reinterpret_bf16(bf16_outputs, {reference: kernel}), reference)
+            code = report_comparison(kernel, arrays, comparison, report_console, json_target,
                                      actual_label=reference, reference_label="bnbwd run", data_format=canonical,
                                      inputs=problem, fsync=fsync)
             click.get_current_context().exit(int(code))

@@ -52,3 +52,22 @@ def ulp_spacing(reference: np.ndarray, dtype: str) -> np.ndarray:
     _, exponent = np.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
     exponent = np.where(magnitude > 0, exponent - 1, emin)
     return np.ldexp(1.0, np.maximum(exponent, emin) - nmant)
+
+
+def exact_narrower(array: np.ndarray) -> str | None:
+    """"bf16" or "f16" when every finite element of a float32/float64 array is exactly a value of that
+    narrower format (bf16 tried first: it is the narrower); None otherwise, or when there is too little to tell.
+
+    Data that survives the round trip was computed or stored in that format and upcast on the way out.
+    """
+    if array.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    finite = array[np.isfinite(array)]
+    if finite.size < 8 or not np.any(finite):
+        return None
+    for name, dtype in (("bf16", BFLOAT16), ("f16", np.dtype(np.float16))):
+        with np.errstate(over="ignore", invalid="ignore"):
+            back = finite.astype(dtype).astype(array.dtype)
+        if np.array_equal(back, finite):
+            return name
+    return None

@@ -42,6 +42,13 @@ def resolve_format(name: str, ndim: int) -> str:
     return canonical
 
 
+def other_format(data_format: str, ndim: int) -> str:
+    """The other layout, named for this rank: NHWC for an NCHW tensor, NCX for NXC at rank 6, ..."""
+    other = "NXC" if canonical_format(data_format) == "NCX" else "NCX"
+    return next((alias for alias, (canonical, rank) in FORMAT_ALIASES.items() if canonical == other and rank == ndim),
+                other)
+
+
 def channel_axis(data_format: str, ndim: int) -> int:
     """Index of the channel axis: 1 for NCX, last for NXC."""
     return 1 if canonical_format(data_format) == "NCX" else ndim - 1

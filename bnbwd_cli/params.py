@@ -11,13 +11,13 @@ from bnbwd_cli.profiles import OUTPUT_NAMES
 
 
 class ArraySource(click.ParamType):
-    """FILE.npy, FILE.npz:key, FILE.npz (one array) or '-' for stdin."""
+    """FILE.npy, FILE.npz:key, FILE.npz (one array), FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE or '-' for stdin."""
 
     name = "PATH"
 
     def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
         if not isinstance(value, str) or not value:
-            self.fail("expected FILE.npy, FILE.npz:key or -", param, ctx)
+            self.fail("expected FILE.npy, FILE.npz:key, FILE.safetensors:key, raw:DTYPE:SHAPE:FILE or -", param, ctx)
         return value
 
 

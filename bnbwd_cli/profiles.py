@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, resolve_format
+from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, other_format, resolve_format
 from bnbwd_cli.files.read import FLOAT_DTYPES, dtype_name
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
@@ -183,12 +183,25 @@ def validate_inputs(
     channels = src.shape[channel_axis(canonical, src.ndim)]
     for name in PARAM_NAMES:
         if name in inputs and inputs[name].shape != (channels,):
-            raise BnbwdError(f"{name} has shape {inputs[name].shape}, expected ({channels},) = C of src ({canonical})")
+            raise BnbwdError(f"{name} has shape {inputs[name].shape}, expected ({channels},) = C of src ({canonical})"
+                             + _layout_suggestion(inputs[name].shape, src.shape, canonical, profile))
     _check_types(inputs, profile)
     _check_variance(inputs["variance"], variance_is_invstd)
     if profile.paired_param_grads and (("diff_gamma" in outputs) != ("diff_beta" in outputs)):
         raise BnbwdError("spec onednn produces diff_gamma and diff_beta both or neither; asked for one")
     return canonical
+
+
+def _layout_suggestion(param_shape: tuple[int, ...], src_shape: tuple[int, ...], canonical: str,
+                       profile: SpecProfile) -> str:
+    """'; --format NCHW fits ...' when the other layout's channel axis matches a (C,) input's length."""
+    ndim = len(src_shape)
+    other = other_format(canonical, ndim)
+    axis = channel_axis(other, ndim)
+    allowed = {name.upper() for name in profile.formats}
+    if ndim < 3 or param_shape != (src_shape[axis],) or other not in allowed:
+        return ""
+    return f"; with --format {other} it fits (C = {src_shape[axis]} on axis {axis} of src {src_shape})"
 
 
 def _check_types(inputs: dict[str, np.ndarray], profile: SpecProfile) -> None:

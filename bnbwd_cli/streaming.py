@@ -1,7 +1,7 @@
 """Out-of-core runs: inputs read by channel blocks, diff_src written by channel blocks, no memory mapping.
 
 Channels are independent in batch norm, so the core runs on one block of channels at a time: the block's
-src and diff_dst are read with explicit reads (files.read.NpyBlocks: any byte order or memory order,
+src and diff_dst are read with explicit reads (files.blocks.NpyBlocks: any byte order or memory order,
 a file truncated while it is read is a clean error), the core computes, and the block of diff_src is
 written with pwrite into a preallocated temp file (files.write.NpyBlockWriter: a full disk fails at the
 preallocation). Peak memory is about STREAM_BLOCK_BYTES (at least one channel), whatever the input size.
@@ -15,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from bnbwd_cli.files.read import NpyBlocks, available_memory, npy_data_bytes
+from bnbwd_cli.files.blocks import NpyBlocks, npy_data_bytes
+from bnbwd_cli.files.common import available_memory
 from bnbwd_cli.files.write import NpyBlockWriter
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.layout import channel_axis

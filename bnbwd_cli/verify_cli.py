@@ -24,6 +24,7 @@ from bnbwd_cli.params import FORMAT_CHOICE
 from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_bundle_keys, check_epsilon, inputs_from_bundle, validate_inputs
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
+from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 
 # --------------------------------------------------------------------------- click types
 
@@ -227,7 +228,7 @@ def report_comparison(
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
     ``data_format`` overrides ``options.data_format`` (for ``run``, whose --format it is).
     ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
-    Structural problems also go to stderr as ``error: ...`` lines.
+    Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
     """
     _check_override_names(options, actual, reference)
     if data_format is not None:
@@ -255,12 +256,16 @@ def report_comparison(
 
 # --------------------------------------------------------------------------- command
 
+BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the inputs BackwardInputs holds
+
 _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
 _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
-Each side is a .npy file (key = file stem), an .npz archive (its keys) or a
-directory of .npy files (keys = stems). Keys are matched by name; --map pairs
+Each side is a .npy file (key = file stem), an .npz archive or a .safetensors
+file (their keys), a directory of .npy files (keys = stems) or a headerless
+dump raw:DTYPE:SHAPE:FILE (key = file stem; e.g. raw:f32:8x64x56x56:dx.bin).
+PyTorch .pt/.pth pickles are refused (convert them: see bnbwd run --help). Keys are matched by name; --map pairs
 differently named keys, --only/--ignore select. A missing or extra key is a
 failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
 which is how np.save writes ml_dtypes.bfloat16) are read as bfloat16.
@@ -322,11 +327,13 @@ def _input_files(source: str) -> list[Path]:
 
 
 def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
-                      variance_is_invstd: bool) -> BackwardInputs:
-    """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them."""
+                      variance_is_invstd: bool, bf16: tuple[str, ...] = ()) -> BackwardInputs:
+    """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them.
+    Inputs named in `bf16` (canonical names) holding int16/uint16 bits are read as bfloat16."""
     label = f"--inputs ({bundle})"
     inputs, attributes = inputs_from_bundle(
         read_bundle(bundle, "--inputs", check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    reinterpret_bf16(bf16, {label: inputs})
     profile = PROFILES["generic"]
     data_format = data_format or attributes.get("data_format") or profile.default_format
     epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
@@ -348,10 +355,13 @@ def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | Non
 @click.option("--epsilon", type=float, help="With --inputs: epsilon, when the bundle has none.")
 @click.option("--inference", is_flag=True, help="With --inputs: the kernel is TF's is_training=False backward.")
 @click.option("--variance-is-invstd", is_flag=True, help="With --inputs: variance holds 1/sqrt(var+eps).")
+@click.option("--bf16", "bf16_keys", multiple=True, metavar="KEY", help="Read KEY's 2-byte raw data (int16/uint16 "
+              "bits, as PyTorch bf16 tensors are often dumped) as bfloat16, in ACTUAL, REFERENCE and --inputs. Repeatable.")
 @fsync_option
 @comparison_options
 def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: float | None, inference: bool,
-           variance_is_invstd: bool, fsync: bool, comparison: ComparisonOptions, json_target: str | None) -> None:
+           variance_is_invstd: bool, bf16_keys: tuple[str, ...], fsync: bool, comparison: ComparisonOptions,
+           json_target: str | None) -> None:
     if inputs_bundle is None and (epsilon is not None or inference or variance_is_invstd):
         raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
     if json_target is not None and json_target != "-":
@@ -359,10 +369,13 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
         files_write.vet_destination(json_target, sources, "--json")
     actual_set = read_tensor_set(actual)
     reference_set = read_tensor_set(reference)
+    found = reinterpret_bf16(bf16_keys, {actual: actual_set, reference: reference_set})
     inputs = None
     if inputs_bundle is not None:
         inputs = read_judge_inputs(inputs_bundle, epsilon, comparison.data_format, training=not inference,
-                                   variance_is_invstd=variance_is_invstd)
+                                   variance_is_invstd=variance_is_invstd, bf16=bf16_keys)
+        found |= {key for key in bf16_keys if key in BACKWARD_INPUTS and getattr(inputs, key) is not None}
+    check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if inputs_bundle else ""))
     code = report_comparison(
         actual_set,
         reference_set,

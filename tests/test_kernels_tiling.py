@@ -12,7 +12,7 @@ from bnbwd_cli import streaming
 from bnbwd_cli.core import numpy_core, plan
 from bnbwd_cli.core.numpy_core import float_to_half, half_to_float
 from bnbwd_cli.core.reference import reference_backward
-from bnbwd_cli.files.read import NpyBlocks
+from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
 from tests.oracle import BOUNDS, backward_arrays, normalised_error
 

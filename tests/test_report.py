@@ -122,10 +122,7 @@ diff_gamma  (3,)   f32    PASS         0 (0%)        0        0       0         
 diff_beta   -      -      MISSING           -        -        -       -         -
 junk        -      -      EXTRA             -        -        -       -         -
 
-error: diff_src: actual has shape (2, 4, 4, 3), reference (2, 3, 4, 4); actual looks like the NHWC transpose of reference (NCHW); bnbwd never transposes: convert one side
-error: diff_beta: in reference, missing from actual
-error: junk: in actual, missing from reference
-FAIL (exit 3): 3 structural problem(s)
+FAIL (exit 3): 3 structural problem(s), each named on stderr
 '''
 
 

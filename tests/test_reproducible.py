@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bnbwd_cli import streaming
-from bnbwd_cli.files.read import NpyBlocks
+from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
 from bnbwd_cli.core import numpy_core
 from tests.oracle import backward_arrays, exact_backward, normalised_error, problem_arrays, ulps

@@ -1,11 +1,14 @@
-"""Reading tensors: .npy, .npz, NAME.npz:key, stdin, pipes, directories, and out-of-core channel blocks.
+"""Reading tensors: .npy, .npz, NAME.npz:key, stdin, pipes and directories (out-of-core blocks: files/blocks.py);
+.safetensors (files/safetensors_file.py) and raw dumps (files/raw.py) are dispatched from here, and PyTorch
+pickles are refused by name and content (files/sniff.py).
 
 Everything is loaded with allow_pickle=False, and bounds come before work: a header is checked
 against the bytes actually present (file size, zip member size) before any data is read; an .npz
 member's declared size and compression ratio are checked before it is inflated, and members the
 caller does not want are never inflated; stdin must start with a .npy or zip magic and is read only
-as far as its header declares. Nothing is memory-mapped: blocks are read with explicit reads, so a
-file truncated while it is read is a clean error, never SIGBUS. Raw 2-byte void arrays (`|V2`) are
+as far as its header declares. Nothing here is memory-mapped: data is read with explicit reads, so a
+file truncated while it is read is a clean error, never SIGBUS (the safetensors package maps its files:
+files/safetensors_file.py checks the size again after reading). Raw 2-byte void arrays (`|V2`) are
 how np.save stores ml_dtypes.bfloat16, so they are read back as bfloat16.
 """
 
@@ -33,6 +36,9 @@ from numpy.lib import format as npy_format
 from bnbwd_cli import dtypes
 from bnbwd_cli.dtypes import BFLOAT16
 from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import raw, sniff
+from bnbwd_cli.files.common import available_memory, memory_cap, reason  # noqa: F401 - re-exported
+from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
 
 FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 ZIP_MAGIC = b"PK\x03\x04"
@@ -52,29 +58,6 @@ ZIP_ERRORS = (*READ_ERRORS, RuntimeError, NotImplementedError)
 def dtype_name(dtype: np.dtype) -> str:
     """Short, spec-style dtype name: f32, f16, bf16, f64, else numpy's own name (for messages)."""
     return dtypes.dtype_name(dtype) or np.dtype(dtype).name
-
-
-def reason(exc: BaseException) -> str:
-    """An exception as a short single-line reason."""
-    text = " ".join(str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc).split())
-    return (text or type(exc).__name__)[:200]
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), in bytes; None elsewhere."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def memory_cap() -> int:
-    """The most bytes one read may bring into memory: what is available (8 GiB when unknown)."""
-    return available_memory() or (8 << 30)
 
 
 # ---------------------------------------------------------------- sniffing
@@ -300,7 +283,8 @@ def _read_npz_key(archive_source: BinaryIO | str | Path, key: str, what: str) ->
 
 def _only_array(arrays: dict[str, np.ndarray], what: str) -> np.ndarray:
     if len(arrays) != 1:
-        raise BnbwdError(f"{what}: the .npz holds {len(arrays)} arrays ({', '.join(arrays) or 'none'}); name one with FILE.npz:key")
+        raise BnbwdError(f"{what}: the file holds {len(arrays)} arrays ({', '.join(arrays) or 'none'}); "
+                         "name one with FILE.npz:key (or FILE.safetensors:key)")
     return next(iter(arrays.values()))
 
 
@@ -327,6 +311,8 @@ def _read_once(source: str, what: str, npz_only: bool = False) -> Iterator[Sniff
                 if source == "-":
                     raise BnbwdError(f"{what.removesuffix(' (stdin)')}: stdin is empty, expected a .npy or .npz")
                 raise BnbwdError(f"{what}: is empty, expected a .npy or .npz")
+            if sniff.is_pickle_head(sniffed.head):
+                raise sniff.refuse_pickle(what)
             if not (sniffed.head.startswith(NPY_MAGIC) or sniffed.head[:4] in (ZIP_MAGIC, EMPTY_ZIP_MAGIC)):
                 raise BnbwdError(f"{what}: not a valid .npy or .npz (starts with {sniffed.head[:8]!r}, neither magic); "
                                  "not reading further")
@@ -358,25 +344,20 @@ def is_pipe_like(path: Path) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def _has_npz_key(source: str) -> bool:
+def has_key(source: str) -> bool:
+    """FILE.npz:key or FILE.safetensors:key."""
     head, sep, key = source.rpartition(":")
-    return bool(sep) and head.lower().endswith(".npz") and bool(key)
+    return bool(sep) and head.lower().endswith(sniff.KEYED_SUFFIXES) and bool(key)
 
 
 def split_source(source: str) -> tuple[str, str]:
-    """`FILE.npz:key` -> (FILE.npz, key); anything else -> (source, "")."""
-    if _has_npz_key(source):
+    """`FILE.npz:key` (or .safetensors) -> (FILE.npz, key); `raw:DTYPE:SHAPE:PATH` -> (PATH, ""); else (source, "")."""
+    if raw.is_raw(source):
+        return str(raw.parse_raw(source).path), ""
+    if has_key(source):
         path, _, key = source.rpartition(":")
         return path, key
     return source, ""
-
-
-def looks_like_zip(path: Path) -> bool:
-    try:
-        with path.open("rb") as stream:
-            return _is_zip(stream.read(4))
-    except OSError as exc:
-        raise BnbwdError(f"{path}: cannot read ({reason(exc)})") from None
 
 
 def _read_npy_path(path: Path, what: str) -> np.ndarray:
@@ -388,10 +369,13 @@ def _read_npy_path(path: Path, what: str) -> np.ndarray:
 
 
 def read_array(source: str, what: str) -> np.ndarray:
-    """One array from `FILE.npy`, `FILE.npz:key`, `FILE.npz` holding one array, a pipe, or `-` (stdin).
+    """One array from `FILE.npy`, `FILE.npz:key`, `FILE.npz` holding one array, `FILE.safetensors[:key]`,
+    `raw:DTYPE:SHAPE:PATH`, a pipe, or `-` (stdin).
 
     `what` names the input in error messages (e.g. "mean").
     """
+    if raw.is_raw(source):
+        return raw.read_raw(source, what)
     if source == "-":
         label = f"{what} (stdin)"
         result = _read_once_arrays("-", label)
@@ -412,28 +396,37 @@ def read_array(source: str, what: str) -> np.ndarray:
                 raise BnbwdError(f"{label}: is a .npy, not an .npz holding {key!r}")
             return result
         return result[key] if key else _only_array(result, label)
+    kind = sniff.file_kind(path, label)
+    if kind == "safetensors":
+        return read_safetensors_key(path, key, label) if key else _only_array(read_safetensors(path, label), label)
     if key:
         return _read_npz_key(path, key, label)
-    if looks_like_zip(path):
+    if kind == "npz":
         return _only_array(read_npz(path, label), label)
     return _read_npy_path(path, label)
 
 
 def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None) -> dict[str, np.ndarray]:
-    """All arrays of an input bundle (.npz path, pipe or `-` for stdin); `check_keys` vets the names first."""
+    """All arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first."""
     label = f"{what} (stdin)" if source == "-" else f"{what} ({source})"
     path = Path(source)
     if source == "-" or is_pipe_like(path):
         return _read_once_arrays(source, label, npz_only=True, check_keys=check_keys)
     if not path.is_file():
         raise BnbwdError(f"{label}: no such file" if not path.exists() else f"{label}: not a file")
-    if not looks_like_zip(path):
-        raise BnbwdError(f"{label}: not an .npz archive")
+    kind = sniff.file_kind(path, label)
+    if kind == "safetensors":
+        return read_safetensors(path, label, check_keys=check_keys)
+    if kind != "npz":
+        raise BnbwdError(f"{label}: not an .npz archive or a .safetensors file")
     return read_npz(path, label, check_keys=check_keys)
 
 
 def read_tensor_set(source: str) -> dict[str, np.ndarray]:
-    """Arrays by key from a .npy (key = stem), an .npz (its keys), a directory of .npy files (stems) or a pipe."""
+    """Arrays by key from a .npy (key = stem), an .npz or .safetensors (its keys), a raw dump (key = stem),
+    a directory of .npy files (stems) or a pipe."""
+    if raw.is_raw(source):
+        return {raw.parse_raw(source).path.stem: raw.read_raw(source, source)}
     path = Path(source)
     if path.is_dir():
         files = sorted(path.glob("*.npy"))
@@ -445,103 +438,9 @@ def read_tensor_set(source: str) -> dict[str, np.ndarray]:
     if is_pipe_like(path):
         result = _read_once_arrays(source, source)
         return {path.stem: result} if isinstance(result, np.ndarray) else result
-    if looks_like_zip(path):
+    kind = sniff.file_kind(path, source)
+    if kind == "safetensors":
+        return read_safetensors(path, source)
+    if kind == "npz":
         return read_npz(path, source)
     return {path.stem: _read_npy_path(path, source)}
-
-
-# ---------------------------------------------------------------- out-of-core: channel blocks by explicit reads
-
-
-class NpyBlocks:
-    """A .npy file read by channel blocks with pread: no mmap, any byte order or memory order, bounded memory.
-
-    shape/dtype/ndim/size/nbytes describe the array as read_array would return it, so the input checks
-    work on it unchanged. The file's size is checked when it is opened and after each read: a file
-    truncated (or grown) while it is read is an error, never SIGBUS.
-    """
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.path, self.what = path, what
-        try:
-            self._fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise BnbwdError(f"{what}: cannot read {path} ({reason(exc)})") from None
-        self._size = os.fstat(self._fd).st_size
-        with os.fdopen(os.dup(self._fd), "rb") as stream:
-            self.header = read_npy_header(stream, self._size, what)
-        self.shape, self.dtype = self.header.shape, self.header.logical_dtype
-        self._view: np.dtype | None = None
-        self.ndim, self.size, self.nbytes = len(self.shape), self.header.size, self.header.nbytes
-
-    def view(self, dtype: np.dtype) -> NpyBlocks:
-        """Read the data as another dtype of the same item size (--bf16: uint16 bits as bfloat16)."""
-        self._view = self.dtype = np.dtype(dtype)
-        return self
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
-
-    def _pread(self, offset: int, length: int) -> bytes:
-        data = os.pread(self._fd, length, self.header.offset + offset)
-        if len(data) != length or os.fstat(self._fd).st_size != self._size:
-            raise BnbwdError(f"{self.what}: {self.path} changed size while it was read "
-                             f"(was {self._size} bytes, now {os.fstat(self._fd).st_size}); nothing was written")
-        return data
-
-    def channels(self, axis: int, c0: int, c1: int) -> np.ndarray:
-        """The sub-array [..., c0:c1, ...] along `axis`, C-contiguous, native byte order."""
-        stored_shape = self.shape[::-1] if self.header.fortran_order else self.shape
-        stored_axis = self.ndim - 1 - axis if self.header.fortran_order else axis
-        outer = math.prod(stored_shape[:stored_axis])
-        channels = stored_shape[stored_axis]
-        inner = math.prod(stored_shape[stored_axis + 1 :])
-        itemsize = self.header.dtype.itemsize
-        span = (c1 - c0) * inner * itemsize
-        row = channels * inner * itemsize
-        block = np.empty((outer, c1 - c0, inner), dtype=self.header.dtype)
-        try:
-            if span >= SPAN_MIN_BYTES or c1 - c0 == channels:
-                for o in range(outer):  # one read per outer index: the block's own bytes only
-                    data = self._pread(o * row + c0 * inner * itemsize, span)
-                    block[o] = np.frombuffer(data, dtype=self.header.dtype).reshape(c1 - c0, inner)
-            else:  # short runs (channels last): read whole rows in chunks and keep the block's columns
-                rows = max(CHUNK_BYTES // max(row, 1), 1)
-                for o0 in range(0, outer, rows):
-                    o1 = min(o0 + rows, outer)
-                    data = self._pread(o0 * row, (o1 - o0) * row)
-                    block[o0:o1] = np.frombuffer(data, dtype=self.header.dtype).reshape(o1 - o0, channels, inner)[:, c0:c1]
-        except OSError as exc:
-            raise BnbwdError(f"{self.what}: cannot read {self.path} ({reason(exc)}); nothing was written") from None
-        stored_block = list(stored_shape)
-        stored_block[stored_axis] = c1 - c0
-        array = block.reshape(stored_block)
-        if self.header.fortran_order:
-            array = array.transpose()
-        array = np.ascontiguousarray(as_native(as_bfloat16_if_void(array)))
-        return array.view(self._view) if self._view is not None else array
-
-
-SPAN_MIN_BYTES = 64 << 10  # a contiguous run worth its own read
-CHUNK_BYTES = 8 << 20  # rows read at once when runs are short
-
-
-def open_npy_blocks(source: str, what: str) -> NpyBlocks | None:
-    """An out-of-core reader for a plain, regular .npy file; None for anything else (npz, stdin, pipes)."""
-    path = Path(source)
-    if source == "-" or _has_npz_key(source) or not path.is_file() or looks_like_zip(path):
-        return None
-    return NpyBlocks(path, f"{what} ({source})")
-
-
-def npy_data_bytes(source: str) -> int:
-    """Data size of a plain .npy path from its header (0 for anything else: npz, stdin, unreadable)."""
-    path = Path(source)
-    if source == "-" or not path.is_file():
-        return 0
-    try:
-        with path.open("rb") as stream:
-            return read_npy_header(stream, None, source).nbytes
-    except (BnbwdError, OSError):
-        return 0

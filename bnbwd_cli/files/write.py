@@ -22,13 +22,15 @@ import stat
 import sys
 import zipfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import numpy as np
+from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.read import CHUNK_BYTES, SPAN_MIN_BYTES, reason
+from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES
+from bnbwd_cli.files.common import reason
 
 COPY_CHUNK = 16 << 20
 TEMP_SUFFIX = ".tmp"
@@ -74,6 +76,27 @@ def vet_destination(target: str | Path, inputs: list[Path], what: str = "output"
     if not os.access(parent, os.W_OK):
         raise BnbwdError(f"{what} {text}: directory {parent} is not writable")
     return path
+
+
+@contextlib.contextmanager
+def output_directory(path: Path) -> Iterator[Path]:
+    """--out-dir DIR: made like `mkdir -p` when missing. The directories it made are removed again (if still
+    empty) when the command fails or is interrupted, so that a failed run leaves nothing behind."""
+    if path.exists() and not path.is_dir():
+        raise BnbwdError(f"output directory {path}: exists and is not a directory")
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BnbwdError(f"output directory {path}: cannot create it ({reason(exc)})") from None
+    try:
+        yield path
+    except BaseException as exc:
+        if not (isinstance(exc, Exit) and exc.exit_code in (0, 1)):  # 0 and 1 (mismatch) wrote their outputs
+            for directory in made:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        raise
 
 
 def vet_destinations(targets: list[str | Path], inputs: list[Path]) -> list[Path]:

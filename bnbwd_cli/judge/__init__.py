@@ -189,6 +189,7 @@ def compare_sets(
         if problem is None:
             job = _Job(pair.names, settings, tensor_layout(data_format, r.ndim), top_k)
             comparison = _compare_pair(a, r, job, inputs, facts)
+            comparison = replace(comparison, hints=comparison.hints + hint_rules.precision_hints(comparison, a))
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
     key_problems = []
     for problem in match.problems:

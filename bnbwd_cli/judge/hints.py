@@ -19,6 +19,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from bnbwd_cli.dtypes import exact_narrower
 from bnbwd_cli.judge.bias import ChannelFit
 from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts
 from bnbwd_cli.judge.stats import Comparison
@@ -158,3 +159,18 @@ def sum_hints(output: str, comparison: Comparison, actual: np.ndarray, reference
         hints.append("diff_beta = sum of diff_dst over N and the spatial axes, per channel: check the reduction axes "
                      "and the layout (--format)")
     return tuple(hints)
+
+
+def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[str, ...]:
+    """A failing f32/f64 output whose every element is exactly a bf16 (or f16) value: it was made in that
+    precision and upcast, so it is being held to the wider format's tolerance."""
+    if comparison.passed:
+        return ()
+    narrower = exact_narrower(actual)
+    if narrower is None or narrower == comparison.dtype:
+        return ()
+    name = {"bf16": "bfloat16", "f16": "float16"}[narrower]
+    bits = " (or its int16 bits, read with --bf16 KEY)" if narrower == "bf16" else ""
+    return (f"every element of actual is exactly a {name} value although it is stored as {comparison.actual_dtype}: "
+            f"the kernel computed it in {narrower} and upcast it, and it is judged at {comparison.dtype} precision; "
+            f"save the {name} tensor itself{bits} to judge it as {narrower}",)

@@ -110,8 +110,7 @@ def render_report(console: Console, result: SetComparison, *, actual_label: str,
             console.print(brief_line(output), highlight=False, soft_wrap=True)
     else:
         _render_summary(console, result)
-    for problem in result.all_problems:
-        console.print(Text(f"error: {problem.message}", style="bold red"), soft_wrap=True)
+    # Structural problems are not repeated here: report_comparison prints each once, as an `error:` line on stderr.
     if not brief:
         for output in result.outputs:
             if output.comparison is not None and (verbose or not output.comparison.passed):
@@ -318,7 +317,8 @@ def _render_verdict(console: Console, result: SetComparison) -> None:
         failed = ", ".join(o.name for o in result.outputs if o.status == "fail")
         console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
     else:
-        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s)", style="bold red"))
+        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), each named on stderr",
+                           style="bold red"))
 
 
 def print_problems(result: SetComparison, file: TextIO | None = None) -> None:

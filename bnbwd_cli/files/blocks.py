@@ -1,0 +1,114 @@
+"""Out-of-core reading: a plain .npy by channel blocks, with explicit reads (pread), never a memory map.
+
+Headers are vetted by files/read.py exactly as for in-memory reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import raw, sniff
+from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.read import as_bfloat16_if_void, as_native, has_key, read_npy_header
+
+
+class NpyBlocks:
+    """A .npy file read by channel blocks with pread: no mmap, any byte order or memory order, bounded memory.
+
+    shape/dtype/ndim/size/nbytes describe the array as read_array would return it, so the input checks
+    work on it unchanged. The file's size is checked when it is opened and after each read: a file
+    truncated (or grown) while it is read is an error, never SIGBUS.
+    """
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = path, what
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise BnbwdError(f"{what}: cannot read {path} ({reason(exc)})") from None
+        self._size = os.fstat(self._fd).st_size
+        with os.fdopen(os.dup(self._fd), "rb") as stream:
+            self.header = read_npy_header(stream, self._size, what)
+        self.shape, self.dtype = self.header.shape, self.header.logical_dtype
+        self._view: np.dtype | None = None
+        self.ndim, self.size, self.nbytes = len(self.shape), self.header.size, self.header.nbytes
+
+    def view(self, dtype: np.dtype) -> NpyBlocks:
+        """Read the data as another dtype of the same item size (--bf16: uint16 bits as bfloat16)."""
+        self._view = self.dtype = np.dtype(dtype)
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    def _pread(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._fd, length, self.header.offset + offset)
+        if len(data) != length or os.fstat(self._fd).st_size != self._size:
+            raise BnbwdError(f"{self.what}: {self.path} changed size while it was read "
+                             f"(was {self._size} bytes, now {os.fstat(self._fd).st_size}); nothing was written")
+        return data
+
+    def channels(self, axis: int, c0: int, c1: int) -> np.ndarray:
+        """The sub-array [..., c0:c1, ...] along `axis`, C-contiguous, native byte order."""
+        stored_shape = self.shape[::-1] if self.header.fortran_order else self.shape
+        stored_axis = self.ndim - 1 - axis if self.header.fortran_order else axis
+        outer = math.prod(stored_shape[:stored_axis])
+        channels = stored_shape[stored_axis]
+        inner = math.prod(stored_shape[stored_axis + 1 :])
+        itemsize = self.header.dtype.itemsize
+        span = (c1 - c0) * inner * itemsize
+        row = channels * inner * itemsize
+        block = np.empty((outer, c1 - c0, inner), dtype=self.header.dtype)
+        try:
+            if span >= SPAN_MIN_BYTES or c1 - c0 == channels:
+                for o in range(outer):  # one read per outer index: the block's own bytes only
+                    data = self._pread(o * row + c0 * inner * itemsize, span)
+                    block[o] = np.frombuffer(data, dtype=self.header.dtype).reshape(c1 - c0, inner)
+            else:  # short runs (channels last): read whole rows in chunks and keep the block's columns
+                rows = max(CHUNK_BYTES // max(row, 1), 1)
+                for o0 in range(0, outer, rows):
+                    o1 = min(o0 + rows, outer)
+                    data = self._pread(o0 * row, (o1 - o0) * row)
+                    block[o0:o1] = np.frombuffer(data, dtype=self.header.dtype).reshape(o1 - o0, channels, inner)[:, c0:c1]
+        except OSError as exc:
+            raise BnbwdError(f"{self.what}: cannot read {self.path} ({reason(exc)}); nothing was written") from None
+        stored_block = list(stored_shape)
+        stored_block[stored_axis] = c1 - c0
+        array = block.reshape(stored_block)
+        if self.header.fortran_order:
+            array = array.transpose()
+        array = np.ascontiguousarray(as_native(as_bfloat16_if_void(array)))
+        return array.view(self._view) if self._view is not None else array
+
+
+SPAN_MIN_BYTES = 64 << 10  # a contiguous run worth its own read
+CHUNK_BYTES = 8 << 20  # rows read at once when runs are short
+
+
+def open_npy_blocks(source: str, what: str) -> NpyBlocks | None:
+    """An out-of-core reader for a plain, regular .npy file; None for anything else (npz, stdin, pipes)."""
+    path = Path(source)
+    if source == "-" or raw.is_raw(source) or has_key(source) or not path.is_file():
+        return None
+    if sniff.file_kind(path, f"{what} ({source})") != "npy":
+        return None
+    return NpyBlocks(path, f"{what} ({source})")
+
+
+def npy_data_bytes(source: str) -> int:
+    """Data size of a plain .npy path from its header (0 for anything else: npz, stdin, unreadable)."""
+    path = Path(source)
+    if source == "-" or not path.is_file():
+        return 0
+    try:
+        with path.open("rb") as stream:
+            return read_npy_header(stream, None, source).nbytes
+    except (BnbwdError, OSError):
+        return 0

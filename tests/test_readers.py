@@ -1,0 +1,375 @@
+"""Readers and their errors through the real CLI: .safetensors, raw dumps, PyTorch pickles refused, --bf16,
+--out-dir creation, the layout suggestion, and one-line usage errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bnbwd_cli.dtypes import BFLOAT16, exact_narrower
+from bnbwd_cli.files.reinterpret import reinterpret_bf16
+from tests.conftest import make_inputs, save_bundle
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")  # the [test] extra installs it
+
+SHAPE = (2, 3, 4, 5)  # NCHW: C = 3
+NCHW = ("--epsilon", "1e-3", "--format", "NCHW")
+
+
+def one_error(result, pattern: str, code: int = 3) -> None:
+    """Exit code, exactly one `error: ...` line on stderr matching `pattern`, no traceback, no click block."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert __import__("re").search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in result.output and "Usage:" not in result.output
+
+
+@pytest.fixture
+def arrays(rng):
+    return make_inputs(rng, SHAPE)
+
+
+def run_outputs(cli, tmp_path: Path, *args: str, name: str = "grads.npz") -> dict[str, np.ndarray]:
+    out = tmp_path / name
+    result = cli("run", *args, *NCHW, "-q", "-o", out)
+    assert result.exit_code == 0, result.output
+    with np.load(out) as archive:  # np.save stores bfloat16 as |V2
+        return {key: value.view(BFLOAT16) if value.dtype.kind == "V" else value for key, value in archive.items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+
+
+def safetensors_file(path: Path, header: dict, data: bytes, length: int | None = None) -> str:
+    """A .safetensors file with whatever header the test wants (length: the declared header size)."""
+    text = json.dumps(header).encode()
+    path.write_bytes((len(text) if length is None else length).to_bytes(8, "little") + text + data)
+    return str(path)
+
+
+# ---------------------------------------------------------------- .safetensors
+
+
+def test_safetensors_bundle_and_key_give_the_npz_results(cli, tmp_path, arrays):
+    expected = run_outputs(cli, tmp_path, save_bundle(tmp_path / "b.npz", arrays), name="npz.npz")
+    st = tmp_path / "b.safetensors"
+    safetensors_numpy.save_file(arrays, str(st))
+    assert_same(run_outputs(cli, tmp_path, str(st), name="st.npz"), expected)
+    flags = [arg for name in ("src", "diff_dst", "mean", "variance", "gamma")
+             for arg in (f"--{name.replace('_', '-')}", f"{st}:{name}")]
+    assert_same(run_outputs(cli, tmp_path, *flags, name="keys.npz"), expected)
+
+
+def test_safetensors_bf16_is_read_as_bfloat16(cli, tmp_path, arrays):
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
+    safetensors_numpy.save_file(bf16, str(tmp_path / "b.safetensors"))
+    got = run_outputs(cli, tmp_path, str(tmp_path / "b.safetensors"), name="st.npz")
+    expected = run_outputs(cli, tmp_path, save_bundle(tmp_path / "b.npz", bf16), name="npz.npz")
+    assert got["diff_src"].dtype == BFLOAT16
+    assert_same(got, expected)
+    from bnbwd_cli.files.read import read_array
+    src = read_array(f"{tmp_path / 'b.safetensors'}:src", "src")
+    assert src.dtype == BFLOAT16 and np.array_equal(src.astype(np.float32), bf16["src"].astype(np.float32))
+
+
+@pytest.mark.parametrize("header, data, length, pattern", [
+    ({"src": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, 10**6, r"header length 1000000"),
+    ({"src": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None,
+     r"data_offsets \[0, 16\], outside the 8 bytes"),
+    ({"src": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None,
+     r"declares shape \(3,\) F32 \(12 bytes\) but 8 bytes"),
+    ({"src": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}}, b"\0" * 8, None, r"dtype 'F8_E4M3'"),
+    ({"src": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8, None, r"shape \[-2\]"),
+], ids=["header-longer-than-file", "offsets-outside-data", "shape-vs-bytes", "unknown-dtype", "negative-shape"])
+def test_hostile_safetensors_headers_fail_before_reading(cli, tmp_path, header, data, length, pattern):
+    path = safetensors_file(tmp_path / "bad.safetensors", header, data, length)
+    one_error(cli("run", path, *NCHW), r"bundle .*bad\.safetensors.*" + pattern)
+
+
+def test_safetensors_header_not_json(cli, tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes((5).to_bytes(8, "little") + b"{nope" + b"\0" * 8)
+    one_error(cli("run", str(path), *NCHW), r"not a valid \.safetensors file")
+
+
+def test_safetensors_without_the_package_is_one_line(cli, tmp_path, arrays, monkeypatch):
+    path = tmp_path / "b.safetensors"
+    safetensors_numpy.save_file(arrays, str(path))
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # `import safetensors` now raises ImportError
+    one_error(cli("run", str(path), *NCHW), r"needs the safetensors package.*pip install 'bnbwd\[safetensors\]'")
+
+
+def test_safetensors_as_verify_sides(cli, tmp_path, arrays):
+    out = tmp_path / "ref.npz"
+    assert cli("run", save_bundle(tmp_path / "b.npz", arrays), *NCHW, "-q", "-o", out).exit_code == 0
+    with np.load(out) as archive:
+        safetensors_numpy.save_file(dict(archive), str(tmp_path / "kernel.safetensors"))
+    result = cli("verify", tmp_path / "kernel.safetensors", out, "--brief")
+    assert result.exit_code == 0 and "diff_src: PASS" in result.stdout, result.output
+
+
+# ---------------------------------------------------------------- raw dumps
+
+
+def test_raw_dump_gives_the_npy_results(cli, tmp_path, arrays):
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    expected = run_outputs(cli, tmp_path, bundle, name="npz.npz")
+    arrays["src"].tofile(tmp_path / "x.bin")
+    arrays["diff_dst"].astype(">f4").tofile(tmp_path / "dy.be")  # big-endian, named as NumPy names it
+    got = run_outputs(cli, tmp_path, bundle, "--src", f"raw:f32:2x3x4x5:{tmp_path / 'x.bin'}",
+                      "--diff-dst", f"raw:>f4:2,3,4,5:{tmp_path / 'dy.be'}", name="raw.npz")
+    assert_same(got, expected)
+
+
+def test_raw_bf16_dump(cli, tmp_path, arrays):
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
+    bundle = save_bundle(tmp_path / "b.npz", bf16)
+    bf16["src"].view(np.int16).tofile(tmp_path / "x.bin")
+    got = run_outputs(cli, tmp_path, bundle, "--src", f"raw:bf16:2x3x4x5:{tmp_path / 'x.bin'}", name="raw.npz")
+    assert_same(got, run_outputs(cli, tmp_path, bundle, name="npz.npz"))
+
+
+@pytest.mark.parametrize("source, pattern", [
+    ("raw:f32:2x3x4x4:{x}", r"shape \(2, 3, 4, 4\) float32 needs 384 bytes, the file holds 480"),
+    ("raw:f32:2x3x4x5x2:{x}", r"needs 960 bytes, the file holds 480"),
+    ("raw:f32:{x}", r"expected raw:DTYPE:SHAPE:PATH"),
+    ("raw:f32:2xfour:{x}", r"shape '2xfour' is not dimensions joined by 'x'"),
+    ("raw:complex:2x3x4x5:{x}", r"dtype 'complex' is not a number type"),
+    ("raw:f32:2x3x4x5:{x}.missing", r"cannot read .*x\.bin\.missing"),
+], ids=["too-small", "too-large", "no-shape", "bad-shape", "bad-dtype", "missing-file"])
+def test_bad_raw_sources(cli, tmp_path, arrays, source, pattern):
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    arrays["src"].tofile(tmp_path / "x.bin")
+    one_error(cli("run", bundle, "--src", source.format(x=tmp_path / "x.bin"), *NCHW), pattern)
+
+
+# ---------------------------------------------------------------- PyTorch pickles
+
+
+class Tripwire:
+    """Unpickling this creates a file: the tests check that it never appears."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def torch_zip(path: Path, payload: bytes) -> str:
+    """The layout torch.save writes: a zip with ARCHIVE/data.pkl (no torch needed to build it)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("checkpoint/data.pkl", payload)
+        archive.writestr("checkpoint/version", "3\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("make", [
+    lambda d, p: torch_zip(d / "grads.pt", p),
+    lambda d, p: torch_zip(d / "grads.npz", p),  # by content, whatever the name
+    lambda d, p: (d / "legacy.bin").write_bytes(p) and str(d / "legacy.bin"),  # legacy torch.save: a bare pickle
+    lambda d, p: (d / "x.pth").write_bytes(np.zeros(3).tobytes()) and str(d / "x.pth"),  # by name
+], ids=["zip-pt", "zip-named-npz", "bare-pickle", "pth-by-name"])
+@pytest.mark.parametrize("where", ["bundle", "flag", "verify"])
+def test_pytorch_pickles_are_refused_never_unpickled(cli, tmp_path, arrays, make, where):
+    marker = tmp_path / "unpickled"
+    path = make(tmp_path, pickle.dumps(Tripwire(marker), protocol=4))
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    args = {"bundle": ["run", path, *NCHW], "flag": ["run", bundle, "--src", path, *NCHW],
+            "verify": ["verify", path, bundle]}[where]
+    one_error(cli(*args), r"is a PyTorch checkpoint \(a Python pickle\).*safetensors\.torch\.save_file.*np\.savez")
+    assert not marker.exists()
+
+
+def test_pickle_on_stdin_is_refused(cli, tmp_path, arrays):
+    marker = tmp_path / "unpickled"
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    result = cli("run", bundle, "--src", "-", *NCHW, input=pickle.dumps(Tripwire(marker), protocol=2))
+    one_error(result, r"src \(stdin\): is a PyTorch checkpoint")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- --bf16
+
+
+def test_bf16_reinterprets_the_bits():
+    bits = np.array([0x3F80, 0xC000, 0x3FC0, 0x7F80, 0x0000], dtype=np.uint16)  # 1, -2, 1.5, inf, 0
+    sets = {"a": {"x": bits, "y": bits.astype(np.int16)}}
+    assert reinterpret_bf16(["x", "y", "z"], sets) == {"x", "y"}
+    for key in ("x", "y"):
+        assert sets["a"][key].dtype == BFLOAT16
+        assert sets["a"][key].astype(np.float32).tolist() == [1.0, -2.0, 1.5, np.inf, 0.0]
+
+
+def test_verify_bf16_compares_the_values_the_bits_hold(cli, tmp_path, rng):
+    reference = rng.normal(size=(4, 8)).astype(np.float32)
+    kernel = reference.astype(ml_dtypes.bfloat16)
+    np.savez(tmp_path / "actual.npz", diff_src=kernel.view(np.int16))
+    np.savez(tmp_path / "ref.npz", diff_src=reference)
+    result = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz", "--bf16", "diff_src", "--json", "-")
+    assert result.exit_code == 0, result.output  # judged as bf16 against f32: rounding only
+    row = json.loads(result.stdout)["outputs"][0]
+    error = np.abs(kernel.astype(np.float64) - reference.astype(np.float64))
+    assert row["comparison"]["actual_dtype"] == "bf16"
+    assert row["comparison"]["max_abs"]["value"] == pytest.approx(error.max(), rel=1e-12)
+    without = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz")
+    assert without.exit_code == 3  # int16 bits against f32: not comparable
+
+
+def test_verify_bf16_inputs_and_errors(cli, tmp_path, arrays):
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
+    save_bundle(tmp_path / "b.npz", bf16)
+    out = tmp_path / "ref.npz"
+    assert cli("run", tmp_path / "b.npz", *NCHW, "-q", "-o", out).exit_code == 0
+    bits = {k: v.view(np.int16) if v.dtype == BFLOAT16 else v for k, v in bf16.items()}
+    inputs = save_bundle(tmp_path / "bits.npz", bits, epsilon=1e-3)
+    ok = cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "src", "--bf16", "diff_dst")
+    assert ok.exit_code == 0, ok.output
+    one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
+              r"--bf16 mean: mean has dtype float32 \(in --inputs .*\), expected 2-byte raw data")
+    one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
+
+
+def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
+    expected = run_outputs(cli, tmp_path, save_bundle(tmp_path / "b.npz", bf16), name="ref.npz")
+    bits = {k: v.view(np.uint16) if v.dtype == BFLOAT16 else v for k, v in bf16.items()}
+    got = run_outputs(cli, tmp_path, save_bundle(tmp_path / "bits.npz", bits), "--bf16", "src", "--bf16", "diff_dst")
+    assert_same(got, expected)
+    np.savez(tmp_path / "kernel.npz", dx=expected["diff_src"].view(np.int16), diff_gamma=expected["diff_gamma"],
+             diff_beta=expected["diff_beta"])
+    args = ["run", tmp_path / "bits.npz", "--bf16", "src", "--bf16", "diff_dst", *NCHW, "--reference",
+            tmp_path / "kernel.npz", "--map", "dx=diff_src"]
+    result = cli(*args, "--bf16", "dx")
+    assert result.exit_code == 0, result.output
+    one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
+    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in the inputs\)")
+
+
+def test_exact_narrower():
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=1000).astype(np.float32)
+    assert exact_narrower(values) is None
+    assert exact_narrower(values.astype(ml_dtypes.bfloat16).astype(np.float32)) == "bf16"
+    assert exact_narrower(values.astype(np.float16).astype(np.float64)) == "f16"
+    assert exact_narrower(np.zeros(100, np.float32)) is None
+    assert exact_narrower(values.astype(np.float16)) is None  # already narrow: nothing to say
+    with_nan = values.astype(ml_dtypes.bfloat16).astype(np.float32)
+    with_nan[3] = np.nan
+    assert exact_narrower(with_nan) == "bf16"
+
+
+def test_bf16_quantized_f32_output_gets_a_hint(cli, tmp_path, rng):
+    reference = rng.normal(size=(16, 8)).astype(np.float32)
+    np.savez(tmp_path / "actual.npz", out=reference.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.savez(tmp_path / "ref.npz", out=reference)
+    result = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz")
+    assert result.exit_code == 1
+    assert "hint: every element of actual is exactly a bfloat16 value although it is stored as f32" in result.stdout
+    clean = cli("verify", tmp_path / "ref.npz", tmp_path / "ref.npz")
+    assert clean.exit_code == 0 and "bfloat16 value" not in clean.stdout
+
+
+# ---------------------------------------------------------------- --out-dir
+
+
+def test_out_dir_is_created(cli, tmp_path, arrays):
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    expected = run_outputs(cli, tmp_path, bundle)
+    target = tmp_path / "new" / "grads"
+    result = cli("run", bundle, *NCHW, "-q", "--out-dir", target)
+    assert result.exit_code == 0, result.output
+    assert_same({p.stem: np.load(p) for p in target.glob("*.npy")}, expected)
+
+
+def test_failed_run_removes_the_out_dir_it_made(cli, tmp_path, arrays):
+    bundle = save_bundle(tmp_path / "b.npz", arrays)
+    one_error(cli("run", bundle, "--epsilon", "1e-3", "--out-dir", tmp_path / "new" / "grads"), r"mean has shape")
+    assert not (tmp_path / "new").exists()
+    result = cli("run", bundle, "--out-dir", bundle)
+    one_error(result, r"--out-dir.* is a file", 2)
+
+
+# ---------------------------------------------------------------- layout suggestion
+
+
+@pytest.mark.parametrize("data_format, given, suggested", [("NCX", [], "NCHW"), ("NXC", ["--format", "NCHW"], "NHWC")])
+def test_layout_mismatch_suggests_the_other_format(cli, tmp_path, rng, data_format, given, suggested):
+    shape = (2, 3, 4, 5) if data_format == "NCX" else (2, 4, 5, 3)
+    bundle = save_bundle(tmp_path / "b.npz", make_inputs(rng, shape, data_format))
+    pattern = rf"mean has shape \(3,\), expected \(\d,\) = C of src .*; with --format {suggested} it fits"
+    one_error(cli("run", bundle, "--epsilon", "1e-3", *given), pattern)
+    out = tmp_path / "ref.npz"
+    np.savez(out, diff_src=np.zeros(shape, np.float32))
+    one_error(cli("verify", out, out, "--inputs", bundle, "--epsilon", "1e-3", *given), pattern)
+
+
+def test_no_suggestion_when_neither_layout_fits(cli, tmp_path, rng):
+    arrays = make_inputs(rng, SHAPE)
+    arrays["mean"] = arrays["mean"][:2]
+    result = cli("run", save_bundle(tmp_path / "b.npz", arrays), *NCHW)
+    one_error(result, r"mean has shape \(2,\), expected \(3,\)")
+    assert "--format" not in result.stderr
+
+
+# ---------------------------------------------------------------- usage errors: one line
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["run", "--bogus"], r"No such option '--bogus'.*\(see '\S+ run --help'\)"),
+    (["run", "--format", "XYZ"], r"Invalid value for '--format'"),
+    (["verify", "a.npz"], r"Missing argument 'REFERENCE'.*\(see '\S+ verify --help'\)"),
+    (["nosuch"], r"No such command 'nosuch'"),
+    (["run", "x.npz", "-o", "a.npz", "--out-dir", "d"], r"give -o/--output or --out-dir, not both"),
+])
+def test_usage_errors_are_one_line(cli, args, pattern):
+    one_error(cli(*args), pattern, 2)
+
+
+def test_usage_error_from_the_installed_entry_point_is_one_line():
+    completed = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "--bogus"], capture_output=True, text=True)
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr.startswith("error: No such option '--bogus'") and completed.stderr.count("\n") == 1
+
+
+def test_verify_structural_errors_are_printed_once(cli, tmp_path):
+    np.savez(tmp_path / "a.npz", diff_src=np.zeros((2, 3), np.float32))
+    np.savez(tmp_path / "r.npz", diff_src=np.zeros((2, 3), np.float32), diff_beta=np.zeros(3, np.float32))
+    result = cli("verify", tmp_path / "a.npz", tmp_path / "r.npz")
+    one_error(result, r"diff_beta: in reference, missing from actual")
+    assert "missing from actual" not in result.stdout and "structural problem(s), each named on stderr" in result.stdout
+
+
+def test_raw_dump_as_a_verify_side(cli, tmp_path, rng):
+    reference = rng.normal(size=(4, 6)).astype(np.float32)
+    reference.tofile(tmp_path / "diff_src.bin")  # key = the file's stem
+    np.savez(tmp_path / "ref.npz", diff_src=reference)
+    result = cli("verify", f"raw:f32:4x6:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz", "--brief")
+    assert result.exit_code == 0 and "diff_src: PASS 0/24 mismatched" in result.stdout, result.output
+    one_error(cli("verify", f"raw:f32:4x5:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz"),
+              r"needs 80 bytes, the file holds 96")
+
+
+def test_safetensors_over_available_memory_fails_before_reading(cli, tmp_path, arrays, monkeypatch):
+    from bnbwd_cli.files import safetensors_file
+
+    safetensors_numpy.save_file(arrays, str(tmp_path / "b.safetensors"))
+    monkeypatch.setattr(safetensors_file, "memory_cap", lambda: 100)
+    one_error(cli("run", tmp_path / "b.safetensors", *NCHW), r"tensors declare \d+ bytes, more than the memory available")
+
+
+def test_bare_command_still_prints_the_help(cli):
+    result = cli()
+    assert result.exit_code == 2 and "Commands:" in result.output and "error:" not in result.output
