@@ -145,6 +145,8 @@ def _render_rules(console: Console, result: SetComparison) -> None:
         console.print(f"note: {', '.join(unjudged)} {verb} over M elements; their correct error grows with the "
                       "size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.",
                       highlight=False, soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     console.print()
 
 
