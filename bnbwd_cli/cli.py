@@ -17,18 +17,17 @@ import numpy as np
 from bnbwd_cli import __version__, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.case import read_inputs
 from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.read import BFLOAT16, read_array, read_tensor_set, split_source
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
     OUTPUT_NAMES,
     PROFILES,
-    check_bundle_keys,
     check_epsilon,
-    inputs_from_bundle,
     validate_inputs,
 )
 from bnbwd_cli.render.text import make_console
@@ -303,9 +302,10 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise BnbwdError(f"reference {reference}: no such file or directory")
 
     profile = PROFILES[spec]
-    label = f"bundle ({bundle})"
-    inputs, attributes = ({}, {}) if not bundle else inputs_from_bundle(
-        read_bundle(bundle, check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    split = read_inputs(bundle, comparison.key_map) if bundle else None  # --map THEIRS=OURS renames inputs too
+    inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
+    if split and split.note() and not quiet:
+        _echo_error(f"note: bundle ({bundle}): {split.note()}")
     has_file_output = out_dir is not None or (output is not None and output != "-")
     # Large .npy inputs stream by themselves. With --core numba only those too large to load safely do, and then
     # the refusal below says why.

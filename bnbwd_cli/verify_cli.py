@@ -18,12 +18,13 @@ import numpy as np
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report
 from bnbwd_cli.errors import ExitCode
+from bnbwd_cli.case import read_inputs
 from bnbwd_cli.judge import BackwardInputs, compare_sets
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
 from bnbwd_cli.params import FORMAT_CHOICE
-from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_bundle_keys, check_epsilon, inputs_from_bundle, validate_inputs
+from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_bundle, read_tensor_set
+from bnbwd_cli.files.read import read_tensor_set
 
 # --------------------------------------------------------------------------- click types
 
@@ -322,11 +323,13 @@ def _input_files(source: str) -> list[Path]:
 
 
 def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
-                      variance_is_invstd: bool) -> BackwardInputs:
-    """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them."""
+                      variance_is_invstd: bool, key_map: Mapping[str, str]) -> BackwardInputs:
+    """The op's inputs from a bundle (names, --map and attributes as for `bnbwd run`), checked like run checks them."""
     label = f"--inputs ({bundle})"
-    inputs, attributes = inputs_from_bundle(
-        read_bundle(bundle, "--inputs", check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    split = read_inputs(bundle, key_map, "--inputs")
+    inputs, attributes = split.inputs, split.attributes
+    if split.note():
+        click.echo(f"note: {label}: {split.note()}", err=True)
     profile = PROFILES["generic"]
     data_format = data_format or attributes.get("data_format") or profile.default_format
     epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
@@ -362,7 +365,7 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
     inputs = None
     if inputs_bundle is not None:
         inputs = read_judge_inputs(inputs_bundle, epsilon, comparison.data_format, training=not inference,
-                                   variance_is_invstd=variance_is_invstd)
+                                   variance_is_invstd=variance_is_invstd, key_map=comparison.key_map)
     code = report_comparison(
         actual_set,
         reference_set,
