@@ -16,7 +16,7 @@ import numpy as np
 
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.read import read_bundle
+from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.judge import BackwardInputs, SetComparison, compare_sets
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
 from bnbwd_cli.judge.tolerance import CompareSettings
@@ -135,3 +135,37 @@ def judge(problem: BackwardInputs, actual: Mapping[str, np.ndarray], judging: Ju
                          "(or a spec's name for them, or --map THEIRS=OURS)")
     return compare_sets(actual, reference_outputs(problem, names), judging.settings, key_map=judging.key_map,
                         only=judging.only, ignore=judging.ignore, top_k=judging.top, inputs=problem)
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """One case file's verdict: a comparison, or the one-line error that kept it from being judged."""
+
+    path: str
+    result: SetComparison | None = None
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        """"pass", "mismatch", "structural" (an output that cannot be compared) or "error" (unreadable)."""
+        return "error" if self.result is None else self.result.status
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.result is None else int(self.result.exit_code)
+
+
+def judge_file(path: str, op: OpSettings, judging: Judging) -> CaseOutcome:
+    """Read one case (inputs and kernel outputs in one .npz or directory) and judge it. The file's own
+    'epsilon' and 'data_format' entries win: `op` holds the defaults for files that do not say."""
+    try:
+        split = split_arrays(read_tensor_set(path), judging.key_map, path)
+        attributes = split.attributes
+        op = replace(op, epsilon=attributes.get("epsilon", op.epsilon),
+                     data_format=attributes.get("data_format") or op.data_format)
+        result = judge(build_inputs(split.inputs, op, path), split.outputs, judging)
+    except BnbwdError as exc:
+        message = exc.format_message()  # every error names the case, once
+        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
+    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())

@@ -18,6 +18,7 @@ from bnbwd_cli import __version__, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.case import read_inputs
+from bnbwd_cli.check_cli import check, with_run_options
 from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
@@ -158,7 +159,7 @@ def main(traceback: bool) -> None:
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
     \b
-    Start with:  bnbwd run --help   and   bnbwd verify --help
+    Start with:  bnbwd run --help,  bnbwd verify --help  and  bnbwd check --help
     """
 
 
@@ -433,3 +434,4 @@ def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_
 
 
 main.add_command(verify)
+main.add_command(with_run_options(check, run))
