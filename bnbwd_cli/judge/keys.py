@@ -19,6 +19,7 @@ class Pairing:
 
     actual_key: str
     reference_key: str
+    canonical: str = ""  # the name both keys give (after --map and the specs' aliases)
 
     @property
     def name(self) -> str:
@@ -28,9 +29,9 @@ class Pairing:
         return f"{self.actual_key}={self.reference_key}"
 
     @property
-    def names(self) -> tuple[str, str]:
-        """Names a per-output override may use (actual key first)."""
-        return (self.actual_key, self.reference_key)
+    def names(self) -> tuple[str, ...]:
+        """Names a per-output override may use (actual key first, the canonical name last)."""
+        return tuple(dict.fromkeys(n for n in (self.actual_key, self.reference_key, self.canonical) if n))
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,12 @@ def _named(keys: Sequence[str], key_map: Mapping[str, str], side: str, problems:
     return named
 
 
-def _not_compared_note(inputs: Iterable[str], extras: Iterable[str], unused_map: Iterable[str]) -> tuple[str, ...]:
+def _not_compared_note(inputs: Iterable[str], extras: Iterable[str], not_outputs: Iterable[str],
+                       unused_map: Iterable[str]) -> tuple[str, ...]:
     """The keys left out, said once: inputs and attributes, keys only one side holds, --map entries that matched nothing."""
     parts = []
-    for label, keys in (("the op's inputs", inputs), ("only in actual", extras), ("--map matched no key", unused_map)):
+    for label, keys in (("the op's inputs", inputs), ("only in actual", extras), ("not outputs", not_outputs),
+                        ("--map matched no key", unused_map)):
         keys = list(dict.fromkeys(keys))
         if keys:
             parts.append(f"{', '.join(keys)} ({label})")
@@ -98,10 +101,12 @@ def match_keys(
 ) -> KeyMatch:
     """Pair actual keys with reference keys by canonical name (``key_map``: THEIRS -> OURS, on both sides).
 
-    ``only``/``ignore`` select by either key or the canonical name. A reference key without an actual
-    partner is "missing" (a structural failure). Keys naming the op's inputs or attributes that only
-    one side holds (a case file holding inputs and outputs), actual keys the reference lacks and --map
-    entries that match nothing are not compared: one note lists them. Order follows the reference.
+    ``only``/``ignore`` select by either key or the canonical name. When either side holds the op's
+    outputs (diff_src... or a spec's name), only those are compared: the inputs and attributes a case
+    dump holds next to them, and its other keys, are not (unless --only names them). Plain arrays are
+    compared by name, except an input name only one side holds. A reference key to compare without an
+    actual partner is "missing" (a structural failure); keys left out, actual keys the reference lacks
+    and --map entries that match nothing are listed in one note. Order follows the reference.
     """
     key_map = dict(key_map or {})
     only, ignore = set(only), set(ignore)
@@ -115,16 +120,26 @@ def match_keys(
     def selected(*names: str) -> bool:
         return (not only or any(n in only for n in names)) and not any(n in ignore for n in names)
 
-    def set_aside(name: str) -> bool:  # an input only one side holds: the case file's inputs, not an output
-        return is_input_key(name) and (name not in actual or name not in reference)
+    # Files holding the op's outputs (case dumps): those outputs are what is compared, every other key (the
+    # inputs, a step count) is noted, unless --only names it. Files of plain arrays: every key, by name.
+    holds_outputs = any(name in OUTPUT_ALIASES.values() for name in [*reference, *actual])
+
+    def set_aside(name: str) -> bool:  # the case's inputs, not an output
+        return is_input_key(name) and (holds_outputs or name not in actual or name not in reference)
+
+    def compared(name: str, *keys: str) -> bool:
+        return not holds_outputs or name in OUTPUT_ALIASES.values() or any(k in only for k in (name, *keys))
 
     pairs: list[Pairing] = []
     inputs = [key for name, key in [*reference.items(), *actual.items()] if set_aside(name)]
+    not_outputs = []
     for name, r_key in reference.items():
         if set_aside(name) or not selected(r_key, name, actual.get(name, r_key)):
             continue
-        if name in actual:
-            pairs.append(Pairing(actual[name], r_key))
+        if not compared(name, r_key):
+            not_outputs.append(r_key)
+        elif name in actual:
+            pairs.append(Pairing(actual[name], r_key, name))
         else:
             problems.append(Problem("missing", r_key, f"{r_key}: in reference, missing from actual"))
     extras = [key for name, key in actual.items()
@@ -132,7 +147,7 @@ def match_keys(
     unused_map = [f"{a}={r}" for a, r in key_map.items() if a not in actual_keys and a not in reference_keys]
     if not pairs and not problems:
         problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
-    return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, unused_map))
+    return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, not_outputs, unused_map))
 
 
 _LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}
