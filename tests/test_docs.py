@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from click.testing import CliRunner
+
+from bnbwd_cli.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,21 +77,30 @@ def _files_the_examples_name(work: Path) -> None:
     (work / "grads").mkdir()
 
 
-def test_every_readme_command_runs_with_its_documented_exit_code(tmp_path):
+def _run(command: str, work: Path) -> tuple[int, str, str]:
+    """A README command: in-process when it is one plain command (fast), through bash when it uses the shell
+    (pipes, globs, redirections); either way `bnbwd` is this checkout's CLI, not an installed script."""
+    if not re.search(r"[|<>;&*?$`]", command):
+        result = CliRunner().invoke(main, shlex.split(command)[1:], catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
+    script = f'bnbwd() {{ "{sys.executable}" -m bnbwd_cli "$@"; }}\n{command}'
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=environment, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_every_readme_command_runs_with_its_documented_exit_code(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     commands = readme_commands(readme)
     assert len(commands) >= 8 and any(c.startswith("bnbwd check ") and code == 1 for c, code in commands)
     shutil.copytree(ROOT / "fixtures", tmp_path / "fixtures")
     _files_the_examples_name(tmp_path)
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    monkeypatch.chdir(tmp_path)
     outputs = {}
     for command, expected in commands:
-        # `bnbwd` is this checkout's CLI (an installed script could be another version)
-        script = f'bnbwd() {{ "{sys.executable}" -m bnbwd_cli "$@"; }}\n{command}'
-        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment, capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == expected, f"{command}\nexit {done.returncode}, documented {expected}\n{done.stderr}"
-        outputs[command] = done.stdout
+        code, stdout, stderr = _run(command, tmp_path)
+        assert code == expected, f"{command}\nexit {code}, documented {expected}\n{stderr}"
+        outputs[command] = stdout
     section = readme[readme.index("## In pytest"):readme.index("## What bnbwd guarantees")]
     capture = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     failing = next(c for c, code in commands if c.startswith("bnbwd check ") and code == 1)
