@@ -87,6 +87,10 @@ class OpSettings:
 def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -> BackwardInputs:
     """Check the inputs as `bnbwd run` does (names, shapes, dtypes, the spec's rules) and bundle them."""
     profile = PROFILES[op.spec]
+    for name in ("src", "diff_dst", "mean", "variance", *profile.required):
+        if name not in inputs:  # said here: run's message names run's flags, which a case file has not
+            raise BnbwdError(f"{label}: missing input {name} (spec {profile.name}): no key {name!r} or a spec's "
+                             f"name for it; --map THEIRS={name} reads your own")
     data_format = op.data_format or profile.default_format
     epsilon = op.epsilon if op.epsilon is not None else profile.default_epsilon
     if epsilon is None:

@@ -86,8 +86,6 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
 
 def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
     console.print(report_cases.case_line(outcome), highlight=False, soft_wrap=True)
-    for note in outcome.notes:
-        console.print(f"  note: {note}", highlight=False, soft_wrap=True)
     if comparison.verbose and outcome.result is not None:
         report_text.render_report(console, outcome.result, actual_label=outcome.path, reference_label="bnbwd",
                                   verbose=False, brief=comparison.brief)

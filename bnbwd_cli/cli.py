@@ -271,7 +271,7 @@ def _progress_callback(console, enabled: bool):
 @fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
-              "on mismatch. The options below tune it (--map KERNEL_KEY=OUR_KEY).")
+              "on mismatch. The options below tune it (--map THEIRS=OURS also renames the bundle's inputs).")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size, core,

@@ -68,16 +68,16 @@ class MismatchValue(click.ParamType):
 
 
 class KeyPair(click.ParamType):
-    """``ACTUAL_KEY=REFERENCE_KEY``."""
+    """``THEIRS=OURS``: a file's key and the name bnbwd gives it (in every file a command reads)."""
 
-    name = "ACTUAL_KEY=REFERENCE_KEY"
+    name = "THEIRS=OURS"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
         if isinstance(value, tuple):
             return value
         actual, sep, reference = value.partition("=")
         if not sep or not actual or not reference:
-            self.fail(f"{value!r}: expected ACTUAL_KEY=REFERENCE_KEY, e.g. x_backprop=diff_src", param, ctx)
+            self.fail(f"{value!r}: expected THEIRS=OURS, e.g. dx=diff_src or dy=diff_dst", param, ctx)
         return actual, reference
 
 
@@ -136,7 +136,7 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use; VALUE or NAME=VALUE. Default {DEFAULT_MAX_UNITS:g}."),
         click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
         click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
-        click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Compare ACTUAL_KEY with REFERENCE_KEY (e.g. x_backprop=diff_src). Repeatable."),
+        click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Read a file's key THEIRS as OURS (e.g. dx=diff_src, dy=diff_dst), in every file the command reads, inputs and outputs alike; the specs' names (x_backprop...) need none. Repeatable."),
         click.option("--only", multiple=True, metavar="KEY[,KEY]", help="Compare only these keys (either side's name)."),
         click.option("--ignore", multiple=True, metavar="KEY[,KEY]", help="Leave these keys out (either side's name)."),
     ]
@@ -261,10 +261,13 @@ _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for nam
 _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
 Each side is a .npy file (key = file stem), an .npz archive (its keys) or a
-directory of .npy files (keys = stems). Keys are matched by name; --map pairs
-differently named keys, --only/--ignore select. A missing or extra key is a
-failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
-which is how np.save writes ml_dtypes.bfloat16) are read as bfloat16.
+directory of .npy files (keys = stems). Keys are matched by name, the specs'
+output names (x_backprop, input_delta...) as ours; --map THEIRS=OURS renames
+a key in either file, --only/--ignore select. When a file holds the op's
+outputs, those are compared; the inputs and other keys a dump holds next to
+them are named in one note. A missing output is a failure (exit 3), never a
+silent skip. Arrays stored as raw 2-byte void (|V2, which is how np.save
+writes ml_dtypes.bfloat16) are read as bfloat16.
 
 \b
 With --inputs BUNDLE (the src, diff_dst, mean, variance, gamma the kernel
@@ -292,7 +295,7 @@ Default fixed tolerances by dtype (rel_l2 = k * 2^-mantissa_bits):
 
 \b
 Exit codes: 0 all outputs pass, 1 numerical mismatch, 2 usage error,
-3 structural: missing/extra key, shape mismatch (the report names the
+3 structural: missing key, shape mismatch (the report names the
 transpose that would fix it, never applies it), unreadable file,
 dtype that cannot be compared.
 """

@@ -41,7 +41,8 @@ def test_shipped_examples_pass_and_fail_by_their_own_names(cli):
     assert re.match(rf"PASS  {re.escape(str(good))}: dx=diff_src [\d.]+ units, dgamma=diff_gamma", lines[0])
     assert lines[1].startswith(f"FAIL  {bad}: ") and "hint: an unbiased variance" in lines[1]
     assert lines[-1] == f"FAIL (exit 1): 2 case(s), 1 failed ({bad})"
-    assert cli("check", good, *OWN_NAMES).exit_code == 0
+    verbose = cli("check", good, *OWN_NAMES, "-v")
+    assert verbose.exit_code == 0 and "matched no key" not in verbose.stdout  # the input maps were used
 
 
 def test_exit_0_one_line_per_case_and_summary(cli, case, tmp_path):

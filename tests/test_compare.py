@@ -254,6 +254,8 @@ def test_map_renames_on_both_sides_and_output_aliases_match():
     assert [(p.actual_key, p.reference_key) for p in match.pairs] == [("dx", "diff_src"), ("scale_backprop", "diff_gamma")]
     flipped = match_keys(["diff_src"], ["dx"], {"dx": "diff_src"})
     assert [(p.actual_key, p.reference_key) for p in flipped.pairs] == [("diff_src", "dx")]
+    for_inputs = match_keys(["diff_src"], ["diff_src"], {"dy": "diff_dst", "dq": "diff_src"})
+    assert for_inputs.notes == ("not compared: dq=diff_src (--map matched no key)",)  # dy=diff_dst is for the inputs
     twice = match_keys(["x_backprop", "diff_src"], ["diff_src"])
     assert [p.kind for p in twice.problems] == ["extra"] and "both 'x_backprop' and 'diff_src'" in twice.problems[0].message
 

@@ -67,7 +67,7 @@ def test_exit_1_becomes_0_with_tolerance_overrides(cli, tmp_path, outputs):
         (["--atol", "diff_gamma=abc"], "'diff_gamma=abc': 'abc' is not a number"),
         (["--rtol", "-1"], "must be a finite number >= 0"),
         (["--max-mismatch", "5x"], "expected a count (e.g. 5) or a percentage"),
-        (["--map", "x_backprop"], "expected ACTUAL_KEY=REFERENCE_KEY"),
+        (["--map", "x_backprop"], "expected THEIRS=OURS"),
         (["--format", "NHCW"], "Invalid value for '--format'"),
         (["--atol", "diff_gama=1e-4"], "--atol names diff_gama, which is not an output"),
     ],

@@ -144,7 +144,9 @@ def match_keys(
             problems.append(Problem("missing", r_key, f"{r_key}: in reference, missing from actual"))
     extras = [key for name, key in actual.items()
               if name not in reference and not set_aside(name) and selected(key, name)]
-    unused_map = [f"{a}={r}" for a, r in key_map.items() if a not in actual_keys and a not in reference_keys]
+    # a map to an input name is for the input file (run's bundle, --inputs), not for these two sides
+    unused_map = [f"{a}={r}" for a, r in key_map.items()
+                  if a not in actual_keys and a not in reference_keys and not is_input_key(r)]
     if not pairs and not problems:
         problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
     return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, not_outputs, unused_map))

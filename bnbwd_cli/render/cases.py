@@ -26,7 +26,8 @@ def _output_cell(output: OutputResult) -> str:
 
 
 def case_line(outcome: CaseOutcome) -> str:
-    """PASS/FAIL/ERROR, the case, each output's decisive number; for a failure its first hint or problem."""
+    """PASS/FAIL/ERROR, the case, each output's decisive number; for a failure its first hint or problem;
+    the keys the file holds that were not used."""
     if outcome.result is None:
         return f"ERROR {outcome.error}"
     result = outcome.result
@@ -35,7 +36,8 @@ def case_line(outcome: CaseOutcome) -> str:
     if result.status == "structural":
         line += f"; error: {result.all_problems[0].message}"
     hints = [h for o in result.outputs if o.status == "fail" for h in o.comparison.hints]
-    return line + (f"; hint: {hints[0]}" if hints else "")
+    line += f"; hint: {hints[0]}" if hints else ""
+    return line + "".join(f"; {note}" for note in outcome.notes)
 
 
 def exit_code(outcomes: Sequence[CaseOutcome]) -> int:
