@@ -1,3 +1,25 @@
-"""bnbwd: the batch-normalization training backward pass as a command-line reference."""
+"""bnbwd: the batch-normalization training backward pass as a command-line reference, and from Python.
+
+    import bnbwd_cli
+    grads = bnbwd_cli.backward(src, diff_dst, mean, variance, gamma, epsilon=1e-5, data_format="NCHW")
+    bnbwd_cli.assert_backward_close(my_kernel_outputs, src=src, diff_dst=diff_dst, mean=mean,
+                                    variance=variance, gamma=gamma, epsilon=1e-5, data_format="NCHW")
+
+The functions live in bnbwd_cli/api.py, imported on first use: `import bnbwd_cli` (and so the
+`bnbwd` command's start-up) loads nothing heavy.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Report", "assert_backward_close", "backward", "check"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from bnbwd_cli import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'bnbwd_cli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

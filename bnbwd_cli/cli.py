@@ -17,20 +17,20 @@ import numpy as np
 from bnbwd_cli import __version__, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.case import read_inputs
+from bnbwd_cli.check_cli import check, with_run_options
 from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
     OUTPUT_NAMES,
     PROFILES,
-    check_bundle_keys,
     check_epsilon,
-    inputs_from_bundle,
     validate_inputs,
 )
 from bnbwd_cli.render.text import make_console
@@ -175,7 +175,7 @@ def main(traceback: bool) -> None:
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
     \b
-    Start with:  bnbwd run --help   and   bnbwd verify --help
+    Start with:  bnbwd run --help,  bnbwd verify --help  and  bnbwd check --help
     """
 
 
@@ -284,7 +284,7 @@ def _progress_callback(console, enabled: bool):
 @fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
-              "on mismatch. The options below tune it (--map KERNEL_KEY=OUR_KEY).")
+              "on mismatch. The options below tune it (--map THEIRS=OURS also renames the bundle's inputs).")
 @comparison_options(with_format=False, with_json=False)
 def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format, spec, inference,
         variance_is_invstd, outputs, no_param_grads, output, out_dir, bf16_inputs, threads, block_size, core,
@@ -320,9 +320,10 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         raise BnbwdError(f"reference {reference}: no such file or directory")
 
     profile = PROFILES[spec]
-    label = f"bundle ({bundle})"
-    inputs, attributes = ({}, {}) if not bundle else inputs_from_bundle(
-        read_bundle(bundle, check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    split = read_inputs(bundle, comparison.key_map) if bundle else None  # --map THEIRS=OURS renames inputs too
+    inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
+    if split and split.note() and not quiet:
+        _echo_error(f"note: bundle ({bundle}): {split.note()}")
     has_file_output = out_dir is not None or (output is not None and output != "-")
     # Large .npy inputs stream by themselves. With --core numba only those too large to load safely do, and then
     # the refusal below says why.
@@ -451,3 +452,4 @@ def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_
 
 
 main.add_command(verify)
+main.add_command(with_run_options(check, run))

@@ -114,6 +114,16 @@ def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str) -> tuple[dict[
     return inputs, attributes
 
 
+def is_input_key(key: str) -> bool:
+    """Whether a key names an input (by any spec's name), an attribute or TF's unused reserve_space_3."""
+    return key in ATTRIBUTE_KEYS or key in IGNORED_KEYS or canonical_input_name(key) is not None
+
+
+def input_keys() -> frozenset[str]:
+    """Every key that may hold an input or an attribute (canonical names, the specs' aliases, attributes)."""
+    return frozenset([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS, *IGNORED_KEYS])
+
+
 def check_bundle_keys(keys: list[str], label: str) -> None:
     """Refuse a bundle key that is neither an input (by any spec's name) nor an attribute: from the names
     alone, before any member is inflated."""

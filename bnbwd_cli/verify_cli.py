@@ -18,12 +18,13 @@ import numpy as np
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report
 from bnbwd_cli.errors import ExitCode
+from bnbwd_cli.case import read_inputs
 from bnbwd_cli.judge import BackwardInputs, compare_sets
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
 from bnbwd_cli.params import FORMAT_CHOICE
-from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_bundle_keys, check_epsilon, inputs_from_bundle, validate_inputs
+from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_bundle, read_tensor_set
+from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 
 # --------------------------------------------------------------------------- click types
@@ -68,16 +69,16 @@ class MismatchValue(click.ParamType):
 
 
 class KeyPair(click.ParamType):
-    """``ACTUAL_KEY=REFERENCE_KEY``."""
+    """``THEIRS=OURS``: a file's key and the name bnbwd gives it (in every file a command reads)."""
 
-    name = "ACTUAL_KEY=REFERENCE_KEY"
+    name = "THEIRS=OURS"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
         if isinstance(value, tuple):
             return value
         actual, sep, reference = value.partition("=")
         if not sep or not actual or not reference:
-            self.fail(f"{value!r}: expected ACTUAL_KEY=REFERENCE_KEY, e.g. x_backprop=diff_src", param, ctx)
+            self.fail(f"{value!r}: expected THEIRS=OURS, e.g. dx=diff_src or dy=diff_dst", param, ctx)
         return actual, reference
 
 
@@ -136,7 +137,7 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use; VALUE or NAME=VALUE. Default {DEFAULT_MAX_UNITS:g}."),
         click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
         click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
-        click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Compare ACTUAL_KEY with REFERENCE_KEY (e.g. x_backprop=diff_src). Repeatable."),
+        click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Read a file's key THEIRS as OURS (e.g. dx=diff_src, dy=diff_dst), in every file the command reads, inputs and outputs alike; the specs' names (x_backprop...) need none. Repeatable."),
         click.option("--only", multiple=True, metavar="KEY[,KEY]", help="Compare only these keys (either side's name)."),
         click.option("--ignore", multiple=True, metavar="KEY[,KEY]", help="Leave these keys out (either side's name)."),
     ]
@@ -265,9 +266,12 @@ _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and
 Each side is a .npy file (key = file stem), an .npz archive or a .safetensors
 file (their keys), a directory of .npy files (keys = stems) or a headerless
 dump raw:DTYPE:SHAPE:FILE (key = file stem; e.g. raw:f32:8x64x56x56:dx.bin).
-PyTorch .pt/.pth pickles are refused (convert them: see bnbwd run --help). Keys are matched by name; --map pairs
-differently named keys, --only/--ignore select. A missing or extra key is a
-failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
+PyTorch .pt/.pth pickles are refused (convert them: see bnbwd run --help).
+Keys are matched by name, the specs' output names (x_backprop, input_delta...)
+as ours; --map THEIRS=OURS renames a key in either file, --only/--ignore
+select. When a file holds the op's outputs, those are compared; the inputs and
+other keys a dump holds next to them are named in one note. A missing output is
+a failure (exit 3), never a silent skip. Arrays stored as raw 2-byte void (|V2,
 which is how np.save writes ml_dtypes.bfloat16) are read as bfloat16.
 
 \b
@@ -296,7 +300,7 @@ Default fixed tolerances by dtype (rel_l2 = k * 2^-mantissa_bits):
 
 \b
 Exit codes: 0 all outputs pass, 1 numerical mismatch, 2 usage error,
-3 structural: missing/extra key, shape mismatch (the report names the
+3 structural: missing key, shape mismatch (the report names the
 transpose that would fix it, never applies it), unreadable file,
 dtype that cannot be compared.
 """
@@ -327,13 +331,15 @@ def _input_files(source: str) -> list[Path]:
 
 
 def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
-                      variance_is_invstd: bool, bf16: tuple[str, ...] = ()) -> BackwardInputs:
-    """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them.
+                      variance_is_invstd: bool, key_map: Mapping[str, str], bf16: tuple[str, ...] = ()) -> BackwardInputs:
+    """The op's inputs from a bundle (names, --map and attributes as for `bnbwd run`), checked like run checks them.
     Inputs named in `bf16` (canonical names) holding int16/uint16 bits are read as bfloat16."""
     label = f"--inputs ({bundle})"
-    inputs, attributes = inputs_from_bundle(
-        read_bundle(bundle, "--inputs", check_keys=lambda keys: check_bundle_keys(keys, label)), label)
+    split = read_inputs(bundle, key_map, "--inputs")
+    inputs, attributes = split.inputs, split.attributes
     reinterpret_bf16(bf16, {label: inputs})
+    if split.note():
+        click.echo(f"note: {label}: {split.note()}", err=True)
     profile = PROFILES["generic"]
     data_format = data_format or attributes.get("data_format") or profile.default_format
     epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
@@ -373,7 +379,7 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
     inputs = None
     if inputs_bundle is not None:
         inputs = read_judge_inputs(inputs_bundle, epsilon, comparison.data_format, training=not inference,
-                                   variance_is_invstd=variance_is_invstd, bf16=bf16_keys)
+                                   variance_is_invstd=variance_is_invstd, key_map=comparison.key_map, bf16=bf16_keys)
         found |= {key for key in bf16_keys if key in BACKWARD_INPUTS and getattr(inputs, key) is not None}
     check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if inputs_bundle else ""))
     code = report_comparison(

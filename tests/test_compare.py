@@ -234,9 +234,30 @@ def test_keys_by_name_in_reference_order():
     assert [p.name for p in match.pairs] == ["diff_src", "diff_beta"] and match.problems == ()
 
 
-def test_missing_and_extra_keys_are_problems():
+def test_missing_key_is_a_problem_and_extra_keys_a_note():
     match = match_keys(["diff_src", "junk"], ["diff_src", "diff_gamma"])
-    assert [(p.kind, p.name) for p in match.problems] == [("missing", "diff_gamma"), ("extra", "junk")]
+    assert [(p.kind, p.name) for p in match.problems] == [("missing", "diff_gamma")]
+    assert match.notes == ("not compared: junk (only in actual)",)
+
+
+def test_inputs_next_to_outputs_are_not_compared_nor_missing():
+    """A case file holds the op's inputs too: they are neither missing outputs nor extras (one note)."""
+    match = match_keys(["diff_src", "diff_beta"], ["x", "dy", "reserve_space_1", "epsilon", "diff_src", "diff_beta"],
+                       {"dy": "diff_dst"})
+    assert [p.name for p in match.pairs] == ["diff_src", "diff_beta"] and match.problems == ()
+    assert match.notes == ("not compared: x, dy, reserve_space_1, epsilon (the op's inputs)",)
+
+
+def test_map_renames_on_both_sides_and_output_aliases_match():
+    """THEIRS=OURS renames a key wherever it is; the specs' output names match ours without a map."""
+    match = match_keys(["dx", "scale_backprop"], ["diff_src", "diff_gamma"], {"dx": "diff_src"})
+    assert [(p.actual_key, p.reference_key) for p in match.pairs] == [("dx", "diff_src"), ("scale_backprop", "diff_gamma")]
+    flipped = match_keys(["diff_src"], ["dx"], {"dx": "diff_src"})
+    assert [(p.actual_key, p.reference_key) for p in flipped.pairs] == [("diff_src", "dx")]
+    for_inputs = match_keys(["diff_src"], ["diff_src"], {"dy": "diff_dst", "dq": "diff_src"})
+    assert for_inputs.notes == ("not compared: dq=diff_src (--map matched no key)",)  # dy=diff_dst is for the inputs
+    twice = match_keys(["x_backprop", "diff_src"], ["diff_src"])
+    assert [p.kind for p in twice.problems] == ["extra"] and "both 'x_backprop' and 'diff_src'" in twice.problems[0].message
 
 
 def test_map_only_ignore():
@@ -253,9 +274,9 @@ def test_map_only_ignore():
 
 
 def test_map_to_unknown_key_and_only_unknown_and_empty_selection():
-    match = match_keys(["a"], ["b"], {"a": "c"}, only=["zz"])
-    assert [p.kind for p in match.problems] == ["missing", "missing"]
-    assert "reference has no key 'c'" in match.problems[0].message
+    match = match_keys(["a"], ["b"], {"a": "c", "q": "b"}, only=["zz", "b", "c"])
+    assert [(p.kind, p.name) for p in match.problems] == [("missing", "zz"), ("missing", "b")]
+    assert match.notes == ("not compared: a (only in actual); q=b (--map matched no key)",)
     assert match_keys(["a"], ["a"], ignore=["a"]).problems[0].kind == "empty"
 
 

@@ -114,15 +114,15 @@ Comparison: actual actual.npz vs reference reference.npz
 fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; output passes if ||a-r||2/||r||2 <= rel_l2
    f32  atol=1e-05 rtol=1e-05 ulp=1 rel_l2=7.6e-06
 note: diff_gamma is a sum over M elements; their correct error grows with the size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.
+note: not compared: junk (only in actual)
 
 output      shape  dtype  status   mismatched  max abs  max ULP  rel L2  min atol
 ─────────────────────────────────────────────────────────────────────────────────
 diff_src    -      -      SHAPE             -        -        -       -         -
 diff_gamma  (3,)   f32    PASS         0 (0%)        0        0       0         0
 diff_beta   -      -      MISSING           -        -        -       -         -
-junk        -      -      EXTRA             -        -        -       -         -
 
-FAIL (exit 3): 3 structural problem(s), each named on stderr
+FAIL (exit 3): 2 structural problem(s), each named on stderr
 '''
 
 
@@ -242,9 +242,9 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     assert [(o["name"], o["status"], o["comparison"]) for o in document["outputs"] if o["comparison"] is None] == [
         ("diff_src", "shape", None),
         ("diff_beta", "missing", None),
-        ("junk", "extra", None),
     ]
-    assert [p["kind"] for p in document["problems"]] == ["shape", "missing", "extra"]
+    assert [p["kind"] for p in document["problems"]] == ["shape", "missing"]
+    assert document["notes"] == ["not compared: junk (only in actual)"]
     nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, CompareSettings())
     path = tmp_path / "r.json"
     write_text(str(path), document_text(report_document(nan_case, actual_label="a", reference_label="r")))

@@ -406,20 +406,22 @@ def read_array(source: str, what: str) -> np.ndarray:
     return _read_npy_path(path, label)
 
 
-def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None) -> dict[str, np.ndarray]:
-    """All arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first."""
+def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None,
+                only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first,
+    `only` limits the members read (as for read_npz)."""
     label = f"{what} (stdin)" if source == "-" else f"{what} ({source})"
     path = Path(source)
     if source == "-" or is_pipe_like(path):
-        return _read_once_arrays(source, label, npz_only=True, check_keys=check_keys)
+        return _read_once_arrays(source, label, npz_only=True, check_keys=check_keys, only=only)
     if not path.is_file():
         raise BnbwdError(f"{label}: no such file" if not path.exists() else f"{label}: not a file")
     kind = sniff.file_kind(path, label)
     if kind == "safetensors":
-        return read_safetensors(path, label, check_keys=check_keys)
+        return read_safetensors(path, label, check_keys=check_keys, only=only)
     if kind != "npz":
         raise BnbwdError(f"{label}: not an .npz archive or a .safetensors file")
-    return read_npz(path, label, check_keys=check_keys)
+    return read_npz(path, label, check_keys=check_keys, only=only)
 
 
 def read_tensor_set(source: str) -> dict[str, np.ndarray]:

@@ -19,20 +19,12 @@ from bnbwd_cli.dtypes import to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
-from bnbwd_cli.judge.keys import Pairing, Problem, match_keys, structural_problem
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Pairing, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
 from bnbwd_cli.judge.stats import Accumulator, Comparison, FixedRule, Layout, ScaledRule, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, comparison_dtype
 
 __all__ = ["BackwardInputs", "CompareSettings", "Comparison", "OutputResult", "SetComparison", "compare_arrays", "compare_sets"]
-
-# Output names the specs use, mapped to ours (the scaled rule needs to know which output is which).
-OUTPUT_ALIASES = {
-    "diff_src": "diff_src", "diff_gamma": "diff_gamma", "diff_beta": "diff_beta",
-    "input_delta": "diff_src", "gamma_delta": "diff_gamma", "beta_delta": "diff_beta",
-    "x_backprop": "diff_src", "scale_backprop": "diff_gamma", "offset_backprop": "diff_beta",
-}
-
 
 @dataclass(frozen=True)
 class OutputResult:
@@ -60,6 +52,7 @@ class SetComparison:
     problems: tuple[Problem, ...]
     settings: CompareSettings
     inputs_known: bool = False
+    notes: tuple[str, ...] = ()  # keys left out of the comparison (inputs, extras), said once
 
     @property
     def all_problems(self) -> tuple[Problem, ...]:
@@ -200,4 +193,4 @@ def compare_sets(
             )
         else:
             key_problems.append(problem)
-    return SetComparison(tuple(outputs), tuple(key_problems), settings, inputs is not None)
+    return SetComparison(tuple(outputs), tuple(key_problems), settings, inputs is not None, match.notes)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name
+from bnbwd_cli.profiles import is_input_key
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class Pairing:
 
     actual_key: str
     reference_key: str
+    canonical: str = ""  # the name both keys give (after --map and the specs' aliases)
 
     @property
     def name(self) -> str:
@@ -27,9 +29,9 @@ class Pairing:
         return f"{self.actual_key}={self.reference_key}"
 
     @property
-    def names(self) -> tuple[str, str]:
-        """Names a per-output override may use (actual key first)."""
-        return (self.actual_key, self.reference_key)
+    def names(self) -> tuple[str, ...]:
+        """Names a per-output override may use (actual key first, the canonical name last)."""
+        return tuple(dict.fromkeys(n for n in (self.actual_key, self.reference_key, self.canonical) if n))
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,49 @@ class Problem:
 class KeyMatch:
     pairs: tuple[Pairing, ...]
     problems: tuple[Problem, ...]
+    notes: tuple[str, ...] = ()
+
+
+# Output names the specs use, mapped to ours (the scaled rule needs to know which output is which).
+OUTPUT_ALIASES = {
+    "diff_src": "diff_src", "diff_gamma": "diff_gamma", "diff_beta": "diff_beta",
+    "input_delta": "diff_src", "gamma_delta": "diff_gamma", "beta_delta": "diff_beta",
+    "x_backprop": "diff_src", "scale_backprop": "diff_gamma", "offset_backprop": "diff_beta",
+}
+
+
+def canonical_key(key: str, key_map: Mapping[str, str]) -> str:
+    """A file's key as bnbwd names it: ``--map THEIRS=OURS`` first, then the specs' output aliases.
+
+    The map renames keys in every file it is given (kernel outputs, references and inputs alike), so
+    THEIRS=OURS reads the same way in run, verify and check.
+    """
+    name = key_map.get(key, key)
+    return OUTPUT_ALIASES.get(name, name)
+
+
+def _named(keys: Sequence[str], key_map: Mapping[str, str], side: str, problems: list[Problem]) -> dict[str, str]:
+    """Canonical name -> the file's key; two keys giving one name is a problem (which one is meant?)."""
+    named: dict[str, str] = {}
+    for key in keys:
+        name = canonical_key(key, key_map)
+        if name in named:
+            problems.append(Problem("extra", key, f"{side} holds both {named[name]!r} and {key!r} as {name}; keep one"))
+            continue
+        named[name] = key
+    return named
+
+
+def _not_compared_note(inputs: Iterable[str], extras: Iterable[str], not_outputs: Iterable[str],
+                       unused_map: Iterable[str]) -> tuple[str, ...]:
+    """The keys left out, said once: inputs and attributes, keys only one side holds, --map entries that matched nothing."""
+    parts = []
+    for label, keys in (("the op's inputs", inputs), ("only in actual", extras), ("not outputs", not_outputs),
+                        ("--map matched no key", unused_map)):
+        keys = list(dict.fromkeys(keys))
+        if keys:
+            parts.append(f"{', '.join(keys)} ({label})")
+    return (f"not compared: {'; '.join(parts)}",) if parts else ()
 
 
 def match_keys(
@@ -54,46 +99,57 @@ def match_keys(
     only: Iterable[str] = (),
     ignore: Iterable[str] = (),
 ) -> KeyMatch:
-    """Pair actual keys with reference keys (by name; ``key_map`` maps actual -> reference).
+    """Pair actual keys with reference keys by canonical name (``key_map``: THEIRS -> OURS, on both sides).
 
-    ``only``/``ignore`` select by either key. A reference key without an actual partner is
-    "missing", an unpaired actual key is "extra": both are structural failures.
-    Order follows the reference.
+    ``only``/``ignore`` select by either key or the canonical name. When either side holds the op's
+    outputs (diff_src... or a spec's name), only those are compared: the inputs and attributes a case
+    dump holds next to them, and its other keys, are not (unless --only names them). Plain arrays are
+    compared by name, except an input name only one side holds. A reference key to compare without an
+    actual partner is "missing" (a structural failure); keys left out, actual keys the reference lacks
+    and --map entries that match nothing are listed in one note. Order follows the reference.
     """
     key_map = dict(key_map or {})
     only, ignore = set(only), set(ignore)
     problems: list[Problem] = []
-    for a_key, r_key in key_map.items():
-        if a_key not in actual_keys:
-            problems.append(Problem("missing", a_key, f"--map {a_key}={r_key}: actual has no key {a_key!r}"))
-        if r_key not in reference_keys:
-            problems.append(Problem("missing", r_key, f"--map {a_key}={r_key}: reference has no key {r_key!r}"))
-    unknown = sorted(only - set(actual_keys) - set(reference_keys) - set(key_map))
-    for name in unknown:
+    actual = _named(actual_keys, key_map, "actual", problems)
+    reference = _named(reference_keys, key_map, "reference", problems)
+    known = set(actual_keys) | set(reference_keys) | set(actual) | set(reference)
+    for name in sorted(only - known - set(key_map.values())):
         problems.append(Problem("missing", name, f"--only {name}: no such key in actual or reference"))
 
     def selected(*names: str) -> bool:
         return (not only or any(n in only for n in names)) and not any(n in ignore for n in names)
 
-    reverse = {r: a for a, r in key_map.items()}
+    # Files holding the op's outputs (case dumps): those outputs are what is compared, every other key (the
+    # inputs, a step count) is noted, unless --only names it. Files of plain arrays: every key, by name.
+    holds_outputs = any(name in OUTPUT_ALIASES.values() for name in [*reference, *actual])
+
+    def set_aside(name: str) -> bool:  # the case's inputs, not an output
+        return is_input_key(name) and (holds_outputs or name not in actual or name not in reference)
+
+    def compared(name: str, *keys: str) -> bool:
+        return not holds_outputs or name in OUTPUT_ALIASES.values() or any(k in only for k in (name, *keys))
+
     pairs: list[Pairing] = []
-    paired_actual: set[str] = set()
-    for r_key in reference_keys:
-        a_key = reverse.get(r_key, r_key)
-        if not selected(a_key, r_key):
+    inputs = [key for name, key in [*reference.items(), *actual.items()] if set_aside(name)]
+    not_outputs = []
+    for name, r_key in reference.items():
+        if set_aside(name) or not selected(r_key, name, actual.get(name, r_key)):
             continue
-        if a_key in actual_keys:
-            pairs.append(Pairing(a_key, r_key))
-            paired_actual.add(a_key)
+        if not compared(name, r_key):
+            not_outputs.append(r_key)
+        elif name in actual:
+            pairs.append(Pairing(actual[name], r_key, name))
         else:
             problems.append(Problem("missing", r_key, f"{r_key}: in reference, missing from actual"))
-    for a_key in actual_keys:
-        r_key = key_map.get(a_key, a_key)
-        if a_key not in paired_actual and selected(a_key, r_key) and not (a_key in key_map and r_key not in reference_keys):
-            problems.append(Problem("extra", a_key, f"{a_key}: in actual, missing from reference"))
+    extras = [key for name, key in actual.items()
+              if name not in reference and not set_aside(name) and selected(key, name)]
+    # a map to an input name is for the input file (run's bundle, --inputs), not for these two sides
+    unused_map = [f"{a}={r}" for a, r in key_map.items()
+                  if a not in actual_keys and a not in reference_keys and not is_input_key(r)]
     if not pairs and not problems:
         problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
-    return KeyMatch(tuple(pairs), tuple(problems))
+    return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, not_outputs, unused_map))
 
 
 _LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}

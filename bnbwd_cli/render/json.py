@@ -119,6 +119,7 @@ def report_document(result: SetComparison, *, actual_label: str, reference_label
             name: {"atol": t.atol, "rtol": t.rtol, "ulp": t.ulp, "rel_l2": t.rel_l2} for name, t in DEFAULT_TOLERANCES.items()
         },
         "default_max_units": DEFAULT_MAX_UNITS,
+        "notes": list(result.notes),
         "problems": [{"kind": p.kind, "name": p.name, "message": p.message} for p in result.all_problems],
         "outputs": [
             {"name": o.name, "actual_key": o.actual_key, "reference_key": o.reference_key, "status": o.status,

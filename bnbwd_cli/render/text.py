@@ -101,8 +101,9 @@ def _print_table(console: Console, table: Table) -> None:
 
 
 def render_report(console: Console, result: SetComparison, *, actual_label: str, reference_label: str,
-                  verbose: bool = False, brief: bool = False) -> None:
-    """The whole report: what was compared and how, one row per output, details of failures, the verdict."""
+                  verbose: bool = False, brief: bool = False, problems_inline: bool = False) -> None:
+    """The whole report: what was compared and how, one row per output, details of failures, the verdict.
+    problems_inline: the structural problems are printed in the report (the Python API's text has no stderr)."""
     console.print(Text(f"Comparison: actual {actual_label} vs reference {reference_label}", style="bold"), soft_wrap=True)
     _render_rules(console, result)
     if brief:
@@ -110,12 +111,15 @@ def render_report(console: Console, result: SetComparison, *, actual_label: str,
             console.print(brief_line(output), highlight=False, soft_wrap=True)
     else:
         _render_summary(console, result)
-    # Structural problems are not repeated here: report_comparison prints each once, as an `error:` line on stderr.
+    # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
     if not brief:
         for output in result.outputs:
             if output.comparison is not None and (verbose or not output.comparison.passed):
                 _render_details(console, output, verbose)
-    _render_verdict(console, result)
+    if problems_inline:
+        for problem in result.all_problems:
+            console.print(Text(f"error: {problem.message}"), soft_wrap=True)
+    _render_verdict(console, result, where="listed above" if problems_inline else "each named on stderr")
 
 
 def _render_rules(console: Console, result: SetComparison) -> None:
@@ -144,6 +148,8 @@ def _render_rules(console: Console, result: SetComparison) -> None:
         console.print(f"note: {', '.join(unjudged)} {verb} over M elements; their correct error grows with the "
                       "size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.",
                       highlight=False, soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     console.print()
 
 
@@ -309,7 +315,7 @@ def _render_histogram(console: Console, bins: Sequence[HistogramBin]) -> None:
     _print_table(console, table)
 
 
-def _render_verdict(console: Console, result: SetComparison) -> None:
+def _render_verdict(console: Console, result: SetComparison, where: str) -> None:
     status = result.status
     if status == "pass":
         console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
@@ -317,7 +323,7 @@ def _render_verdict(console: Console, result: SetComparison) -> None:
         failed = ", ".join(o.name for o in result.outputs if o.status == "fail")
         console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
     else:
-        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), each named on stderr",
+        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), {where}",
                            style="bold red"))
 
 

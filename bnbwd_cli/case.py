@@ -1,0 +1,175 @@
+"""A case: the op's inputs (and a kernel's outputs) from one set of named arrays, and its judgement.
+
+One path for every command and the Python API: `run` and `verify --inputs` read their bundles
+through `read_inputs`, `check` and `bnbwd_cli.check` judge through `judge`, which computes
+bnbwd's outputs with core.backward and compares with judge.compare_sets. Pure: arrays in,
+dataclasses out (read_inputs alone reads a file, through files/read.py); a problem with the input
+is a BnbwdError (one line, exit 3 on the command line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from bnbwd_cli import core as compute_core
+from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files.read import read_bundle, read_tensor_set
+from bnbwd_cli.judge import BackwardInputs, SetComparison, compare_sets
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
+from bnbwd_cli.judge.tolerance import CompareSettings
+from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
+
+
+@dataclass(frozen=True)
+class Split:
+    """A file's arrays sorted out: inputs by canonical name, attributes, the kernel's outputs (by the file's
+    own keys, for the report) and the keys that are neither."""
+
+    inputs: dict[str, np.ndarray]
+    attributes: dict[str, object]
+    outputs: dict[str, np.ndarray]
+    unused: tuple[str, ...]
+
+    def note(self) -> str | None:
+        """One line naming the keys that were not used, or None."""
+        return f"not used: {', '.join(self.unused)}" if self.unused else None
+
+
+def wanted_keys(key_map: Mapping[str, str]) -> frozenset[str]:
+    """The keys of a bundle that can hold an input or attribute, so that no other member is ever inflated."""
+    mapped = {theirs for theirs, ours in key_map.items() if is_input_key(ours)}
+    return (input_keys() - set(key_map)) | mapped
+
+
+def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], label: str) -> Split:
+    """Sort a file's arrays by ``--map THEIRS=OURS``, then by canonical name or any spec's alias."""
+    renamed: dict[str, np.ndarray] = {}
+    seen_as: dict[str, str] = {}
+    outputs: dict[str, np.ndarray] = {}
+    unused: list[str] = []
+    for key, array in arrays.items():
+        name = key_map.get(key, key)
+        if is_input_key(name):
+            if name in renamed:
+                raise BnbwdError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
+            renamed[name], seen_as[name] = array, key
+        elif canonical_key(key, key_map) in OUTPUT_ALIASES.values():
+            outputs[key] = array
+        else:
+            unused.append(key)
+    inputs, attributes = inputs_from_bundle(renamed, label)
+    return Split(inputs, attributes, outputs, tuple(unused))
+
+
+def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle") -> Split:
+    """The inputs and attributes of a bundle (.npz path, pipe or '-'); members that can hold neither are
+    never inflated (they may be a kernel's large outputs): they are only named in the Split's note."""
+    keys: list[str] = []
+    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map))
+    split = split_arrays(arrays, key_map, f"{what} (stdin)" if source == "-" else f"{what} ({source})")
+    return replace(split, unused=tuple(key for key in keys if key not in arrays))
+
+
+@dataclass(frozen=True)
+class OpSettings:
+    """How the op ran: epsilon and data_format None = the spec's default; names as in `bnbwd run`."""
+
+    epsilon: float | None = None
+    data_format: str | None = None
+    spec: str = "generic"
+    training: bool = True
+    variance_is_invstd: bool = False
+
+
+def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -> BackwardInputs:
+    """Check the inputs as `bnbwd run` does (names, shapes, dtypes, the spec's rules) and bundle them."""
+    profile = PROFILES[op.spec]
+    for name in ("src", "diff_dst", "mean", "variance", *profile.required):
+        if name not in inputs:  # said here: run's message names run's flags, which a case file has not
+            raise BnbwdError(f"{label}: missing input {name} (spec {profile.name}): no key {name!r} or a spec's "
+                             f"name for it; --map THEIRS={name} reads your own")
+    data_format = op.data_format or profile.default_format
+    epsilon = op.epsilon if op.epsilon is not None else profile.default_epsilon
+    if epsilon is None:
+        if not op.variance_is_invstd:
+            raise BnbwdError(f"{label}: no epsilon: the file has no 'epsilon' entry; give --epsilon")
+        epsilon = 1.0  # unused: the variance input already is 1/sqrt(var + eps)
+    epsilon = check_epsilon(epsilon, profile)
+    checked = dict(inputs)
+    try:
+        canonical = validate_inputs(checked, profile, data_format, variance_is_invstd=op.variance_is_invstd,
+                                    outputs=OUTPUT_NAMES)
+    except BnbwdError as exc:
+        raise BnbwdError(f"{label}: {exc.format_message()}") from None
+    return BackwardInputs(checked["src"], checked["diff_dst"], checked["mean"], checked["variance"], checked.get("gamma"),
+                          epsilon=epsilon, data_format=canonical, training=op.training,
+                          variance_is_invstd=op.variance_is_invstd)
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How outputs are compared (verify_cli.ComparisonOptions carries the same fields)."""
+
+    settings: CompareSettings = field(default_factory=CompareSettings)
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    only: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    top: int = 10
+
+
+def reference_outputs(problem: BackwardInputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """bnbwd's outputs for these names (canonical), from the checked inputs."""
+    op = compute_core.Op(problem.src, problem.diff_dst, problem.mean, problem.variance, problem.gamma,
+                         epsilon=problem.epsilon, data_format=problem.data_format, training=problem.training,
+                         variance_is_invstd=problem.variance_is_invstd)
+    result = compute_core.backward(op, compute_core.Settings(outputs=names))
+    return {name: getattr(result, name) for name in names}
+
+
+def judge(problem: BackwardInputs, actual: Mapping[str, np.ndarray], judging: Judging) -> SetComparison:
+    """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
+    own error scale: the judgement of `run --reference` and `verify --inputs`."""
+    present = {canonical_key(key, judging.key_map) for key in actual}
+    names = tuple(name for name in OUTPUT_NAMES if name in present)
+    if not names:
+        raise BnbwdError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
+                         "(or a spec's name for them, or --map THEIRS=OURS)")
+    return compare_sets(actual, reference_outputs(problem, names), judging.settings, key_map=judging.key_map,
+                        only=judging.only, ignore=judging.ignore, top_k=judging.top, inputs=problem)
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """One case file's verdict: a comparison, or the one-line error that kept it from being judged."""
+
+    path: str
+    result: SetComparison | None = None
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        """"pass", "mismatch", "structural" (an output that cannot be compared) or "error" (unreadable)."""
+        return "error" if self.result is None else self.result.status
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.result is None else int(self.result.exit_code)
+
+
+def judge_file(path: str, op: OpSettings, judging: Judging) -> CaseOutcome:
+    """Read one case (inputs and kernel outputs in one .npz or directory) and judge it. The file's own
+    'epsilon' and 'data_format' entries win: `op` holds the defaults for files that do not say."""
+    try:
+        split = split_arrays(read_tensor_set(path), judging.key_map, path)
+        attributes = split.attributes
+        op = replace(op, epsilon=attributes.get("epsilon", op.epsilon),
+                     data_format=attributes.get("data_format") or op.data_format)
+        result = judge(build_inputs(split.inputs, op, path), split.outputs, judging)
+    except BnbwdError as exc:
+        message = exc.format_message()  # every error names the case, once
+        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
+    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())

@@ -1,0 +1,92 @@
+"""`bnbwd check CASE...`: many kernel dumps (inputs and outputs in one file) judged in one process.
+
+Click only: parse, judge each case through case.judge_file (the judgement of `run --reference`),
+print a line per case and a summary (render/cases.py), exit 0, 1 or 3. The options that describe
+the op are `run`'s own option objects (with_run_options), so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bnbwd_cli import case
+from bnbwd_cli.files import write as files_write
+from bnbwd_cli.render import cases as report_cases
+from bnbwd_cli.render import text as report_text
+from bnbwd_cli.verify_cli import ComparisonOptions, comparison_options, fsync_option
+
+RUN_OPTIONS = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd")
+
+_HELP = """Judge kernel outputs saved next to the inputs they came from, one case per file.
+
+Each CASE is an .npz (or a directory of .npy files) holding the op's inputs
+(src, diff_dst, mean, variance, optional gamma, beta; canonical names or any
+spec's: x, y_backprop, reserve_space_1, scale, ...; optional 0-d 'epsilon' and
+'data_format') and the kernel's outputs (diff_src, diff_gamma, diff_beta, or a
+spec's names: x_backprop, scale_backprop, input_delta, ...). Your own names:
+--map THEIRS=OURS (e.g. --map dy=diff_dst --map dx=diff_src), for inputs and
+outputs alike. Other keys are named in a note, never an error. The outputs a
+case holds are judged as `bnbwd run --reference` judges them: each element by
+the error a correct float32 kernel could make on that problem (K = --max-units).
+
+\b
+--epsilon, --format, --spec, --inference and --variance-is-invstd mean what
+they mean for `bnbwd run`; a case's own 'epsilon' and 'data_format' entries
+win over --epsilon and --format (these are the defaults for files that say
+nothing).
+
+\b
+Prints one line per case (PASS/FAIL/ERROR, each output's largest error in
+units, the first hint when one fails) and a summary; -v adds each case's full
+report. Exit codes: 0 every case passes, 1 a case fails (the summary names it),
+3 a case cannot be read or judged (missing input, shapes that do not fit).
+"""
+
+_EPILOG = """\b
+Examples:
+  bnbwd check fixtures/example_case.npz
+  bnbwd check dumps/*.npz --map dy=diff_dst --map dx=diff_src --format NHWC
+  bnbwd check cases/*.npz --spec tensorflow --json check.json
+"""
+
+
+def with_run_options(command: click.Command, run: click.Command) -> click.Command:
+    """Give `command` the very option objects `run` declares for the op (one definition, one help text)."""
+    shared = [param for param in run.params if param.name in RUN_OPTIONS]
+    missing = set(RUN_OPTIONS) - {param.name for param in shared}
+    if missing:
+        raise RuntimeError(f"run has no option {sorted(missing)}")  # a renamed option must be renamed here too
+    command.params[1:1] = shared  # after the CASE argument
+    return command
+
+
+@click.command("check", help=_HELP, epilog=_EPILOG)
+@click.argument("cases", nargs=-1, required=True, metavar="CASE...")
+@fsync_option
+@comparison_options(with_format=False)
+def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
+          **op_options) -> None:
+    if json_target is not None and json_target != "-":
+        files_write.vet_destination(json_target, [Path(c) for c in cases], "--json")
+    op = case.OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
+                         training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
+    console = report_text.make_console(stderr=json_target == "-")
+    outcomes = []
+    for path in cases:
+        outcome = case.judge_file(path, op, comparison)
+        outcomes.append(outcome)
+        _print_case(console, outcome, comparison)
+    console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
+    if json_target is not None:
+        files_write.write_text(json_target, report_cases.cases_document(outcomes), fsync=fsync)
+    click.get_current_context().exit(report_cases.exit_code(outcomes))
+
+
+def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
+    console.print(report_cases.case_line(outcome), highlight=False, soft_wrap=True)
+    if comparison.verbose and outcome.result is not None:
+        report_text.render_report(console, outcome.result, actual_label=outcome.path, reference_label="bnbwd",
+                                  verbose=False, brief=comparison.brief)
+        console.print()
