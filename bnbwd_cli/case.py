@@ -17,6 +17,7 @@ import numpy as np
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
+from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge import BackwardInputs, SetComparison, compare_sets
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
 from bnbwd_cli.judge.tolerance import CompareSettings
@@ -160,11 +161,16 @@ class CaseOutcome:
         return 3 if self.result is None else int(self.result.exit_code)
 
 
-def judge_file(path: str, op: OpSettings, judging: Judging) -> CaseOutcome:
+def judge_file(path: str, op: OpSettings, judging: Judging, bf16: tuple[str, ...] = ()) -> CaseOutcome:
     """Read one case (inputs and kernel outputs in one .npz or directory) and judge it. The file's own
-    'epsilon' and 'data_format' entries win: `op` holds the defaults for files that do not say."""
+    'epsilon' and 'data_format' entries win: `op` holds the defaults for files that do not say.
+    bf16: keys (the file's own or canonical names) whose int16/uint16 bits are bfloat16."""
     try:
-        split = split_arrays(read_tensor_set(path), judging.key_map, path)
+        arrays = read_tensor_set(path)
+        found = reinterpret_bf16(bf16, {path: arrays})
+        split = split_arrays(arrays, judging.key_map, path)
+        found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
+        check_found(bf16, found, path)
         attributes = split.attributes
         op = replace(op, epsilon=attributes.get("epsilon", op.epsilon),
                      data_format=attributes.get("data_format") or op.data_format)

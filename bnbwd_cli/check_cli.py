@@ -17,7 +17,7 @@ from bnbwd_cli.render import cases as report_cases
 from bnbwd_cli.render import text as report_text
 from bnbwd_cli.verify_cli import ComparisonOptions, comparison_options, fsync_option
 
-RUN_OPTIONS = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd")
+RUN_OPTIONS = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_inputs")
 
 _HELP = """Judge kernel outputs saved next to the inputs they came from, one case per file.
 
@@ -32,8 +32,8 @@ case holds are judged as `bnbwd run --reference` judges them: each element by
 the error a correct float32 kernel could make on that problem (K = --max-units).
 
 \b
---epsilon, --format, --spec, --inference and --variance-is-invstd mean what
-they mean for `bnbwd run`; a case's own 'epsilon' and 'data_format' entries
+--epsilon, --format, --spec, --inference, --variance-is-invstd and --bf16 KEY
+mean what they mean for `bnbwd run` (--bf16 takes the file's key or ours); a case's own 'epsilon' and 'data_format' entries
 win over --epsilon and --format (these are the defaults for files that say
 nothing).
 
@@ -75,7 +75,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     console = report_text.make_console(stderr=json_target == "-")
     outcomes = []
     for path in cases:
-        outcome = case.judge_file(path, op, comparison)
+        outcome = case.judge_file(path, op, comparison, bf16=op_options["bf16_inputs"])
         outcomes.append(outcome)
         _print_case(console, outcome, comparison)
     console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)

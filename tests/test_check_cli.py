@@ -158,3 +158,25 @@ def test_many_cases_in_one_process(cli, case, tmp_path):
     copies = [shutil.copy(path, tmp_path / f"c{i}.npz") for i in range(12)]
     result = cli("check", *copies)
     assert result.exit_code == 0 and result.stdout.count("PASS  ") == 12
+
+
+def test_bf16_keys_read_as_bfloat16_in_a_case(cli, rng, tmp_path):
+    """PyTorch's bf16 dumped as int16 bits: --bf16 takes the file's key (dx) or ours (src); the values are
+    the bits' bfloat16 values, so a correct bf16 kernel passes and a wrong reinterpretation would fail."""
+    from bnbwd_cli.dtypes import BFLOAT16
+    inputs = {k: v.astype(BFLOAT16) if k in ("src", "diff_dst") else v
+              for k, v in make_inputs(rng, (2, 5, 4, 3), data_format="NXC").items()}
+    grads = bnbwd_cli.backward(*(inputs[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),
+                               epsilon=1e-3, data_format="NHWC")
+    bits = {"src": inputs["src"].view(np.int16), "dy": inputs["diff_dst"].view(np.int16),
+            **{k: inputs[k] for k in ("mean", "variance", "gamma")}}
+    path = write_case(tmp_path / "bits.npz", bits, {"dx": grads["diff_src"].view(np.int16)}, epsilon=1e-3,
+                      data_format="NHWC")
+    passed = cli("check", path, "--map", "dy=diff_dst", "--map", "dx=diff_src", "--bf16", "dx", "--bf16", "src",
+                 "--bf16", "diff_dst")
+    assert passed.exit_code == 0, passed.output
+    assert passed.stdout.splitlines()[0] == f"PASS  {path}: dx=diff_src 0 units"
+    unread = cli("check", path, "--map", "dy=diff_dst", "--map", "dx=diff_src", "--bf16", "src", "--bf16", "dy")
+    assert unread.exit_code == 3 and "diff_src" in unread.stdout  # dx left as int16: not comparable with bf16
+    typo = cli("check", path, "--map", "dy=diff_dst", "--bf16", "dxx")
+    assert typo.exit_code == 3 and "--bf16 dxx: no array named 'dxx'" in typo.stdout
