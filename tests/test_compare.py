@@ -297,4 +297,5 @@ def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     chunked = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
     assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-12)  # only the sum order differs
     assert repr(replace(chunked, rel_l2=0.0)) == repr(replace(whole, rel_l2=0.0))  # repr: NaN == NaN
+    assert repr(chunked.details) == repr(whole.details)
     assert whole.mismatches > 3 and len(whole.worst) == 6
