@@ -16,12 +16,16 @@ from bnbwd_cli.judge.tolerance import Scaled, Tolerance
 
 @dataclass(frozen=True)
 class Chunk:
-    """One chunk's finite elements, float64, flat: |a - r|, r, the ULP spacing at r, the scale (scaled rule)."""
+    """One chunk's finite elements, float64, flat: |a - r|, r, the ULP spacing at r, the scale (scaled rule).
+
+    ``scratch``: a float64 array of the chunk's size the rule may fill (reused from chunk to chunk).
+    """
 
     abs_err: np.ndarray
     ref: np.ndarray
     spacing: np.ndarray
     scale: np.ndarray | None = None
+    scratch: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class FixedRule:
     def judge(self, chunk: Chunk, with_ratio: bool) -> Verdicts:
         tol = self.tolerance
         with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
-            ulp_err = chunk.abs_err / chunk.spacing
+            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=chunk.scratch)
         within_ulp = ulp_err <= tol.ulp
         # Elements within ULPs pass and need nothing; the rest (usually few) are judged on their own.
         outside = np.flatnonzero(~within_ulp)
@@ -75,7 +79,7 @@ class ScaledRule:
         fails = chunk.abs_err > allowance
         units = safe_ratio(np.maximum(chunk.abs_err - chunk.spacing, 0.0), chunk.scale)
         with np.errstate(over="ignore"):
-            ulp_err = chunk.abs_err / chunk.spacing
+            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=chunk.scratch)
         ratio = safe_ratio(chunk.abs_err, allowance) if with_ratio else None
         return Verdicts(fails, (units,), ulp_err, units, ratio)
 
