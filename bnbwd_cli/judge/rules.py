@@ -64,7 +64,8 @@ class FixedRule:
         ratio = None
         if with_ratio:
             bound = tol.atol + tol.rtol * np.abs(chunk.ref)
-            ratio = np.minimum(safe_ratio(chunk.abs_err, bound), safe_ratio(ulp_err, np.full(ulp_err.size, float(tol.ulp))))
+            by_ulp = ulp_err / tol.ulp if tol.ulp > 0 else safe_ratio(ulp_err, np.zeros(ulp_err.size))
+            ratio = np.minimum(safe_ratio(chunk.abs_err, bound), by_ulp)
         return Verdicts(fails, (need_atol, need_rtol), ulp_err, None, ratio)
 
 
