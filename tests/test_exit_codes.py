@@ -1,0 +1,120 @@
+"""One test per exit code (bnbwd_cli.errors.ExitCode), each through the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bnbwd_cli.errors import ExitCode
+from tests.conftest import make_inputs, save_bundle
+
+BNBWD = [sys.executable, "-m", "bnbwd_cli"]
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+def bnbwd(*args: str, prefix: list[str] = BNBWD) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, timeout=120, env=ENV)
+
+
+@pytest.fixture
+def case(tmp_path: Path) -> dict[str, Path]:
+    """A bundle, bnbwd's own outputs for it, and a kernel's outputs with diff_src 1% off."""
+    bundle = Path(save_bundle(tmp_path / "in.npz", make_inputs(np.random.default_rng(7), (2, 3, 4, 4)), epsilon=1e-5,
+                                data_format="NCHW"))
+    good = tmp_path / "good.npz"
+    assert bnbwd("run", "-q", bundle, "-o", good).returncode == 0
+    outputs = dict(np.load(good))
+    outputs["diff_src"] = outputs["diff_src"] * np.float32(1.01)
+    np.savez(tmp_path / "bad.npz", **outputs)
+    return {"bundle": bundle, "good": good, "bad": tmp_path / "bad.npz"}
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_exit_codes_are_the_documented_numbers():
+    assert [int(code) for code in ExitCode] == [0, 1, 2, 3, 4, 130, 143]
+    assert ExitCode.TERMINATED == 128 + signal.SIGTERM and ExitCode.INTERRUPTED == 128 + signal.SIGINT
+
+
+def test_exit_0_when_the_outputs_match(case):
+    completed = bnbwd("verify", case["good"], case["good"], "--brief")
+    assert completed.returncode == ExitCode.OK, completed.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "run --reference"])
+def test_exit_1_on_a_mismatch(case, command):
+    if command == "verify":
+        bad, good = bnbwd("verify", case["bad"], case["good"]), bnbwd("verify", case["good"], case["good"])
+    else:
+        bad = bnbwd("run", "-q", case["bundle"], "--reference", case["bad"], "--brief")
+        good = bnbwd("run", "-q", case["bundle"], "--reference", case["good"], "--brief")
+    assert (good.returncode, bad.returncode) == (ExitCode.OK, ExitCode.MISMATCH), bad.stdout + bad.stderr
+    assert "FAIL" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_exit_2_on_a_usage_error(case):
+    completed = bnbwd("verify", case["good"], case["good"], "--no-such-option")
+    assert completed.returncode == ExitCode.USAGE and "No such option" in completed.stderr
+
+
+def test_exit_3_on_an_input_error(case, tmp_path):
+    completed = bnbwd("verify", tmp_path / "missing.npz", case["good"])
+    assert completed.returncode == ExitCode.INPUT
+    assert "missing.npz" in one_error_line(completed.stderr)
+
+
+# A bug planted in the judge: what a user sees when bnbwd itself fails.
+PLANTED_BUG = [sys.executable, "-c", (
+    "import sys, bnbwd_cli.verify_cli as v\n"
+    "def boom(*args, **kwargs): raise ZeroDivisionError('planted')\n"
+    "v.compare_sets = boom\n"
+    "from bnbwd_cli.__main__ import entry\n"
+    "sys.argv[0] = 'bnbwd'; entry()")]
+
+
+def test_exit_4_on_an_internal_error_with_one_line(case):
+    completed = bnbwd("verify", case["good"], case["good"], prefix=PLANTED_BUG)
+    assert completed.returncode == ExitCode.INTERNAL
+    assert one_error_line(completed.stderr) == "error: internal error: ZeroDivisionError: planted (rerun with --traceback)"
+
+
+def test_traceback_flag_shows_the_traceback_and_still_exits_4(case):
+    completed = bnbwd("--traceback", "verify", case["good"], case["good"], prefix=PLANTED_BUG)
+    assert completed.returncode == ExitCode.INTERNAL, completed.stderr
+    assert completed.stderr.startswith("Traceback (most recent call last):")
+    assert "in boom" in completed.stderr and completed.stderr.rstrip().endswith("ZeroDivisionError: planted")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.TERMINATED)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_while_reading_a_fifo_exits_with_its_code_and_leaves_nothing(case, tmp_path, sig, code):
+    """`kill -INT/-TERM` from outside while `run` waits for its input (a FIFO half written): no output left."""
+    fifo, out = tmp_path / "inputs.npz", tmp_path / "out"
+    os.mkfifo(fifo)
+    out.mkdir()
+    process = subprocess.Popen([*BNBWD, "run", "-q", str(fifo), "-o", str(out / "grads.npz")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        with open(fifo, "wb") as writer:  # returns once bnbwd has opened the FIFO: it is past start-up
+            data = case["bundle"].read_bytes()
+            writer.write(data[: len(data) // 2])
+            writer.flush()
+            time.sleep(0.5)  # let it block on the other half
+            process.send_signal(sig)
+            _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == code, stderr
+    assert "no partial output file is left" in one_error_line(stderr)
+    assert sorted(p.name for p in out.iterdir()) == []
