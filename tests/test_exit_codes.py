@@ -1,4 +1,4 @@
-"""One test per exit code (bnbwd_cli.errors.ExitCode), each through the real CLI in a subprocess."""
+"""One test per exit code (bnbwd_cli.errors.ExitCode), each through the real CLI (a subprocess, or click's runner)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bnbwd_cli import verify_cli
 from bnbwd_cli.errors import ExitCode
 from tests.conftest import make_inputs, save_bundle
 
@@ -19,13 +20,14 @@ BNBWD = [sys.executable, "-m", "bnbwd_cli"]
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
-def bnbwd(*args: str, prefix: list[str] = BNBWD) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, timeout=120, env=ENV)
+def bnbwd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*BNBWD, *map(str, args)], capture_output=True, text=True, timeout=120, env=ENV)
 
 
-@pytest.fixture
-def case(tmp_path: Path) -> dict[str, Path]:
-    """A bundle, bnbwd's own outputs for it, and a kernel's outputs with diff_src 1% off."""
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A bundle, bnbwd's own outputs for it, and a kernel's outputs with diff_src 1% off (made once)."""
+    tmp_path = tmp_path_factory.mktemp("exit_codes")
     bundle = Path(save_bundle(tmp_path / "in.npz", make_inputs(np.random.default_rng(7), (2, 3, 4, 4)), epsilon=1e-5,
                                 data_format="NCHW"))
     good = tmp_path / "good.npz"
@@ -55,45 +57,54 @@ def test_exit_0_when_the_outputs_match(case):
 @pytest.mark.parametrize("command", ["verify", "run --reference"])
 def test_exit_1_on_a_mismatch(case, command):
     if command == "verify":
-        bad, good = bnbwd("verify", case["bad"], case["good"]), bnbwd("verify", case["good"], case["good"])
-    else:
-        bad = bnbwd("run", "-q", case["bundle"], "--reference", case["bad"], "--brief")
+        bad = bnbwd("verify", case["bad"], case["good"])
+    else:  # the same files pass (exit 0), so 1 is the verdict, not the command's habit
         good = bnbwd("run", "-q", case["bundle"], "--reference", case["good"], "--brief")
-    assert (good.returncode, bad.returncode) == (ExitCode.OK, ExitCode.MISMATCH), bad.stdout + bad.stderr
+        assert good.returncode == ExitCode.OK, good.stdout + good.stderr
+        bad = bnbwd("run", "-q", case["bundle"], "--reference", case["bad"], "--brief")
+    assert bad.returncode == ExitCode.MISMATCH, bad.stdout + bad.stderr
     assert "FAIL" in bad.stdout and "Traceback" not in bad.stderr
 
 
-def test_exit_2_on_a_usage_error(case):
-    completed = bnbwd("verify", case["good"], case["good"], "--no-such-option")
-    assert completed.returncode == ExitCode.USAGE and "No such option" in completed.stderr
+# In-process from here (click's CliRunner through the same `main`, exit-code mapping included): faster.
 
 
-def test_exit_3_on_an_input_error(case, tmp_path):
-    completed = bnbwd("verify", tmp_path / "missing.npz", case["good"])
-    assert completed.returncode == ExitCode.INPUT
-    assert "missing.npz" in one_error_line(completed.stderr)
+def test_exit_2_on_a_usage_error(cli, case):
+    result = cli("verify", case["good"], case["good"], "--no-such-option")
+    assert result.exit_code == ExitCode.USAGE and "No such option" in result.stderr
 
 
-# A bug planted in the judge: what a user sees when bnbwd itself fails.
-PLANTED_BUG = [sys.executable, "-c", (
-    "import sys, bnbwd_cli.verify_cli as v\n"
-    "def boom(*args, **kwargs): raise ZeroDivisionError('planted')\n"
-    "v.compare_sets = boom\n"
-    "from bnbwd_cli.__main__ import entry\n"
-    "sys.argv[0] = 'bnbwd'; entry()")]
+def test_exit_3_on_an_input_error(cli, case, tmp_path):
+    result = cli("verify", tmp_path / "missing.npz", case["good"])
+    assert result.exit_code == ExitCode.INPUT
+    assert "missing.npz" in one_error_line(result.stderr)
 
 
-def test_exit_4_on_an_internal_error_with_one_line(case):
-    completed = bnbwd("verify", case["good"], case["good"], prefix=PLANTED_BUG)
-    assert completed.returncode == ExitCode.INTERNAL
-    assert one_error_line(completed.stderr) == "error: internal error: ZeroDivisionError: planted (rerun with --traceback)"
+@pytest.fixture
+def planted_bug(monkeypatch):
+    """A bug planted in the judge: what a user sees when bnbwd itself fails."""
+
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.delenv("BNBWD_TRACEBACK", raising=False)
+    monkeypatch.setattr(verify_cli, "compare_sets", boom)
 
 
-def test_traceback_flag_shows_the_traceback_and_still_exits_4(case):
-    completed = bnbwd("--traceback", "verify", case["good"], case["good"], prefix=PLANTED_BUG)
-    assert completed.returncode == ExitCode.INTERNAL, completed.stderr
-    assert completed.stderr.startswith("Traceback (most recent call last):")
-    assert "in boom" in completed.stderr and completed.stderr.rstrip().endswith("ZeroDivisionError: planted")
+def test_exit_4_on_an_internal_error_with_one_line(cli, case, planted_bug):
+    result = cli("verify", case["good"], case["good"])
+    assert result.exit_code == ExitCode.INTERNAL
+    assert one_error_line(result.stderr) == "error: internal error: ZeroDivisionError: planted (rerun with --traceback)"
+
+
+def test_traceback_flag_shows_the_traceback_and_still_exits_4(cli, case, planted_bug):
+    result = cli("--traceback", "verify", case["good"], case["good"])
+    assert result.exit_code == ExitCode.INTERNAL, result.stderr
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert "in boom" in result.stderr and result.stderr.rstrip().endswith("ZeroDivisionError: planted")
+
+
+# Signals need a real process.
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.TERMINATED)],
