@@ -117,15 +117,27 @@ def test_signal_while_reading_a_fifo_exits_with_its_code_and_leaves_nothing(case
     process = subprocess.Popen([*BNBWD, "run", "-q", str(fifo), "-o", str(out / "grads.npz")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        with open(fifo, "wb") as writer:  # returns once bnbwd has opened the FIFO: it is past start-up
-            data = case["bundle"].read_bytes()
-            writer.write(data[: len(data) // 2])
-            writer.flush()
-            time.sleep(0.5)  # let it block on the other half
-            process.send_signal(sig)
-            _, stderr = process.communicate(timeout=60)
+        writer = _open_when_read(fifo, process)  # bnbwd has opened the FIFO: it is past start-up
+        data = case["bundle"].read_bytes()
+        os.write(writer, data[: len(data) // 2])  # a few KiB: fits in the pipe
+        time.sleep(0.5)  # let it block on the other half
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=60)
+        os.close(writer)
     finally:
         process.kill()
     assert process.returncode == code, stderr
     assert "no partial output file is left" in one_error_line(stderr)
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def _open_when_read(fifo: Path, process: subprocess.Popen) -> int:
+    """The FIFO's write end, once a reader has it open (a plain open would hang if bnbwd never opened it)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"bnbwd never opened {fifo}: {process.communicate()[1]}") from None
+            time.sleep(0.05)
