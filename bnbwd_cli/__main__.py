@@ -11,7 +11,7 @@ def entry() -> None:
             sys.stderr.write("error: interrupted; no partial output file is left\n")
         except (OSError, ValueError, AttributeError):
             pass
-        sys.exit(130)
+        sys.exit(130)  # errors.ExitCode.INTERRUPTED: importing it here could itself be interrupted
     main(prog_name="bnbwd")
 
 

@@ -10,6 +10,7 @@ import time
 import tempfile
 import warnings
 from pathlib import Path
+from traceback import format_exc
 
 import click
 import numpy as np
@@ -93,7 +94,7 @@ class BnbwdGroup(click.Group):
         with _sigterm_as_exception():
             try:
                 code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-                code = code if isinstance(code, int) else 0
+                code = code if isinstance(code, int) else ExitCode.OK
                 _flush_stdout()
             except click.exceptions.Exit as exc:
                 code = exc.exit_code
@@ -123,20 +124,21 @@ class BnbwdGroup(click.Group):
             raise
         except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
             if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
-                raise
-            click.echo(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)", err=True)
+                _echo_error(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
+            else:
+                _echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
             ctx.exit(ExitCode.INTERNAL)
 
 
-def _interrupted(exc: BaseException | None) -> int:
+def _interrupted(exc: BaseException | None) -> ExitCode:
     if isinstance(exc, Terminated):
         _echo_error("error: terminated (SIGTERM); no partial output file is left")
-        return 128 + signal.SIGTERM
+        return ExitCode.TERMINATED
     _echo_error("error: interrupted; no partial output file is left")
-    return 130
+    return ExitCode.INTERRUPTED
 
 
-def _stream_failed(exc: OSError) -> int:
+def _stream_failed(exc: OSError) -> ExitCode:
     """stdout or stderr failed: exit 3 (an output that cannot be written), never 1 or 4."""
     _silence_stdout()
     if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
@@ -395,7 +397,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             code = report_comparison(kernel, arrays, comparison, report_console, json_target,
                                      actual_label=reference, reference_label="bnbwd run", data_format=canonical,
                                      inputs=problem, fsync=fsync)
-            click.get_current_context().exit(int(code))
+            click.get_current_context().exit(code)
 
 
 def _write_outputs(arrays: dict[str, np.ndarray], output: str | None, out_dir: Path | None, fsync: bool) -> None:

@@ -393,4 +393,4 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
         inputs=inputs,
         fsync=fsync,
     )
-    click.get_current_context().exit(int(code))
+    click.get_current_context().exit(code)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bnbwd_cli.dtypes import ulp_spacing
@@ -204,15 +204,29 @@ def test_empty_tensor_passes():
     assert result.passed and result.elements == 0 and result.max_abs.index is None
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
+@example([1.0, -3.0, 100.0], 0.01, 0.001)  # both "a little less fails" checks run on it
 @given(st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=20), st.floats(0, 1), st.floats(0, 0.1))
 def test_min_tolerance_is_tight(values, atol, rtol):
+    """min_atol (rtol as set) and min_rtol (atol as set) pass, and a little less fails."""
     reference = np.array(values, dtype=np.float32)
     actual = (reference * np.float32(1.001) + np.float32(1e-3)).astype(np.float32)
-    tol = Tolerance(atol=atol, rtol=rtol, ulp=0.0, rel_l2=1.0)
-    result = compare_arrays(actual, reference, tol)
+    result = compare_arrays(actual, reference, Tolerance(atol=atol, rtol=rtol, ulp=0.0, rel_l2=1.0))
+
+    def mismatches(atol_: float, rtol_: float) -> int:
+        return compare_arrays(actual, reference, Tolerance(atol_, rtol_, 0.0, 1.0)).mismatches
+
+    # "A little less": 1e-6 relative, far above the rounding of atol + rtol*|r| (~1e-16 of max |a - r|).
+    resolvable = 1e-6 * result.max_abs.value
     if math.isfinite(result.min_atol):
-        assert compare_arrays(actual, reference, Tolerance(result.min_atol * (1 + 1e-12) + 1e-300, rtol, 0.0, 1.0)).mismatches == 0
+        assert mismatches(result.min_atol * (1 + 1e-12) + 1e-300, rtol) == 0
+        if result.min_atol > resolvable:
+            assert mismatches(result.min_atol * (1 - 1e-6), rtol) > 0
+    if math.isfinite(result.min_rtol):
+        assert mismatches(atol, result.min_rtol * (1 + 1e-12) + 1e-300) == 0
+        smallest_ref = float(np.abs(reference[reference != 0]).min(initial=np.inf))
+        if result.min_rtol * smallest_ref > resolvable:
+            assert mismatches(atol, result.min_rtol * (1 - 1e-6)) > 0
 
 
 # ---------------------------------------------------------------- settings
@@ -318,4 +332,5 @@ def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     chunked = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], **kwargs)
     assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-12)  # only the sum order differs
     assert repr(replace(chunked, rel_l2=0.0)) == repr(replace(whole, rel_l2=0.0))  # repr: NaN == NaN
+    assert repr(chunked.details) == repr(whole.details)
     assert whole.mismatches > 3 and len(whole.worst) == 6

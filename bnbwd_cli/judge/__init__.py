@@ -21,7 +21,8 @@ from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Pairing, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
-from bnbwd_cli.judge.stats import Accumulator, Comparison, FixedRule, Layout, ScaledRule, compare_arrays
+from bnbwd_cli.judge.rules import ScaledRule
+from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, comparison_dtype
 
 __all__ = ["BackwardInputs", "CompareSettings", "Comparison", "OutputResult", "SetComparison", "compare_arrays", "compare_sets"]
@@ -99,8 +100,8 @@ def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs) -> Accumulator:
     dtype = comparison_dtype(a.dtype, r.dtype)
     rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(dtype)))
-    return Accumulator(a, r, rule, dtype=dtype, max_mismatch=job.settings.max_mismatch_for(job.names),
-                       equal_nan=job.settings.equal_nan, layout=job.layout, top_k=job.top_k)
+    setup = Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+    return Accumulator(a, r, rule, setup)
 
 
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts) -> Comparison:

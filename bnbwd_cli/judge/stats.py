@@ -1,77 +1,36 @@
-"""One output's comparison, gathered chunk by chunk: counts, maxima with locations, worst elements.
+"""One output's comparison, gathered chunk by chunk into a frozen ``Comparison``.
 
-Pure: arrays in, a frozen ``Comparison`` out. Both sides are upcast to float64. Each chunk is judged
-by a rule (``FixedRule``: atol/rtol/ulp; ``ScaledRule``: K units of the error model's scale) that
-says which elements fail and how far each is from its allowance (err / allowance, > 1 fails).
+Pure: arrays in, dataclasses out. Both sides are upcast to float64. Each chunk is judged by a rule
+(judge/rules.py) and fed to small accumulators, one per statistic (judge/accumulators.py).
+
+Two tiers: the verdict and the numbers of the summary (mismatches, max abs/ULP/units, rel L2, the
+minimum passing tolerance, NaN/Inf and zero counts) come from one cheap pass; the details (max
+relative error, worst elements, per-channel table, histogram) cost about as much again and only a
+failing output's report or --verbose/--json shows them. Under the fixed rule they are computed
+lazily, by a second pass on first use; under the scaled rule (whose error scale is costly to
+rebuild) in the same pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
+from bnbwd_cli.dtypes import BFLOAT16, dtype_name, to_float64, ulp_spacing
+from bnbwd_cli.judge.accumulators import (
+    ChannelStat, Channels, Decades, Element, HistogramBin, Largest, Located, MaxLocated, NonFinite, NonFiniteCounts,
+    RelativeL2, Worst, ZeroCounts, log_histogram,
+)
+from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
 
-CHUNK = 1 << 20  # elements per pass: float64 temporaries stay ~8 MB each, whatever the tensor size
+__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "HistogramBin", "Layout", "Located", "NonFinite",
+           "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
-
-@dataclass(frozen=True)
-class Located:
-    """A statistic and the index where it occurs (None when there is no such element)."""
-
-    value: float
-    index: tuple[int, ...] | None
-
-
-@dataclass(frozen=True)
-class Element:
-    """One element of the worst-k list. ``ratio`` = error / allowance; > 1 fails."""
-
-    index: tuple[int, ...]
-    actual: float
-    expected: float
-    abs_err: float
-    rel_err: float
-    ulp_err: float
-    ratio: float
-    passed: bool
-    units: float | None = None  # scaled rule: the error in units of the element's scale
-
-
-@dataclass(frozen=True)
-class ChannelStat:
-    """Mismatches and the worst errors in one channel."""
-
-    channel: int
-    elements: int
-    mismatches: int
-    max_abs: float
-    max_ratio: float
-
-
-@dataclass(frozen=True)
-class HistogramBin:
-    """Count of |a - r| in [low, high); the bin low == high == 0 counts exact matches."""
-
-    low: float
-    high: float
-    count: int
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """NaN/Inf counts per side and how many positions fail because of them."""
-
-    nan_actual: int
-    nan_reference: int
-    nan_mismatches: int
-    inf_actual: int
-    inf_reference: int
-    inf_mismatches: int
+CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
 
 
 @dataclass(frozen=True)
@@ -94,6 +53,28 @@ class Bias:
 
 
 @dataclass(frozen=True)
+class Details:
+    """The statistics that explain a comparison but do not decide it."""
+
+    max_rel: Located
+    worst: tuple[Element, ...]
+    channels: tuple[ChannelStat, ...] | None
+    histogram: tuple[HistogramBin, ...]
+
+
+class _Once:
+    """A value computed on first use, then kept (the details' second pass runs at most once)."""
+
+    def __init__(self, compute: Callable[[], Details]) -> None:
+        self._compute, self._value = compute, None
+
+    def __call__(self) -> Details:
+        if self._value is None:
+            self._value, self._compute = self._compute(), None
+        return self._value
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Everything known about one output's comparison."""
 
@@ -109,7 +90,6 @@ class Comparison:
     mismatches: int
     allowed_mismatches: int
     max_abs: Located
-    max_rel: Located
     max_ulp: Located
     max_units: Located | None  # scaled rule only
     rel_l2: float
@@ -118,16 +98,34 @@ class Comparison:
     min_rtol: float | None  # fixed rule: the smallest rtol (atol, ulp as set) that would pass
     min_units: float | None  # scaled rule: the smallest K that would pass, inf if none
     nonfinite: NonFinite
-    worst: tuple[Element, ...]
     channel_axis: int | None
     axis_names: tuple[str, ...] | None
-    channels: tuple[ChannelStat, ...] | None
-    histogram: tuple[HistogramBin, ...]
     zero_fraction_actual: float
     zero_fraction_reference: float
     mostly_zeros: bool
+    details_of: Callable[[], Details] = field(repr=False, compare=False, kw_only=True)
     bias: Bias | None = None
     hints: tuple[str, ...] = ()
+
+    @property
+    def details(self) -> Details:
+        return self.details_of()
+
+    @property
+    def max_rel(self) -> Located:
+        return self.details.max_rel
+
+    @property
+    def worst(self) -> tuple[Element, ...]:
+        return self.details.worst
+
+    @property
+    def channels(self) -> tuple[ChannelStat, ...] | None:
+        return self.details.channels
+
+    @property
+    def histogram(self) -> tuple[HistogramBin, ...]:
+        return self.details.histogram
 
     @property
     def mismatch_fraction(self) -> float:
@@ -146,222 +144,6 @@ class Comparison:
         return self.elements_passed and not self.bias_failed
 
 
-# --------------------------------------------------------------------------- rules
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    """One chunk's per-element judgement (finite elements; non-finite ones are handled apart)."""
-
-    fails: np.ndarray
-    ratio: np.ndarray  # error / allowance
-    units: np.ndarray | None  # scaled rule only
-    need: tuple[np.ndarray, ...]  # what each "would pass with" statistic needs per element
-
-
-class FixedRule:
-    """|a - r| <= atol + rtol*|r|, or within `ulp` ULPs."""
-
-    def __init__(self, tolerance: Tolerance) -> None:
-        self.tolerance = tolerance
-
-    def judge(self, abs_err: np.ndarray, abs_ref: np.ndarray, spacing: np.ndarray, scale: np.ndarray | None) -> Verdicts:
-        tol = self.tolerance
-        bound = tol.atol + tol.rtol * abs_ref
-        with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
-            ulp_err = abs_err / spacing
-        within_ulp = ulp_err <= tol.ulp
-        fails = ~((abs_err <= bound) | within_ulp)
-        ratio = np.minimum(_safe_ratio(abs_err, bound), _safe_ratio(ulp_err, np.full(abs_err.size, float(tol.ulp))))
-        need_atol = np.where(within_ulp, 0.0, np.maximum(0.0, abs_err - tol.rtol * abs_ref))
-        need_rtol = np.where(within_ulp | (abs_err <= tol.atol), 0.0, _safe_ratio(abs_err - tol.atol, abs_ref))
-        return Verdicts(fails, ratio, None, (need_atol, need_rtol))
-
-
-class ScaledRule:
-    """|a - r| <= K*s + ulp_D(r): K units of the element's error scale s, plus one ulp of rounding."""
-
-    def __init__(self, scaled: Scaled) -> None:
-        self.scaled = scaled
-
-    def judge(self, abs_err: np.ndarray, abs_ref: np.ndarray, spacing: np.ndarray, scale: np.ndarray | None) -> Verdicts:
-        allowance = self.scaled.max_units * scale + spacing
-        fails = abs_err > allowance
-        units = _safe_ratio(np.maximum(abs_err - spacing, 0.0), scale)
-        return Verdicts(fails, _safe_ratio(abs_err, allowance), units, (units,))
-
-
-def _safe_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    """numerator / denominator with x/0 = inf for x > 0 and 0/0 = 0."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = numerator / denominator
-    zero = denominator == 0
-    ratio[zero] = np.where(numerator[zero] > 0, np.inf, 0.0)
-    return ratio
-
-
-# --------------------------------------------------------------------------- small accumulators
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
-
-
-class _Best:
-    """Running maximum of a statistic and the flat index of its first occurrence."""
-
-    def __init__(self) -> None:
-        self.value, self.index = -math.inf, -1
-
-    def update(self, values: np.ndarray, mask: np.ndarray, offset: int) -> None:
-        if not mask.any():
-            return
-        masked = np.where(mask, values, -np.inf)
-        i = int(np.argmax(masked))
-        if masked[i] > self.value:
-            self.value, self.index = float(masked[i]), offset + i
-
-    def located(self, shape: tuple[int, ...]) -> Located:
-        if self.index < 0:
-            return Located(float("nan"), None)
-        return Located(self.value, _unravel(self.index, shape))
-
-
-def _top(values: np.ndarray, k: int) -> np.ndarray:
-    """Flat positions of the k largest values; ties go to the lowest positions."""
-    if k <= 0 or values.size == 0:
-        return np.zeros(0, dtype=np.intp)
-    if values.size <= k:
-        return np.arange(values.size)
-    if k == 1:  # the common case (no outliers allowed): a max, not a partition
-        return np.array([int(np.argmax(values))])
-    threshold = np.partition(values, values.size - k)[values.size - k]
-    above = np.flatnonzero(values > threshold)
-    ties = np.flatnonzero(values == threshold)[: k - above.size]
-    return np.concatenate([above, ties])
-
-
-class _Largest:
-    """The k largest values seen (for the minimum tolerance with k-1 allowed outliers)."""
-
-    def __init__(self, k: int) -> None:
-        self.k, self.kept = k, np.zeros(0)
-
-    def update(self, values: np.ndarray) -> None:
-        self.kept = np.concatenate([self.kept, values[_top(values, self.k)]])
-        if self.kept.size > 4 * self.k:
-            self.kept = self.kept[_top(self.kept, self.k)]
-
-    def kth(self) -> float:
-        """The k-th largest value; 0 when fewer than k were seen."""
-        if self.kept.size < self.k:
-            return 0.0
-        return float(np.partition(self.kept, self.kept.size - self.k)[self.kept.size - self.k])
-
-
-class _Worst:
-    """The top-k elements by error/allowance (positive ratios only), with their pass/fail."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.index = np.zeros(0, dtype=np.intp)
-        self.ratio = np.zeros(0)
-        self.fail = np.zeros(0, dtype=bool)
-        self.units = np.zeros(0)
-
-    def update(self, ratio: np.ndarray, fails: np.ndarray, units: np.ndarray | None, offset: int) -> None:
-        top = _top(np.where(ratio > 0, ratio, -1.0), self.k)
-        top = top[ratio[top] > 0]
-        self.index = np.concatenate([self.index, offset + top])
-        self.ratio = np.concatenate([self.ratio, ratio[top]])
-        self.fail = np.concatenate([self.fail, fails[top]])
-        self.units = np.concatenate([self.units, units[top] if units is not None else np.full(top.size, np.nan)])
-
-    def elements(self, a_flat, r_flat, shape, dtype: str) -> tuple[Element, ...]:
-        order = np.lexsort((self.index, -self.ratio))[: self.k]
-        elements = []
-        for i in order:
-            flat = int(self.index[i])
-            a, r = float(to_float64(a_flat[flat : flat + 1])[0]), float(to_float64(r_flat[flat : flat + 1])[0])
-            finite = math.isfinite(a) and math.isfinite(r)
-            err = abs(a - r) if finite else math.nan
-            if finite:
-                rel = err / abs(r) if r != 0 else (math.inf if err > 0 else 0.0)
-                ulp = err / float(ulp_spacing(np.array([r]), dtype)[0])
-            else:
-                rel = ulp = math.nan
-            units = None if math.isnan(self.units[i]) else float(self.units[i])
-            elements.append(Element(_unravel(flat, shape), a, r, err, rel, ulp, float(self.ratio[i]), not bool(self.fail[i]), units))
-        return tuple(elements)
-
-
-class _Channels:
-    """Mismatches, max |a-r| and max err/allowance per channel."""
-
-    def __init__(self, shape: tuple[int, ...], channel_axis: int) -> None:
-        count = shape[channel_axis]
-        self.stride = math.prod(shape[channel_axis + 1 :])
-        self.fail = np.zeros(count, dtype=np.int64)
-        self.abs = np.zeros(count)
-        self.ratio = np.zeros(count)
-        self.rows = math.prod(shape) // count if count else 0
-
-    def update(self, fails: np.ndarray, abs_err: np.ndarray, ratio: np.ndarray, offset: int) -> None:
-        channel = (np.arange(offset, offset + fails.size) // self.stride) % self.fail.size
-        self.fail += np.bincount(channel, weights=fails, minlength=self.fail.size).astype(np.int64)
-        np.maximum.at(self.abs, channel, abs_err)
-        np.maximum.at(self.ratio, channel, ratio)
-
-    def stats(self) -> tuple[ChannelStat, ...]:
-        return tuple(ChannelStat(c, self.rows, int(self.fail[c]), float(self.abs[c]), float(self.ratio[c])) for c in range(self.fail.size))
-
-
-class _Decades:
-    """Counts of finite |a - r| per decade, and of exact matches."""
-
-    def __init__(self) -> None:
-        self.exact = 0
-        self.counts: dict[int, int] = {}
-
-    def update(self, finite_err: np.ndarray) -> None:
-        self.exact += int((finite_err == 0).sum())
-        nonzero = finite_err[finite_err > 0]
-        if nonzero.size:
-            values, numbers = np.unique(np.floor(np.log10(nonzero)).astype(int), return_counts=True)
-            for decade, number in zip(values.tolist(), numbers.tolist()):
-                self.counts[decade] = self.counts.get(decade, 0) + number
-
-    def histogram(self) -> tuple[HistogramBin, ...]:
-        return _histogram(self.exact, self.counts)
-
-
-def _histogram(exact: int, decades: Mapping[int, int], max_bins: int = 12) -> tuple[HistogramBin, ...]:
-    bins = [HistogramBin(0.0, 0.0, exact)]
-    if not decades:
-        return tuple(bins)
-    top, lowest = max(decades), min(decades)
-    bottom = max(lowest, top - max_bins + 1)
-    for k in range(bottom, top + 1):
-        low_edge = k == bottom and lowest < bottom
-        count = sum(n for d, n in decades.items() if d <= k) if low_edge else decades.get(k, 0)
-        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), count))
-    return tuple(bins)
-
-
-def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin, ...]:
-    """Counts of finite |a - r| per decade [10**k, 10**(k+1)), after a bin of exact zeros.
-
-    At most ``max_bins`` decades: the lowest bin then starts at 0 and collects everything
-    below it (exact zeros still have their own bin).
-    """
-    nonzero = abs_err[abs_err > 0]
-    values, numbers = np.unique(np.floor(np.log10(nonzero)).astype(int), return_counts=True)
-    return _histogram(int((abs_err == 0).sum()), dict(zip(values.tolist(), numbers.tolist())), max_bins)
-
-
-# --------------------------------------------------------------------------- the accumulator
-
-
 @dataclass(frozen=True)
 class Layout:
     """How to name an output's coordinates and find its channels (both None: plain indices)."""
@@ -370,91 +152,129 @@ class Layout:
     channel_axis: int | None = None
 
 
+@dataclass(frozen=True)
+class Setup:
+    """How one output is judged, besides its rule. ``detailed``: gather the details in the same pass."""
+
+    dtype: str
+    max_mismatch: MaxMismatch = MaxMismatch()
+    equal_nan: bool = False
+    layout: Layout = Layout()
+    top_k: int = 10
+    detailed: bool = True
+
+    def channel_axis(self, ndim: int) -> int | None:
+        """The axis of the per-channel table; None without one (no channel axis, or a 1-D output)."""
+        return self.layout.channel_axis if ndim >= 2 else None
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One chunk after judging: what the detail statistics need besides the ``Chunk``."""
+
+    verdicts: Verdicts
+    fails: np.ndarray  # non-finite failures included
+    finite: np.ndarray | None  # None: every element is finite
+    bad: np.ndarray | None  # non-finite positions that fail (None: none can)
+    offset: int
+
+
+class _DetailStats:
+    """Max relative error, worst elements, per-channel table, histogram."""
+
+    def __init__(self, shape: tuple[int, ...], setup: Setup) -> None:
+        self.max_rel, self.worst, self.decades = MaxLocated(), Worst(setup.top_k), Decades()
+        axis = setup.channel_axis(len(shape))
+        self.channels = Channels(shape, axis) if axis is not None else None
+
+    def update(self, chunk: Chunk, judged: _Judged) -> None:
+        ratio = judged.verdicts.ratio
+        if judged.bad is not None:
+            ratio[judged.bad] = np.inf
+        nonzero = chunk.ref != 0
+        self.max_rel.update(safe_ratio(chunk.abs_err, np.abs(chunk.ref)), nonzero if judged.finite is None else judged.finite & nonzero,
+                            judged.offset)
+        self.worst.update(ratio, judged.fails, judged.verdicts.units, judged.offset)
+        self.decades.update(chunk.abs_err if judged.finite is None else chunk.abs_err[judged.finite])
+        if self.channels is not None:
+            self.channels.update(judged.fails, chunk.abs_err, ratio, judged.offset)
+
+    def finish(self, actual: np.ndarray, reference: np.ndarray, dtype: str) -> Details:
+        shape = tuple(int(s) for s in reference.shape)
+        return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
+                       self.channels.finish() if self.channels is not None else None, self.decades.finish())
+
+
+class _Buffers:
+    """float64 scratch arrays reused from chunk to chunk: fresh ones cost page faults and cache misses."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.arrays = count, [np.empty(0)] * count
+
+    def take(self, size: int) -> list[np.ndarray]:
+        if size > self.arrays[0].size:
+            self.arrays = [np.empty(size) for _ in range(self.count)]
+        return [array[:size] for array in self.arrays]
+
+
 class Accumulator:
     """Statistics of one output's comparison, fed chunk by chunk (flat ranges in storage order)."""
 
-    def __init__(self, actual: np.ndarray, reference: np.ndarray, rule: FixedRule | ScaledRule, *,
-                 dtype: str, max_mismatch: MaxMismatch = MaxMismatch(), equal_nan: bool = False,
-                 layout: Layout = Layout(), top_k: int = 10) -> None:
+    def __init__(self, actual: np.ndarray, reference: np.ndarray, rule: FixedRule | ScaledRule, setup: Setup) -> None:
         if actual.shape != reference.shape:
             raise ValueError(f"shapes differ: {actual.shape} vs {reference.shape}")
-        self.actual, self.reference = actual, reference
+        self.actual, self.reference, self.rule, self.setup = actual, reference, rule, setup
+        self.dtype = setup.dtype
         self.shape = tuple(int(s) for s in reference.shape)
-        self.rule, self.dtype, self.equal_nan, self.layout = rule, dtype, equal_nan, layout
-        self.max_mismatch = max_mismatch
-        self.allowed = max_mismatch.allowed(math.prod(self.shape))
-        self.counts = dict.fromkeys(("mismatches", "nan_a", "nan_r", "nan_bad", "inf_a", "inf_r", "inf_bad", "zero_a", "zero_r"), 0)
-        self.diff_sq = self.ref_sq = 0.0
-        self.max_abs, self.max_rel, self.max_ulp, self.max_units = _Best(), _Best(), _Best(), _Best()
-        self.need = [_Largest(self.allowed + 1) for _ in range(2)]
-        self.worst = _Worst(top_k)
-        self.decades = _Decades()
-        use_channels = layout.channel_axis is not None and len(self.shape) >= 2
-        self.channels = _Channels(self.shape, layout.channel_axis) if use_channels else None
+        self.allowed = setup.max_mismatch.allowed(math.prod(self.shape))
+        self.mismatches = 0
+        self.nonfinite, self.zeros, self.l2 = NonFiniteCounts(setup.equal_nan), ZeroCounts(), RelativeL2()
+        self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
+        self.need = [Largest(self.allowed + 1) for _ in range(2)]
+        self.details = _DetailStats(self.shape, setup) if setup.detailed else None
+        self.buffers = _Buffers(3)  # |a - r|, the ULP spacing, |a - r| / spacing
 
     def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None) -> None:
         """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
-        finite = self._count_nonfinite(a, r)
-        nonfinite_bad = self._nonfinite_bad
-        all_finite = bool(finite.all())
-        af, rf = (a, r) if all_finite else (np.where(finite, a, 0.0), np.where(finite, r, 0.0))
-        abs_err, abs_ref = np.abs(af - rf), np.abs(rf)
-        spacing = ulp_spacing(rf, self.dtype)
-        if scale is not None and not all_finite:
-            scale = np.where(finite, scale, 1.0)
-        verdicts = self.rule.judge(abs_err, abs_ref, spacing, scale)
-        fails = nonfinite_bad | (finite & verdicts.fails)
-        self.counts["mismatches"] += int(fails.sum())
-        ratio = verdicts.ratio
-        ratio[nonfinite_bad] = np.inf
+        self.zeros.update(a, r)
+        finite = bad = None
+        abs_err, spacing, scratch = self.buffers.take(a.size)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: classified below
+            np.subtract(a, r, out=abs_err)
+        if np.isfinite(abs_err).all():  # the usual case: a and r are finite, nothing to classify or mask
+            np.abs(abs_err, out=abs_err)
+        else:
+            finite, bad = self.nonfinite.update(a, r)
+            a, r = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
+            np.abs(a - r, out=abs_err)
+            scale = None if scale is None else np.where(finite, scale, 1.0)
+        spacing = ulp_spacing(r, self.dtype, out=spacing.view(np.int64))
+        chunk = Chunk(abs_err, r, spacing, scale, scratch)
+        verdicts = self.rule.judge(chunk, with_ratio=self.details is not None)
+        fails = verdicts.fails if bad is None else bad | (finite & verdicts.fails)
+        self.mismatches += int(np.count_nonzero(fails))
+        failing_nonfinite = np.full(0 if bad is None else int(np.count_nonzero(bad)), np.inf)
         for largest, need in zip(self.need, verdicts.need):
-            need[nonfinite_bad] = np.inf
-            largest.update(need)
-        self.diff_sq += float(np.dot(abs_err, abs_err))
-        self.ref_sq += float(np.dot(rf, rf))
+            largest.update(np.concatenate([need, failing_nonfinite]) if failing_nonfinite.size else need)
+        self.l2.update(abs_err, r)
         self.max_abs.update(abs_err, finite, offset)
-        self.max_rel.update(_safe_ratio(abs_err, abs_ref), finite & (rf != 0), offset)
-        with np.errstate(over="ignore"):
-            self.max_ulp.update(abs_err / spacing, finite, offset)
+        self.max_ulp.update(verdicts.ulp_err, finite, offset)
         if verdicts.units is not None:
             self.max_units.update(verdicts.units, finite, offset)
-        self.worst.update(ratio, fails, verdicts.units, offset)
-        self.decades.update(abs_err[finite])
-        if self.channels is not None:
-            self.channels.update(fails, abs_err, ratio, offset)
+        if self.details is not None:
+            self.details.update(chunk, _Judged(verdicts, fails, finite, bad, offset))
 
-    def _count_nonfinite(self, a: np.ndarray, r: np.ndarray) -> np.ndarray:
-        counts = self.counts
-        finite = np.isfinite(a) & np.isfinite(r)
-        if finite.all():  # the usual case: no NaN/Inf to classify, only zeros to count
-            self._nonfinite_bad = np.zeros(a.shape, dtype=bool)
-            counts["zero_a"] += a.size - int(np.count_nonzero(a))
-            counts["zero_r"] += r.size - int(np.count_nonzero(r))
-            return finite
-        nan_a, nan_r = np.isnan(a), np.isnan(r)
-        any_nan = nan_a | nan_r
-        self._nonfinite_bad = ~finite & ~((nan_a & nan_r & self.equal_nan) | (np.isinf(a) & np.isinf(r) & (a == r)))
-        counts["nan_a"] += int(nan_a.sum())
-        counts["nan_r"] += int(nan_r.sum())
-        counts["nan_bad"] += int((self._nonfinite_bad & any_nan).sum())
-        counts["inf_a"] += int(np.isinf(a).sum())
-        counts["inf_r"] += int(np.isinf(r).sum())
-        counts["inf_bad"] += int((self._nonfinite_bad & ~any_nan).sum())
-        counts["zero_a"] += int((a == 0).sum())
-        counts["zero_r"] += int((r == 0).sum())
-        return finite
-
-    def result(self, bias: Bias | None = None) -> Comparison:
-        shape, counts = self.shape, self.counts
-        size = math.prod(shape)
+    def result(self, bias: Bias | None = None, details_of: Callable[[], Details] | None = None) -> Comparison:
+        """The comparison; ``details_of`` supplies the details when this pass did not gather them."""
+        shape, size = self.shape, math.prod(self.shape)
         scaled = isinstance(self.rule, ScaledRule)
-        diff_norm, ref_norm = math.sqrt(self.diff_sq), math.sqrt(self.ref_sq)
-        rel_l2 = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+        rel_l2, ref_norm = self.l2.finish()
         # The relative-L2 gate belongs to the fixed rule; with no reference norm the elements decide.
         rel_l2_passed = scaled or ref_norm == 0 or rel_l2 <= self.rule.tolerance.rel_l2
-        zero_a = counts["zero_a"] / size if size else 0.0
-        zero_r = counts["zero_r"] / size if size else 0.0
-        a_flat, r_flat = self.actual.reshape(-1), self.reference.reshape(-1)
+        zero_a, zero_r = self.zeros.finish()
+        if self.details is not None:
+            details = self.details.finish(self.actual, self.reference, self.dtype)
+            details_of = lambda: details  # noqa: E731 - a constant
         return Comparison(
             shape=shape,
             dtype=self.dtype,
@@ -462,31 +282,47 @@ class Accumulator:
             reference_dtype=dtype_name(self.reference.dtype) or str(self.reference.dtype),
             tolerance=None if scaled else self.rule.tolerance,
             scaled=self.rule.scaled if scaled else None,
-            max_mismatch=self.max_mismatch,
-            equal_nan=self.equal_nan,
+            max_mismatch=self.setup.max_mismatch,
+            equal_nan=self.setup.equal_nan,
             elements=size,
-            mismatches=counts["mismatches"],
+            mismatches=self.mismatches,
             allowed_mismatches=self.allowed,
-            max_abs=self.max_abs.located(shape),
-            max_rel=self.max_rel.located(shape),
-            max_ulp=self.max_ulp.located(shape),
-            max_units=self.max_units.located(shape) if scaled else None,
+            max_abs=self.max_abs.finish(shape),
+            max_ulp=self.max_ulp.finish(shape),
+            max_units=self.max_units.finish(shape) if scaled else None,
             rel_l2=rel_l2,
             rel_l2_passed=rel_l2_passed,
-            min_atol=None if scaled else self.need[0].kth(),
-            min_rtol=None if scaled else self.need[1].kth(),
-            min_units=self.need[0].kth() if scaled else None,
-            nonfinite=NonFinite(counts["nan_a"], counts["nan_r"], counts["nan_bad"], counts["inf_a"], counts["inf_r"], counts["inf_bad"]),
-            worst=self.worst.elements(a_flat, r_flat, shape, self.dtype),
-            channel_axis=self.layout.channel_axis if self.channels is not None else None,
-            axis_names=self.layout.axis_names,
-            channels=self.channels.stats() if self.channels is not None else None,
-            histogram=self.decades.histogram(),
+            min_atol=None if scaled else self.need[0].finish(),
+            min_rtol=None if scaled else self.need[1].finish(),
+            min_units=self.need[0].finish() if scaled else None,
+            nonfinite=self.nonfinite.finish(),
+            channel_axis=self.setup.channel_axis(len(shape)),
+            axis_names=self.setup.layout.axis_names,
             zero_fraction_actual=zero_a,
             zero_fraction_reference=zero_r,
             mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
+            details_of=details_of,
             bias=bias,
         )
+
+
+def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup) -> Accumulator:
+    state = Accumulator(actual, reference, FixedRule(tolerance), setup)
+    a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
+    buffers = _Buffers(2)
+    for start in range(0, a_flat.size, CHUNK):
+        stop = min(start + CHUNK, a_flat.size)
+        a64, r64 = buffers.take(stop - start)
+        state.add(_upcast(a_flat[start:stop], a64), _upcast(r_flat[start:stop], r64), start)
+    return state
+
+
+def _upcast(chunk: np.ndarray, buffer: np.ndarray) -> np.ndarray:
+    """``chunk`` as float64: itself, or cast into ``buffer`` (bfloat16: dtypes.to_float64's route)."""
+    if chunk.dtype == np.float64 or chunk.dtype == BFLOAT16:
+        return to_float64(chunk)
+    np.copyto(buffer, chunk)
+    return buffer
 
 
 def compare_arrays(
@@ -508,12 +344,10 @@ def compare_arrays(
     ``axis_names``/``channel_axis``: the tensor's layout, for coordinates and the
     per-channel table (None: plain indices, no per-channel table).
     Works in chunks of the flattened tensors, so memory stays bounded for large outputs.
+    The details are computed on first use by a second pass (the Comparison keeps both arrays).
     """
-    dtype = dtype or comparison_dtype(actual.dtype, reference.dtype)
-    state = Accumulator(actual, reference, FixedRule(tolerance), dtype=dtype, max_mismatch=max_mismatch,
-                        equal_nan=equal_nan, layout=Layout(axis_names, channel_axis), top_k=top_k)
-    a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
-    for start in range(0, a_flat.size, CHUNK):
-        stop = min(start + CHUNK, a_flat.size)
-        state.add(to_float64(a_flat[start:stop]), to_float64(r_flat[start:stop]), start)
-    return state.result()
+    setup = Setup(dtype or comparison_dtype(actual.dtype, reference.dtype), max_mismatch, equal_nan,
+                  Layout(axis_names, channel_axis), top_k, detailed=False)
+    detailed = replace(setup, detailed=True)
+    details_of = _Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
+    return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of)

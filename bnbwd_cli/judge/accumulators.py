@@ -1,0 +1,308 @@
+"""Small accumulators, one per statistic: each is fed chunk by chunk (update) and then read (finish).
+
+Chunks are flat ranges of the tensor in storage order; ``offset`` is the chunk's first flat index.
+Every accumulator gives the same answer whatever the chunking (ties go to the lowest index).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.dtypes import to_float64, ulp_spacing
+
+
+@dataclass(frozen=True)
+class Located:
+    """A statistic and the index where it occurs (None when there is no such element)."""
+
+    value: float
+    index: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of the worst-k list. ``ratio`` = error / allowance; > 1 fails."""
+
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+    abs_err: float
+    rel_err: float
+    ulp_err: float
+    ratio: float
+    passed: bool
+    units: float | None = None  # scaled rule: the error in units of the element's scale
+
+
+@dataclass(frozen=True)
+class ChannelStat:
+    """Mismatches and the worst errors in one channel."""
+
+    channel: int
+    elements: int
+    mismatches: int
+    max_abs: float
+    max_ratio: float
+
+
+@dataclass(frozen=True)
+class HistogramBin:
+    """Count of |a - r| in [low, high); the bin low == high == 0 counts exact matches."""
+
+    low: float
+    high: float
+    count: int
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """NaN/Inf counts per side and how many positions fail because of them."""
+
+    nan_actual: int
+    nan_reference: int
+    nan_mismatches: int
+    inf_actual: int
+    inf_reference: int
+    inf_mismatches: int
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def top(values: np.ndarray, k: int) -> np.ndarray:
+    """Flat positions of the k largest values; ties go to the lowest positions."""
+    if k <= 0 or values.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    if values.size <= k:
+        return np.arange(values.size)
+    if k == 1:  # the common case (no outliers allowed): a max, not a partition
+        return np.array([int(np.argmax(values))])
+    threshold = np.partition(values, values.size - k)[values.size - k]
+    above = np.flatnonzero(values > threshold)
+    ties = np.flatnonzero(values == threshold)[: k - above.size]
+    return np.concatenate([above, ties])
+
+
+class MaxLocated:
+    """Running maximum of a statistic and the flat index of its first occurrence."""
+
+    def __init__(self) -> None:
+        self.value, self.index = -math.inf, -1
+
+    def update(self, values: np.ndarray, mask: np.ndarray | None, offset: int) -> None:
+        """``mask``: the elements that count (None: all of them)."""
+        if mask is not None:
+            if not mask.any():
+                return
+            values = np.where(mask, values, -np.inf)
+        if values.size == 0:
+            return
+        i = int(np.argmax(values))
+        if values[i] > self.value:
+            self.value, self.index = float(values[i]), offset + i
+
+    def finish(self, shape: tuple[int, ...]) -> Located:
+        if self.index < 0:
+            return Located(float("nan"), None)
+        return Located(self.value, unravel(self.index, shape))
+
+
+class Largest:
+    """The k largest values seen (for the minimum tolerance with k-1 allowed outliers)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.kept = k, np.zeros(0)
+
+    def update(self, values: np.ndarray) -> None:
+        """``values``: any subset of the chunk's values that holds all its non-zero ones (all are >= 0)."""
+        self.kept = np.concatenate([self.kept, values[top(values, self.k)]])
+        if self.kept.size > 4 * self.k:
+            self.kept = self.kept[top(self.kept, self.k)]
+
+    def finish(self) -> float:
+        """The k-th largest value; 0 when fewer than k non-zero values were seen."""
+        if self.kept.size < self.k:
+            return 0.0
+        return float(np.partition(self.kept, self.kept.size - self.k)[self.kept.size - self.k])
+
+
+class Worst:
+    """The top-k elements by error/allowance (positive ratios only), with their pass/fail."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.index = np.zeros(0, dtype=np.intp)
+        self.ratio = np.zeros(0)
+        self.fail = np.zeros(0, dtype=bool)
+        self.units = np.zeros(0)
+
+    def update(self, ratio: np.ndarray, fails: np.ndarray, units: np.ndarray | None, offset: int) -> None:
+        best = top(np.where(ratio > 0, ratio, -1.0), self.k)
+        best = best[ratio[best] > 0]
+        self.index = np.concatenate([self.index, offset + best])
+        self.ratio = np.concatenate([self.ratio, ratio[best]])
+        self.fail = np.concatenate([self.fail, fails[best]])
+        self.units = np.concatenate([self.units, units[best] if units is not None else np.full(best.size, np.nan)])
+
+    def finish(self, actual: np.ndarray, reference: np.ndarray, dtype: str) -> tuple[Element, ...]:
+        """The elements, re-read from the tensors (only k of them) for their values and errors."""
+        order = np.lexsort((self.index, -self.ratio))[: self.k]
+        a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
+        elements = []
+        for i in order:
+            flat = int(self.index[i])
+            a, r = float(to_float64(a_flat[flat : flat + 1])[0]), float(to_float64(r_flat[flat : flat + 1])[0])
+            units = None if math.isnan(self.units[i]) else float(self.units[i])
+            err, rel, ulp = _errors(a, r, dtype)
+            elements.append(Element(unravel(flat, actual.shape), a, r, err, rel, ulp, float(self.ratio[i]), not bool(self.fail[i]), units))
+        return tuple(elements)
+
+
+def _errors(a: float, r: float, dtype: str) -> tuple[float, float, float]:
+    """Absolute, relative and ULP error of one element (NaN when either side is not finite)."""
+    if not (math.isfinite(a) and math.isfinite(r)):
+        return math.nan, math.nan, math.nan
+    err = abs(a - r)
+    rel = err / abs(r) if r != 0 else (math.inf if err > 0 else 0.0)
+    return err, rel, err / float(ulp_spacing(np.array([r]), dtype)[0])
+
+
+class Channels:
+    """Mismatches, max |a-r| and max err/allowance per channel."""
+
+    def __init__(self, shape: tuple[int, ...], channel_axis: int) -> None:
+        count = shape[channel_axis]
+        self.stride = math.prod(shape[channel_axis + 1 :])
+        self.fail = np.zeros(count, dtype=np.int64)
+        self.abs = np.zeros(count)
+        self.ratio = np.zeros(count)
+        self.rows = math.prod(shape) // count if count else 0
+
+    def update(self, fails: np.ndarray, abs_err: np.ndarray, ratio: np.ndarray, offset: int) -> None:
+        channel = (np.arange(offset, offset + fails.size) // self.stride) % self.fail.size
+        self.fail += np.bincount(channel, weights=fails, minlength=self.fail.size).astype(np.int64)
+        np.maximum.at(self.abs, channel, abs_err)
+        np.maximum.at(self.ratio, channel, ratio)
+
+    def finish(self) -> tuple[ChannelStat, ...]:
+        return tuple(ChannelStat(c, self.rows, int(self.fail[c]), float(self.abs[c]), float(self.ratio[c])) for c in range(self.fail.size))
+
+
+class Decades:
+    """Counts of finite |a - r| per decade, and of exact matches."""
+
+    def __init__(self) -> None:
+        self.exact = 0
+        self.counts: dict[int, int] = {}
+
+    def update(self, finite_err: np.ndarray) -> None:
+        self.exact += int((finite_err == 0).sum())
+        for decade, number in _decade_counts(finite_err).items():
+            self.counts[decade] = self.counts.get(decade, 0) + number
+
+    def finish(self) -> tuple[HistogramBin, ...]:
+        return histogram_bins(self.exact, self.counts)
+
+
+_LOWEST_DECADE = -330  # below log10 of the smallest subnormal (-323.3): a bincount offset
+
+
+def _decade_counts(abs_err: np.ndarray) -> dict[int, int]:
+    """{k: how many non-zero values lie in [10**k, 10**(k+1))}; a bincount, not a sort."""
+    nonzero = abs_err[abs_err > 0]
+    if not nonzero.size:
+        return {}
+    with np.errstate(invalid="ignore"):  # |a - r| overflowed to inf (f64 extremes): a decade no bin has
+        decades = np.floor(np.log10(nonzero)).astype(np.intp)
+    if decades.min() < _LOWEST_DECADE:
+        values, numbers = np.unique(decades, return_counts=True)
+        return dict(zip(values.tolist(), numbers.tolist()))
+    counts = np.bincount(decades - _LOWEST_DECADE)
+    return {int(i) + _LOWEST_DECADE: int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def histogram_bins(exact: int, decades: Mapping[int, int], max_bins: int = 12) -> tuple[HistogramBin, ...]:
+    bins = [HistogramBin(0.0, 0.0, exact)]
+    if not decades:
+        return tuple(bins)
+    highest, lowest = max(decades), min(decades)
+    bottom = max(lowest, highest - max_bins + 1)
+    for k in range(bottom, highest + 1):
+        low_edge = k == bottom and lowest < bottom
+        count = sum(n for d, n in decades.items() if d <= k) if low_edge else decades.get(k, 0)
+        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), count))
+    return tuple(bins)
+
+
+def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin, ...]:
+    """Counts of finite |a - r| per decade [10**k, 10**(k+1)), after a bin of exact zeros.
+
+    At most ``max_bins`` decades: the lowest bin then starts at 0 and collects everything
+    below it (exact zeros still have their own bin).
+    """
+    return histogram_bins(int((abs_err == 0).sum()), _decade_counts(abs_err), max_bins)
+
+
+class NonFiniteCounts:
+    """NaN/Inf per side, and which positions fail because of them (classified only when a chunk has any)."""
+
+    def __init__(self, equal_nan: bool) -> None:
+        self.equal_nan = equal_nan
+        self.nan_a = self.nan_r = self.nan_bad = self.inf_a = self.inf_r = self.inf_bad = 0
+
+    def update(self, a: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(finite, bad): both sides finite; a non-finite position that fails."""
+        finite = np.isfinite(a) & np.isfinite(r)
+        nan_a, nan_r, inf_a, inf_r = np.isnan(a), np.isnan(r), np.isinf(a), np.isinf(r)
+        any_nan = nan_a | nan_r
+        bad = ~finite & ~((nan_a & nan_r & self.equal_nan) | (inf_a & inf_r & (a == r)))
+        self.nan_a += int(nan_a.sum())
+        self.nan_r += int(nan_r.sum())
+        self.nan_bad += int((bad & any_nan).sum())
+        self.inf_a += int(inf_a.sum())
+        self.inf_r += int(inf_r.sum())
+        self.inf_bad += int((bad & ~any_nan).sum())
+        return finite, bad
+
+    def finish(self) -> NonFinite:
+        return NonFinite(self.nan_a, self.nan_r, self.nan_bad, self.inf_a, self.inf_r, self.inf_bad)
+
+
+class ZeroCounts:
+    """Fractions of exact zeros per side (an output never written is mostly zeros)."""
+
+    def __init__(self) -> None:
+        self.actual = self.reference = self.seen = 0
+
+    def update(self, a: np.ndarray, r: np.ndarray) -> None:
+        self.actual += a.size - int(np.count_nonzero(a))
+        self.reference += r.size - int(np.count_nonzero(r))
+        self.seen += a.size
+
+    def finish(self) -> tuple[float, float]:
+        if not self.seen:
+            return 0.0, 0.0
+        return self.actual / self.seen, self.reference / self.seen
+
+
+class RelativeL2:
+    """||a - r||2 / ||r||2 over the finite elements."""
+
+    def __init__(self) -> None:
+        self.diff_sq = self.ref_sq = 0.0
+
+    def update(self, diff: np.ndarray, ref: np.ndarray) -> None:
+        # einsum, not np.dot: BLAS's dot wakes its thread pool on every call (~16 ms on a busy machine,
+        # whatever the chunk size) and its sum order depends on the thread count.
+        self.diff_sq += float(np.einsum("i,i->", diff, diff))
+        self.ref_sq += float(np.einsum("i,i->", ref, ref))
+
+    def finish(self) -> tuple[float, float]:
+        """(rel_l2, ||r||2): rel_l2 is 0 when both norms are 0, inf when only ||r|| is."""
+        diff_norm, ref_norm = math.sqrt(self.diff_sq), math.sqrt(self.ref_sq)
+        return (diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)), ref_norm
