@@ -10,20 +10,24 @@ import math
 from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
-from bnbwd_cli.render import json as report_json
-from bnbwd_cli.render import text as report
 from bnbwd_cli.errors import ExitCode
-from bnbwd_cli.judge import BackwardInputs, compare_sets
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
+from bnbwd_cli.judge.tolerance import (DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput,
+                                       tolerance_text)
 from bnbwd_cli.params import FORMAT_CHOICE
 from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_bundle_keys, check_epsilon, inputs_from_bundle, validate_inputs
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.model import BackwardInputs
+
+# The comparison (judge/) and the report (render/, rich) are imported where they are used: `bnbwd run`
+# without --reference loads this module for its options only (tests/test_startup.py guards that).
 
 # --------------------------------------------------------------------------- click types
 
@@ -229,6 +233,10 @@ def report_comparison(
     ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
     Structural problems also go to stderr as ``error: ...`` lines.
     """
+    from bnbwd_cli.judge.sets import compare_sets
+    from bnbwd_cli.render import json as report_json
+    from bnbwd_cli.render import text as report
+
     _check_override_names(options, actual, reference)
     if data_format is not None:
         options = replace(options, data_format=data_format)
@@ -255,7 +263,7 @@ def report_comparison(
 
 # --------------------------------------------------------------------------- command
 
-_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
+_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
 _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
@@ -324,6 +332,8 @@ def _input_files(source: str) -> list[Path]:
 def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
                       variance_is_invstd: bool) -> BackwardInputs:
     """The op's inputs from a bundle (names and attributes as for `bnbwd run`), checked like run checks them."""
+    from bnbwd_cli.judge.model import BackwardInputs
+
     label = f"--inputs ({bundle})"
     inputs, attributes = inputs_from_bundle(
         read_bundle(bundle, "--inputs", check_keys=lambda keys: check_bundle_keys(keys, label)), label)
@@ -357,6 +367,8 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
     if json_target is not None and json_target != "-":
         sources = _input_files(actual) + _input_files(reference) + ([Path(inputs_bundle)] if inputs_bundle else [])
         files_write.vet_destination(json_target, sources, "--json")
+    from bnbwd_cli.render.text import make_console
+
     actual_set = read_tensor_set(actual)
     reference_set = read_tensor_set(reference)
     inputs = None
@@ -367,7 +379,7 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
         actual_set,
         reference_set,
         comparison,
-        report.make_console(),
+        make_console(),
         json_target,
         actual_label=actual,
         reference_label=reference,
