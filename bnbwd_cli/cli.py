@@ -18,7 +18,8 @@ from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import BFLOAT16, read_array, read_bundle, read_tensor_set, split_source
+from bnbwd_cli import dtypes
+from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (
     INPUT_NAMES,
@@ -206,11 +207,11 @@ def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Pa
 
 
 def _reinterpret_bf16(name: str, array):  # noqa: ANN001 - an ndarray or NpyBlocks
-    if array.dtype == BFLOAT16:
+    if dtypes.is_bfloat16(array.dtype):
         return array
     if array.dtype.itemsize != 2 or array.dtype.kind not in "uiV":
         raise BnbwdError(f"--bf16 {name}: {name} has dtype {array.dtype}, expected 2-byte raw data (uint16, int16, V2)")
-    return array.view(BFLOAT16)
+    return array.view(dtypes.BFLOAT16)
 
 
 def _console(stderr: bool):

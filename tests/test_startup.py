@@ -31,6 +31,7 @@ NEVER_ON_PLAIN_RUN = {
     "tempfile": "only --stream to a single .npz stages through it",
     "secrets": "temporary names come from os.urandom",
     "torch": "the bench's comparison, never bnbwd's",
+    "ml_dtypes": "bfloat16 (~10 ms): only when a bf16 array appears; the example is f32",
 }
 # Also kept out of `run -q`, which renders nothing.
 NEVER_ON_QUIET_RUN = {
