@@ -99,7 +99,7 @@ def interleaved(commands: dict[str, tuple[list[str], Path | None]], reps: int) -
 
 def startup_rows(reps: int) -> list[str]:
     timing = interleaved({"floor": (FLOOR, None), "bnbwd": (BNBWD + ["run", "fixtures/example.npz", "-q"], None)}, reps)
-    return [f"| start-up: `bnbwd run fixtures/example.npz -q` vs `python -c \"import numpy\"` | "
+    return [f"| start-up: `bnbwd run fixtures/example.npz -q` vs `python -c \"import numpy\"` | {reps} | "
             f"{timing.best['bnbwd'] * 1e3:.0f} ms | {timing.best['floor'] * 1e3:.0f} ms | "
             f"+{timing.net('bnbwd') * 1e3:.0f} ms ({timing.best['bnbwd'] / timing.best['floor']:.2f}x) |"]
 
@@ -156,9 +156,11 @@ def run_rows(torch_python: str | None, threads: int, reps: int, workdir: str | N
                 versus = f"{theirs * 1e3:.0f} ms | **{net / theirs:.2f}x**"
             else:
                 versus = "– (torch not installed: row skipped) | –"
-            rows.append(f"| `bnbwd run --out-dir`, f32 {data_format} {SHAPE}, net of the floor | {net * 1e3:.0f} ms "
+            rows.append(f"| `bnbwd run --out-dir`, f32 {data_format} {SHAPE}, net of the floor, vs PyTorch | {reps} | "
+                        f"{net * 1e3:.0f} ms "
                         f"(wall {timing.best['run'] * 1e3:.0f}, floor {timing.best['floor'] * 1e3:.0f}) | {versus} |")
             rows.append(f"| `run --reference` (judging the outputs) vs `run` (no output), {data_format}, net | "
+                        f"{min(reps, 2)} | "
                         f"{checked.net('reference') * 1e3:.0f} ms | {checked.net('plain') * 1e3:.0f} ms | "
                         f"**{checked.net('reference') / checked.net('plain'):.2f}x** |")
     return rows
@@ -167,7 +169,7 @@ def run_rows(torch_python: str | None, threads: int, reps: int, workdir: str | N
 def end_to_end_table(torch_python: str | None, threads: int, quick: bool, workdir: str | None) -> list[str]:
     """The table's lines: start-up, then run vs PyTorch and run --reference, both layouts."""
     reps = 5 if quick else 15
-    lines = ["| what (best of %d, interleaved) | bnbwd | baseline | ratio |" % reps, "|---|---|---|---|"]
+    lines = ["| what (interleaved with its baseline) | best of | bnbwd | baseline | ratio |", "|---|---|---|---|---|"]
     lines += startup_rows(reps * 2)
     lines += run_rows(torch_python, threads, max(reps // 3, 3), workdir)
     return lines
