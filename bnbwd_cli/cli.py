@@ -13,12 +13,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bnbwd_cli import __version__, streaming
+from bnbwd_cli import __version__, dtypes, streaming
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli import dtypes
 from bnbwd_cli.files.read import read_array, read_bundle, read_tensor_set, split_source
 from bnbwd_cli.params import FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, OutputList
 from bnbwd_cli.profiles import (

@@ -33,7 +33,7 @@ def __getattr__(name: str):
 
 def is_bfloat16(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes when nothing did."""
-    return "ml_dtypes" in sys.modules and np.dtype(dtype) == __getattr__("BFLOAT16")
+    return "ml_dtypes" in sys.modules and np.dtype(dtype) == (globals().get("BFLOAT16") or __getattr__("BFLOAT16"))
 
 
 def dtype_name(dtype: np.dtype) -> str | None:
