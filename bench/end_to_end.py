@@ -18,6 +18,7 @@ package, and with `python -m bnbwd_cli` (what the `bnbwd` script runs, plus runp
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -58,9 +59,10 @@ print(time.perf_counter() - started)
 
 @dataclass(frozen=True)
 class Timing:
-    """Best wall seconds of each command, measured interleaved."""
+    """Best wall seconds, and best CPU seconds (user + system), of each command, measured interleaved."""
 
     best: dict[str, float]
+    best_cpu: dict[str, float]
 
     def net(self, name: str) -> float:
         return self.best[name] - self.best["floor"]
@@ -73,35 +75,42 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def wall(command: list[str], fresh_dir: Path | None = None) -> float:
-    """Seconds of one child process; `fresh_dir` is emptied first (outputs go there)."""
+def wall(command: list[str], fresh_dir: Path | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of one child process; `fresh_dir` is emptied first (outputs go there).
+
+    CPU time (the child's user + system) moves less than wall time when other work shares the cores.
+    """
     if fresh_dir is not None:
         shutil.rmtree(fresh_dir, ignore_errors=True)
         fresh_dir.mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-400:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def interleaved(commands: dict[str, tuple[list[str], Path | None]], reps: int) -> Timing:
     """Best of `reps` for each command, run in turn; one warm-up round (bytecode, page cache) first."""
     best = {name: float("inf") for name in commands}
+    best_cpu = dict(best)
     for round_ in range(reps + 1):
         for name, (command, fresh_dir) in commands.items():
-            seconds = wall(command, fresh_dir)
+            seconds, cpu = wall(command, fresh_dir)
             if round_:
-                best[name] = min(best[name], seconds)
-    return Timing(best)
+                best[name], best_cpu[name] = min(best[name], seconds), min(best_cpu[name], cpu)
+    return Timing(best, best_cpu)
 
 
 def startup_rows(reps: int) -> list[str]:
     timing = interleaved({"floor": (FLOOR, None), "bnbwd": (BNBWD + ["run", "fixtures/example.npz", "-q"], None)}, reps)
     return [f"| start-up: `bnbwd run fixtures/example.npz -q` vs `python -c \"import numpy\"` | {reps} | "
             f"{timing.best['bnbwd'] * 1e3:.0f} ms | {timing.best['floor'] * 1e3:.0f} ms | "
-            f"+{timing.net('bnbwd') * 1e3:.0f} ms ({timing.best['bnbwd'] / timing.best['floor']:.2f}x) |"]
+            f"+{timing.net('bnbwd') * 1e3:.0f} ms ({timing.best['bnbwd'] / timing.best['floor']:.2f}x); CPU time "
+            f"+{(timing.best_cpu['bnbwd'] - timing.best_cpu['floor']) * 1e3:.0f} ms |"]
 
 
 def write_inputs(work: Path, data_format: str) -> None:
