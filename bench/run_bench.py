@@ -8,6 +8,8 @@ Speed: for L2-, L3- and DRAM-sized tensors, both layouts, f32/bf16/f16: the bnbw
 torch runs in a child process, so bnbwd's own environment needs no torch), the
 bandwidth bound (3 tensor passes at the copy bandwidth measured in this run), the
 ratios, and one 1 GB+ `bnbwd run` through the CLI against NumPy load + save alone.
+End to end (bench/end_to_end.py): start-up, `bnbwd run` against a PyTorch load + compute + save
+script, and `run --reference` against `run`, whole processes, each a ratio measured in this run.
 Accuracy: normalised max error max|out - ref| / max|ref| against a float64 NumPy
 oracle, on ordinary and cancellation-prone inputs (mean offset 1e4 standard deviations).
 """
@@ -380,7 +382,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the CLI run's ~1 GB of .npy files go (default: $TMPDIR)")
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--skip", default="", help="comma list of tables to skip: speed,cli,verify,accuracy")
+    parser.add_argument("--skip", default="", help="comma list of tables to skip: e2e,speed,cli,verify,accuracy")
     args = parser.parse_args()
     if args.torch_worker:
         torch_worker(args.torch_worker)
@@ -397,6 +399,12 @@ def main() -> None:
            f"load average at start {load[0]:.2f}", ""]
     print("\n".join(out), flush=True)
     sections = []
+    if "e2e" not in skip:
+        from end_to_end import end_to_end_table  # bench/ is on sys.path when this file runs as a script
+
+        lines = end_to_end_table(torch_python, threads, args.quick, args.workdir)
+        sections += ["## End to end (whole processes, page cache warm)", "", *lines, ""]
+        print("\n".join(lines), flush=True)
     if "speed" not in skip:
         lines, torch_version = speed_table(args, torch_python, threads)
         sections += ["## Speed (best of several runs)", f"torch: {torch_version or 'not available'}", "", *lines, ""]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,10 +19,14 @@ from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.judge import BackwardInputs, SetComparison, compare_sets
-from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
 from bnbwd_cli.judge.tolerance import CompareSettings
 from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.model import BackwardInputs
+    from bnbwd_cli.judge.sets import SetComparison
+# The error model and the comparison are imported where used: `bnbwd run` reads its inputs through this
+# module and, without --reference, never loads them (tests/test_startup.py).
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ def wanted_keys(key_map: Mapping[str, str]) -> frozenset[str]:
 
 def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], label: str) -> Split:
     """Sort a file's arrays by ``--map THEIRS=OURS``, then by canonical name or any spec's alias."""
+    from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
+
     renamed: dict[str, np.ndarray] = {}
     seen_as: dict[str, str] = {}
     outputs: dict[str, np.ndarray] = {}
@@ -87,6 +94,8 @@ class OpSettings:
 
 def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -> BackwardInputs:
     """Check the inputs as `bnbwd run` does (names, shapes, dtypes, the spec's rules) and bundle them."""
+    from bnbwd_cli.judge.model import BackwardInputs
+
     profile = PROFILES[op.spec]
     for name in ("src", "diff_dst", "mean", "variance", *profile.required):
         if name not in inputs:  # said here: run's message names run's flags, which a case file has not
@@ -133,6 +142,9 @@ def reference_outputs(problem: BackwardInputs, names: tuple[str, ...]) -> dict[s
 def judge(problem: BackwardInputs, actual: Mapping[str, np.ndarray], judging: Judging) -> SetComparison:
     """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
     own error scale: the judgement of `run --reference` and `verify --inputs`."""
+    from bnbwd_cli.judge.keys import canonical_key
+    from bnbwd_cli.judge.sets import compare_sets
+
     present = {canonical_key(key, judging.key_map) for key in actual}
     names = tuple(name for name in OUTPUT_NAMES if name in present)
     if not names:

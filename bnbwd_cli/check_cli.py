@@ -13,9 +13,10 @@ import click
 
 from bnbwd_cli import case
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.render import cases as report_cases
-from bnbwd_cli.render import text as report_text
 from bnbwd_cli.verify_cli import ComparisonOptions, comparison_options, fsync_option
+
+# The reports (render/, rich) are imported when a check runs: `bnbwd run` imports this module for its
+# command only (tests/test_startup.py).
 
 RUN_OPTIONS = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_inputs")
 
@@ -68,6 +69,9 @@ def with_run_options(command: click.Command, run: click.Command) -> click.Comman
 @comparison_options(with_format=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
           **op_options) -> None:
+    from bnbwd_cli.render import cases as report_cases
+    from bnbwd_cli.render import text as report_text
+
     if json_target is not None and json_target != "-":
         files_write.vet_destination(json_target, [Path(c) for c in cases], "--json")
     op = case.OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
@@ -85,6 +89,9 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
 
 
 def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
+    from bnbwd_cli.render import cases as report_cases
+    from bnbwd_cli.render import text as report_text
+
     console.print(report_cases.case_line(outcome), highlight=False, soft_wrap=True)
     if comparison.verbose and outcome.result is not None:
         report_text.render_report(console, outcome.result, actual_label=outcome.path, reference_label="bnbwd",

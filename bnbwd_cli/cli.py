@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import time
-import tempfile
 import warnings
 from pathlib import Path
 from traceback import format_exc
@@ -20,7 +19,6 @@ from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError, ExitCode
 from bnbwd_cli.case import read_inputs
 from bnbwd_cli.check_cli import check, with_run_options
-from bnbwd_cli.judge import BackwardInputs
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import read as files_read
 from bnbwd_cli.files import write as files_write
@@ -34,7 +32,6 @@ from bnbwd_cli.profiles import (
     check_epsilon,
     validate_inputs,
 )
-from bnbwd_cli.render.text import make_console
 from bnbwd_cli.run_summary import RunFacts, render_run, run_json
 from bnbwd_cli.verify_cli import comparison_options, fsync_option, report_comparison, verify
 
@@ -230,6 +227,13 @@ def _reference_paths(reference: str | None, outputs: tuple[str, ...]) -> list[Pa
     return [path / f"{name}.npy" for name in outputs] if path.is_dir() else [path]
 
 
+def _console(stderr: bool):
+    """A rich console, imported here: `run -q` renders nothing and never loads rich (tests/test_startup.py)."""
+    from bnbwd_cli.render.text import make_console
+
+    return make_console(stderr=stderr)
+
+
 def _progress_callback(console, enabled: bool):
     """A rich progress bar on stderr, or None."""
     if not enabled:
@@ -347,7 +351,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
         if profile.paired_param_grads and "diff_gamma" not in outputs:
             inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
 
-        stderr_console = make_console(stderr=True)
+        stderr_console = None if quiet else _console(stderr=True)
         progress_bar, on_progress = _progress_callback(
             stderr_console, not quiet and stderr_console.is_terminal and inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
         started = time.perf_counter()
@@ -379,12 +383,14 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
                          written=[str(p) for p in destinations] or (["-"] if output == "-" else []),
                          elapsed_s=elapsed, core=ran, stream=stream, stats=stats)
         stdout_busy = output == "-" or json_target == "-"
-        report_console = make_console(stderr=stdout_busy)
+        report_console = _console(stderr=stdout_busy) if not quiet or reference is not None else None
         if json_target and reference is None:
             files_write.write_text(json_target, run_json(facts) + "\n", fsync=fsync)
         if not quiet:
             render_run(report_console, stderr_console, facts)
         if reference is not None:
+            from bnbwd_cli.judge.model import BackwardInputs
+
             # The file is the kernel under test (actual); bnbwd's outputs are the reference, and the inputs give
             # every element its error scale (streamed inputs are read whole here: the judge needs them).
             full = {name: read_array(sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
@@ -417,6 +423,8 @@ def _run_streamed(inputs: dict, run_options, output: str | None, out_dir: Path |
     Returns (outputs, stats of the streamed ones, core that ran); a streamed diff_src is a shape-only stand-in
     unless `keep_diff_src` (then it is read back, for --reference).
     """
+    import tempfile  # only here: it costs start-up time that `run` without --stream need not pay
+
     src = inputs["src"]
     want_diff_src = "diff_src" in run_options.outputs
     with contextlib.ExitStack() as stack:

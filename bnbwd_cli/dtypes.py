@@ -1,31 +1,55 @@
-"""Floating dtypes: short names, the one float64 upcast, and the ULP grid of each format."""
+"""Floating dtypes: short names, the one float64 upcast, and the ULP grid of each format.
+
+ml_dtypes (bfloat16) is imported on first use, not with this module: it costs start-up time
+(~26M instructions, about a tenth of bnbwd's own) that an f32 run need not pay. An array can only
+have the bfloat16 dtype once ml_dtypes is loaded, so ``is_bfloat16`` never needs to load it.
+"""
 
 from __future__ import annotations
 
-import ml_dtypes
+import sys
+
 import numpy as np
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-# Short names used in reports, JSON and tolerance tables.
+# Short names used in reports, JSON and tolerance tables (bfloat16: see dtype_name).
 SHORT_NAMES: dict[np.dtype, str] = {
     np.dtype(np.float64): "f64",
     np.dtype(np.float32): "f32",
     np.dtype(np.float16): "f16",
-    BFLOAT16: "bf16",
 }
 # (explicit mantissa bits, minimum normal exponent) per short name.
 FLOAT_FORMAT: dict[str, tuple[int, int]] = {"f64": (52, -1022), "f32": (23, -126), "f16": (10, -14), "bf16": (7, -126)}
 
 
+def __getattr__(name: str):
+    """``BFLOAT16``: ml_dtypes' bfloat16 dtype, loaded on first use (PEP 562)."""
+    if name != "BFLOAT16":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import ml_dtypes
+
+    globals()["BFLOAT16"] = value = np.dtype(ml_dtypes.bfloat16)
+    return value
+
+
+def dtype_from_name(text: str) -> np.dtype:
+    """np.dtype(text), and "bf16" -> ml_dtypes' bfloat16 (loaded only now): readers' dtype tables hold names."""
+    return __getattr__("BFLOAT16") if text == "bf16" else np.dtype(text)
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes when nothing did."""
+    return "ml_dtypes" in sys.modules and np.dtype(dtype) == (globals().get("BFLOAT16") or __getattr__("BFLOAT16"))
+
+
 def dtype_name(dtype: np.dtype) -> str | None:
     """Short name ("f64", "f32", "f16", "bf16") of a float dtype, None for anything else."""
-    return SHORT_NAMES.get(np.dtype(dtype))
+    dtype = np.dtype(dtype)
+    return SHORT_NAMES.get(dtype) or ("bf16" if is_bfloat16(dtype) else None)
 
 
 def to_float64(array: np.ndarray) -> np.ndarray:
     """Upcast to float64; bfloat16 goes through float32 (NumPy's bf16 promotion is unreliable)."""
-    if array.dtype == BFLOAT16:
+    if is_bfloat16(array.dtype):
         return array.astype(np.float32).astype(np.float64)
     return np.asarray(array, dtype=np.float64)
 
@@ -84,7 +108,7 @@ def exact_narrower(array: np.ndarray) -> str | None:
     finite = array[np.isfinite(array)]
     if finite.size < 8 or not np.any(finite):
         return None
-    for name, dtype in (("bf16", BFLOAT16), ("f16", np.dtype(np.float16))):
+    for name, dtype in (("bf16", dtype_from_name("bf16")), ("f16", np.dtype(np.float16))):
         with np.errstate(over="ignore", invalid="ignore"):
             back = finite.astype(dtype).astype(array.dtype)
         if np.array_equal(back, finite):

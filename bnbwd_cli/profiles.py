@@ -12,7 +12,8 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, other_format, resolve_format
-from bnbwd_cli.files.read import FLOAT_DTYPES, dtype_name
+from bnbwd_cli.dtypes import dtype_name as float_name
+from bnbwd_cli.files.read import dtype_name
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
@@ -31,7 +32,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 ATTRIBUTE_KEYS = ("epsilon", "data_format")
 IGNORED_KEYS = ("reserve_space_3",)
 
-F16, BF16, F32, F64 = (np.dtype(d) for d in FLOAT_DTYPES)
+# Float dtypes by short name (float_name, None for other dtypes): naming bfloat16 needs no ml_dtypes at import.
+FLOAT_NAMES = ("f16", "bf16", "f32", "f64")
+F16, BF16, F32, F64 = FLOAT_NAMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,19 +45,19 @@ class SpecProfile:
     default_format: str
     default_epsilon: float | None  # None: --epsilon is required
     formats: tuple[str, ...]  # format names (aliases allowed) this spec accepts
-    type_pairs: tuple[tuple[np.dtype, np.dtype], ...] | None  # allowed (T1, T2); None = any float pair
+    type_pairs: tuple[tuple[str, str], ...] | None  # allowed (T1, T2) by short name; None = any float pair
     same_param_dtypes: bool  # mean/variance/gamma/beta all T2
     required: tuple[str, ...]  # optional inputs this spec requires
     epsilon_is_f32: bool  # the spec types epsilon as f32: round it like the framework does
     paired_param_grads: bool  # oneDNN: diff_gamma and diff_beta both or neither
 
     def allows_types(self, t1: np.dtype, t2: np.dtype) -> bool:
-        return self.type_pairs is None or (t1, t2) in self.type_pairs
+        return self.type_pairs is None or (float_name(t1), float_name(t2)) in self.type_pairs
 
     def describe_types(self) -> str:
         if self.type_pairs is None:
             return "any of f16/bf16/f32/f64 for each"
-        return ", ".join(f"{dtype_name(a)}/{dtype_name(b)}" for a, b in self.type_pairs)
+        return ", ".join(f"{a}/{b}" for a, b in self.type_pairs)
 
 
 ANY_FORMAT = tuple(FORMAT_ALIASES)
@@ -68,7 +71,7 @@ PROFILES: dict[str, SpecProfile] = {
                     epsilon_is_f32=False, paired_param_grads=False),
         # nGraph BatchNormTrainingBackprop: NCX, gamma and beta required, one element type.
         SpecProfile(name="ngraph", default_format="NCX", default_epsilon=None, formats=NCX_FORMATS,
-                    type_pairs=tuple((t, t) for t in FLOAT_DTYPES), same_param_dtypes=True,
+                    type_pairs=tuple((t, t) for t in FLOAT_NAMES), same_param_dtypes=True,
                     required=("gamma", "beta"), epsilon_is_f32=False, paired_param_grads=False),
         # OpenVINO BatchNormTrainingBackprop-1.
         SpecProfile(name="openvino", default_format="NXC", default_epsilon=None, formats=ANY_FORMAT,
@@ -177,7 +180,7 @@ def validate_inputs(
             flag = "--" + name.replace("_", "-")
             raise BnbwdError(f"missing input {name} (spec {profile.name}): give {flag} or a bundle key {name!r}")
     for name, array in inputs.items():
-        if array.dtype not in FLOAT_DTYPES:
+        if float_name(array.dtype) is None:
             raise BnbwdError(f"{name} has dtype {array.dtype}, expected a float type (f16, bf16, f32, f64)")
     src, diff_dst = inputs["src"], inputs["diff_dst"]
     if src.ndim < 2:
@@ -232,7 +235,7 @@ def _check_types(inputs: dict[str, np.ndarray], profile: SpecProfile) -> None:
 
 
 def _check_variance(variance: np.ndarray, variance_is_invstd: bool) -> None:
-    values = variance.astype(np.float64) if variance.dtype != BF16 else variance.astype(np.float32)
+    values = variance.astype(np.float64) if float_name(variance.dtype) != BF16 else variance.astype(np.float32)
     if variance_is_invstd:
         bad = np.flatnonzero(~(values > 0) | ~np.isfinite(values))
         if bad.size:

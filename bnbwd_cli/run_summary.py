@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from bnbwd_cli.files.read import dtype_name
+
+if TYPE_CHECKING:  # rich is imported only when a summary is rendered (`run -q` never loads it)
+    from rich.console import Console
 
 SCHEMA_VERSION = 1
 STATS_CHUNK = 1 << 20  # elements per chunk: summary statistics never make a full-size temporary
@@ -67,6 +68,8 @@ def nonfinite_warning(facts: RunFacts) -> str | None:
 
 
 def render_run(console: Console, error_console: Console, facts: RunFacts) -> None:
+    from rich.table import Table
+
     warning = nonfinite_warning(facts)
     if warning:
         error_console.print(warning, style="yellow", markup=False, soft_wrap=True)  # one line: log greps
@@ -93,6 +96,8 @@ def render_run(console: Console, error_console: Console, facts: RunFacts) -> Non
 
 
 def run_json(facts: RunFacts) -> str:
+    import json  # here: `run` without --json need not load it
+
     document = {
         "schema_version": SCHEMA_VERSION,
         "command": "run",

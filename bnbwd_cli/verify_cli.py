@@ -10,22 +10,26 @@ import math
 from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
-from bnbwd_cli.render import json as report_json
-from bnbwd_cli.render import text as report
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.case import read_inputs
-from bnbwd_cli.judge import BackwardInputs, compare_sets
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput
+from bnbwd_cli.judge.tolerance import (DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput,
+                                       tolerance_text)
 from bnbwd_cli.params import FORMAT_CHOICE
 from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.model import BackwardInputs
+
+# The comparison (judge/) and the report (render/, rich) are imported where they are used: `bnbwd run`
+# without --reference loads this module for its options only (tests/test_startup.py guards that).
 
 # --------------------------------------------------------------------------- click types
 
@@ -231,6 +235,10 @@ def report_comparison(
     ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
     Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
     """
+    from bnbwd_cli.judge.sets import compare_sets
+    from bnbwd_cli.render import json as report_json
+    from bnbwd_cli.render import text as report
+
     _check_override_names(options, actual, reference)
     if data_format is not None:
         options = replace(options, data_format=data_format)
@@ -259,7 +267,7 @@ def report_comparison(
 
 BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the inputs BackwardInputs holds
 
-_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {report.tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
+_DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
 _HELP = f"""Compare ACTUAL (your kernel's outputs) with REFERENCE key by key and print a report.
 
@@ -334,6 +342,8 @@ def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | Non
                       variance_is_invstd: bool, key_map: Mapping[str, str], bf16: tuple[str, ...] = ()) -> BackwardInputs:
     """The op's inputs from a bundle (names, --map and attributes as for `bnbwd run`), checked like run checks them.
     Inputs named in `bf16` (canonical names) holding int16/uint16 bits are read as bfloat16."""
+    from bnbwd_cli.judge.model import BackwardInputs
+
     label = f"--inputs ({bundle})"
     split = read_inputs(bundle, key_map, "--inputs")
     inputs, attributes = split.inputs, split.attributes
@@ -373,6 +383,8 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
     if json_target is not None and json_target != "-":
         sources = _input_files(actual) + _input_files(reference) + ([Path(inputs_bundle)] if inputs_bundle else [])
         files_write.vet_destination(json_target, sources, "--json")
+    from bnbwd_cli.render.text import make_console
+
     actual_set = read_tensor_set(actual)
     reference_set = read_tensor_set(reference)
     found = reinterpret_bf16(bf16_keys, {actual: actual_set, reference: reference_set})
@@ -386,7 +398,7 @@ def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: floa
         actual_set,
         reference_set,
         comparison,
-        report.make_console(),
+        make_console(),
         json_target,
         actual_label=actual,
         reference_label=reference,

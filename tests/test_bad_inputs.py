@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.filterwarnings("error::RuntimeWarning"),  # NumPy warn
               pytest.mark.filterwarnings("error::UserWarning")]
 
 EPSILON = 1e-3
+EXAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "example.npz"
 SHAPE = (2, 3, 4, 5)  # NCHW: C = 3
 
 
@@ -735,14 +736,16 @@ STARTUP_INTERRUPT = textwrap.dedent(
         return real_import(name, *args, **kwargs)
 
     builtins.__import__ = ctrl_c_while_importing
-    sys.argv = ["bnbwd", "run", "--help"]
+    sys.argv = ["bnbwd", *sys.argv[2:]]
     runpy.run_module("bnbwd_cli", run_name="__main__")
     """
 )
 
 
-@pytest.mark.parametrize("module", ["numpy", "rich.console"])
-def test_ctrl_c_during_start_up_prints_no_traceback(module: str) -> None:
-    completed = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT, module], capture_output=True, timeout=60)
+# numpy and click load at start-up; rich.console only when the summary is rendered (a lazy import inside the command).
+@pytest.mark.parametrize(("module", "args"), [("numpy", ["run", "--help"]), ("click", ["run", "--help"]),
+                                              ("rich.console", ["run", str(EXAMPLE)])])
+def test_ctrl_c_during_start_up_prints_no_traceback(module: str, args: list[str]) -> None:
+    completed = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT, module, *args], capture_output=True, timeout=60)
     assert completed.returncode == 130
     assert completed.stderr.decode().strip().splitlines() == ["error: interrupted; no partial output file is left"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bnbwd_cli import verify_cli
+from bnbwd_cli.judge import sets as judge_sets
 from bnbwd_cli.errors import ExitCode
 from tests.conftest import make_inputs, save_bundle
 
@@ -88,7 +88,7 @@ def planted_bug(monkeypatch):
         raise ZeroDivisionError("planted")
 
     monkeypatch.delenv("BNBWD_TRACEBACK", raising=False)
-    monkeypatch.setattr(verify_cli, "compare_sets", boom)
+    monkeypatch.setattr(judge_sets, "compare_sets", boom)  # report_comparison imports it when it runs
 
 
 def test_exit_4_on_an_internal_error_with_one_line(cli, case, planted_bug):

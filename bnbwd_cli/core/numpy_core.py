@@ -29,7 +29,7 @@ import numpy as np
 
 from bnbwd_cli.core import plan
 from bnbwd_cli.core.plan import Group, Tile
-from bnbwd_cli.dtypes import BFLOAT16
+from bnbwd_cli.dtypes import is_bfloat16
 
 if TYPE_CHECKING:
     from bnbwd_cli.core import Problem, Settings
@@ -168,11 +168,11 @@ def round_to_odd_float32(values: np.ndarray, out: np.ndarray) -> None:
 
 def store(values: np.ndarray, out: np.ndarray, scratch: _Scratch | None = None) -> None:
     """out (T1) = values (float64), rounded once (NaN stays NaN)."""
-    if out.dtype == np.float16 or out.dtype == BFLOAT16:
+    if out.dtype == np.float16 or is_bfloat16(out.dtype):
         scratch = scratch or _Scratch()
         odd = scratch.get("odd32", values.shape, np.dtype(np.float32))
         round_to_odd_float32(values, odd)
-        if out.dtype == BFLOAT16:
+        if is_bfloat16(out.dtype):
             np.copyto(out, odd, casting="unsafe")
         else:
             float_to_half(odd, out, scratch.get("u32a", values.shape, np.dtype(np.uint32)),
@@ -210,7 +210,7 @@ class _Kernel:
             narrow = self.scratch.get("f32", values.shape, np.dtype(np.float32))
             half_to_float(values, narrow, self.scratch.get("u32a", values.shape, np.dtype(np.uint32)))
             np.copyto(wide, narrow)
-        elif values.dtype == BFLOAT16:
+        elif is_bfloat16(values.dtype):
             bits = self.scratch.get("u32a", values.shape, np.dtype(np.uint32))
             np.left_shift(values.view(np.uint16), np.uint32(16), out=bits, dtype=np.uint32, casting="unsafe")
             np.copyto(wide, bits.view(np.float32))

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bnbwd_cli.dtypes import BFLOAT16
+from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import memory_cap, reason
 
 PREFIX = "raw:"
 SYNTAX = "raw:DTYPE:SHAPE:PATH, e.g. raw:f32:8x64x56x56:x.bin"
-SHORT_DTYPES = {"f16": np.dtype("<f2"), "bf16": BFLOAT16, "f32": np.dtype("<f4"), "f64": np.dtype("<f8"),
-                "i16": np.dtype("<i2"), "u16": np.dtype("<u2")}
+# Names, not dtypes: bfloat16 needs ml_dtypes, loaded only when a raw bf16 dump is read.
+SHORT_DTYPES = {"f16": "<f2", "bf16": "bf16", "f32": "<f4", "f64": "<f8", "i16": "<i2", "u16": "<u2"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def is_raw(source: str) -> bool:
 
 def _dtype(text: str, source: str) -> np.dtype:
     if text.lower() in SHORT_DTYPES:
-        return SHORT_DTYPES[text.lower()]
+        return dtype_from_name(SHORT_DTYPES[text.lower()])
     try:
         dtype = np.dtype(text)
     except TypeError:

@@ -34,13 +34,11 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from bnbwd_cli import dtypes
-from bnbwd_cli.dtypes import BFLOAT16
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
 from bnbwd_cli.files.common import available_memory, memory_cap, reason  # noqa: F401 - re-exported
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
 
-FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 ZIP_MAGIC = b"PK\x03\x04"
 EMPTY_ZIP_MAGIC = b"PK\x05\x06"
 NPY_MAGIC = b"\x93NUMPY"
@@ -132,7 +130,7 @@ class NpyHeader:
     def logical_dtype(self) -> np.dtype:
         """The dtype arrays read from it get: native byte order, |V2 as bfloat16."""
         if self.dtype.kind == "V" and self.dtype.itemsize == 2 and self.dtype.names is None:
-            return BFLOAT16
+            return dtypes.BFLOAT16
         return self.dtype.newbyteorder("=") if self.dtype.byteorder not in ("=", "|") else self.dtype
 
 
@@ -200,7 +198,7 @@ def read_npy_stream(stream: BinaryIO, available_bytes: int | None, what: str) ->
 def as_bfloat16_if_void(array: np.ndarray) -> np.ndarray:
     """np.save writes bfloat16 as raw |V2: view it back as bfloat16."""
     if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
-        return array.view(BFLOAT16)
+        return array.view(dtypes.BFLOAT16)
     return array
 
 

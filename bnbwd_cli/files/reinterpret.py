@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping
 
-from bnbwd_cli.dtypes import BFLOAT16
+from bnbwd_cli import dtypes
 from bnbwd_cli.errors import BnbwdError
 
 
@@ -29,12 +29,12 @@ def reinterpret_bf16(keys: Iterable[str], sets: Mapping[str, MutableMapping]) ->
             continue
         found.add(key)
         raw = [label for label, array in holders.items() if _is_raw16(array)]
-        if not raw and not any(array.dtype == BFLOAT16 for array in holders.values()):
+        if not raw and not any(dtypes.is_bfloat16(array.dtype) for array in holders.values()):
             label, array = next(iter(holders.items()))
             raise BnbwdError(f"--bf16 {key}: {key} has dtype {array.dtype} (in {label}), expected 2-byte raw data "
                              "(int16, uint16 or V2 holding bfloat16 bits)")
         for label in raw:
-            sets[label][key] = sets[label][key].view(BFLOAT16)
+            sets[label][key] = sets[label][key].view(dtypes.BFLOAT16)
     return found
 
 

@@ -9,7 +9,6 @@ is checked again after reading, so a file truncated meanwhile is an error, not s
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bnbwd_cli.dtypes import BFLOAT16
+from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import memory_cap, reason
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
-DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": BFLOAT16,
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
-    "BOOL": np.dtype("?"),
+DTYPES = {  # names: bfloat16 needs ml_dtypes, loaded only when a bf16 tensor is read
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bf16",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1",
+    "BOOL": "?",
 }
 INSTALL_HINT = "pip install 'bnbwd[safetensors]' (or pip install safetensors)"
 
@@ -50,6 +49,8 @@ def _parse_header(path: Path, what: str) -> tuple[dict, int]:
             if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
                 raise BnbwdError(f"{what}: not a valid .safetensors file (header length {length} in a {size}-byte "
                                  "file)")
+            import json  # here: a run without .safetensors inputs never loads it
+
             header = json.loads(stream.read(length))
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BnbwdError(f"{what}: not a valid .safetensors file ({reason(exc)})") from None
@@ -70,7 +71,7 @@ def _entry(key: str, info: object, data_bytes: int, what: str) -> Entry:
             or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
         raise BnbwdError(f"{what}: tensor {key!r} has data_offsets {offsets!r}, outside the {data_bytes} bytes of "
                          "data the file holds")
-    dtype = DTYPES[info["dtype"]]
+    dtype = dtype_from_name(DTYPES[info["dtype"]])
     needed = math.prod(shape) * dtype.itemsize
     if offsets[1] - offsets[0] != needed:
         raise BnbwdError(f"{what}: tensor {key!r} declares shape {tuple(shape)} {info['dtype']} ({needed} bytes) "

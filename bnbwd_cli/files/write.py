@@ -17,7 +17,6 @@ import contextlib
 import errno
 import io
 import os
-import secrets
 import stat
 import sys
 import zipfile
@@ -121,7 +120,7 @@ def _name_max(directory: Path) -> int:
 def temp_path(path: Path) -> Path:
     """A fresh name beside `path`: .NAME.XXXXXXXX.tmp, NAME shortened so the whole fits in NAME_MAX."""
     directory = path.parent
-    tag = secrets.token_hex(4)
+    tag = os.urandom(4).hex()  # what secrets.token_hex(4) does, without importing secrets (start-up time)
     room = _name_max(directory) - len(f"..{tag}{TEMP_SUFFIX}".encode())
     name = path.name.encode()[: max(room, 1)].decode(errors="ignore")
     return directory / f".{name}.{tag}{TEMP_SUFFIX}"

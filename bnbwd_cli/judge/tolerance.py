@@ -43,6 +43,11 @@ class Tolerance:
     rel_l2: float
 
 
+def tolerance_text(tol: Tolerance) -> str:
+    """One line for reports and `verify --help` (here, not in render/, so that help needs no rich)."""
+    return f"atol={tol.atol:g} rtol={tol.rtol:g} ulp={tol.ulp:g} rel_l2={tol.rel_l2:.2g}"
+
+
 # Why these defaults (used when the inputs are not known):
 # - f64: reductions over M elements in a different order differ by ~sqrt(M)*eps relative
 #   (~1e-13 at M = 1e6); rtol 1e-9 leaves room for that, atol 1e-12 for cancelled diff_src.

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console
@@ -23,9 +23,11 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from bnbwd_cli.judge import OutputResult, SetComparison
-from bnbwd_cli.judge.stats import Bias, ChannelStat, Comparison, HistogramBin
-from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, Tolerance
+from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
+
+if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
+    from bnbwd_cli.judge.sets import OutputResult, SetComparison
+    from bnbwd_cli.judge.stats import Bias, ChannelStat, Comparison, HistogramBin
 
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red"}
 _BAR_WIDTH = 30
@@ -67,10 +69,6 @@ def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -
     if axis_names is not None and len(axis_names) == len(index):
         return " ".join(f"{name}={i}" for name, i in zip(axis_names, index))
     return "(" + ", ".join(str(i) for i in index) + ")"
-
-
-def tolerance_text(tol: Tolerance) -> str:
-    return f"atol={tol.atol:g} rtol={tol.rtol:g} ulp={tol.ulp:g} rel_l2={tol.rel_l2:.2g}"
 
 
 def _status_text(status: str) -> Text:

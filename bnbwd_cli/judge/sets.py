@@ -1,0 +1,196 @@
+"""Compare two tensor sets key by key: ``compare_sets`` and the rows it returns.
+
+``compare_sets`` matches keys (judge/keys.py) and compares each pair. When the op's inputs are
+known (``inputs=``), the outputs diff_src, diff_gamma and diff_beta are judged by the error model
+(judge/model.py: K units of what a correct kernel may be off by on this problem), checked for
+systematic deviations (judge/bias.py) and, when they fail, explained (judge/hints.py). Other outputs,
+and outputs with explicit --atol/--rtol/--ulp, use fixed dtype tolerances (judge/tolerance.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from bnbwd_cli import layout
+from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.errors import ExitCode
+from bnbwd_cli.judge import hints as hint_rules
+from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
+from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
+from bnbwd_cli.judge.rules import ScaledRule
+from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Setup, compare_arrays
+from bnbwd_cli.judge.tolerance import CompareSettings, comparison_dtype
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """One output's row: a comparison, or the structural problem that prevented it."""
+
+    name: str
+    actual_key: str | None
+    reference_key: str | None
+    comparison: Comparison | None
+    problem: Problem | None
+
+    @property
+    def status(self) -> str:
+        """"pass", "fail", or the problem's kind ("missing", "extra", "shape", "dtype")."""
+        if self.problem is not None:
+            return self.problem.kind
+        return "pass" if self.comparison.passed else "fail"
+
+
+@dataclass(frozen=True)
+class SetComparison:
+    """All outputs of two tensor sets, plus key-level problems (e.g. an empty selection)."""
+
+    outputs: tuple[OutputResult, ...]
+    problems: tuple[Problem, ...]
+    settings: CompareSettings
+    inputs_known: bool = False
+    notes: tuple[str, ...] = ()  # keys left out of the comparison (inputs, extras), said once
+
+    @property
+    def all_problems(self) -> tuple[Problem, ...]:
+        return self.problems + tuple(o.problem for o in self.outputs if o.problem is not None)
+
+    @property
+    def status(self) -> str:
+        """"structural" beats "mismatch" beats "pass"."""
+        if self.all_problems:
+            return "structural"
+        return "mismatch" if any(o.status == "fail" for o in self.outputs) else "pass"
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return {"pass": ExitCode.OK, "mismatch": ExitCode.MISMATCH, "structural": ExitCode.INPUT}[self.status]
+
+
+def tensor_layout(data_format: str | None, ndim: int) -> Layout:
+    """Axis names and channel axis of an output in ``data_format``; 1-D outputs are (C,)."""
+    if data_format is None or ndim < 1:
+        return Layout()
+    if ndim == 1:
+        return Layout(("c",), None)
+    return Layout(layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim))
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one pair's comparison needs besides the arrays."""
+
+    names: tuple[str, str]
+    settings: CompareSettings
+    layout: Layout
+    top_k: int
+
+
+def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
+    dtype = comparison_dtype(a.dtype, r.dtype)
+    return compare_arrays(a, r, job.settings.tolerance_for(job.names, dtype), max_mismatch=job.settings.max_mismatch_for(job.names),
+                          equal_nan=job.settings.equal_nan, dtype=dtype, axis_names=job.layout.axis_names,
+                          channel_axis=job.layout.channel_axis, top_k=job.top_k)
+
+
+def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs) -> Accumulator:
+    dtype = comparison_dtype(a.dtype, r.dtype)
+    rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(dtype)))
+    setup = Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+    return Accumulator(a, r, rule, setup)
+
+
+def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts) -> Comparison:
+    state = _accumulator(a, r, job, inputs)
+    scaled = state.rule.scaled
+    model = diff_src_scale(facts, scaled.unit, inputs.training)
+    a3, r3, dy3 = (layout.view3(x, inputs.data_format) for x in (a, r, inputs.diff_dst))
+    regression = ChannelRegression(a3.shape[1], state.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for where in blocks(a3.shape):
+            a64, r64, dy = to_float64(a3[where]), to_float64(r3[where]), to_float64(dy3[where])
+            xhat = xhat_block(src_block(inputs, where), where[1], facts.mean, facts.invstd)
+            scale = model.block(xhat, dy, r64, where[1])
+            state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))
+            regression.add(xhat, r64, a64, dy, where[1])
+    fit = regression.fit()
+    bias = pooled_bias(fit.scale, fit.stderr, scaled.unit)
+    comparison = state.result(bias)
+    return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
+
+
+def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts, output: str) -> Comparison:
+    state = _accumulator(a, r, job, inputs)
+    s_beta, s_gamma = facts.sum_scales(state.rule.scaled.unit)
+    scale = s_gamma if output == "diff_gamma" else s_beta
+    a64, r64 = to_float64(a.reshape(-1)), to_float64(r.reshape(-1))
+    state.add(a64, r64, 0, scale)
+    noise = scale + ulp_spacing(r64, state.dtype) / 2
+    sys_beta, sys_gamma = facts.systematic(state.rule.scaled.unit)
+    systematic = sys_gamma if output == "diff_gamma" else sys_beta
+    bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic)
+    comparison = state.result(bias)
+    return replace(comparison, hints=hint_rules.sum_hints(output, comparison, a64, r64, facts, inputs))
+
+
+def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs | None, facts) -> Comparison:
+    output = next((OUTPUT_ALIASES[n] for n in reversed(job.names) if n in OUTPUT_ALIASES), None)
+    if inputs is None or output is None or job.settings.fixed_requested(job.names):
+        return _fixed(a, r, job)
+    expected = inputs.src.shape if output == "diff_src" else inputs.mean.shape
+    if a.shape != tuple(expected):
+        return _fixed(a, r, job)  # not the op's output shape: judge it as plain arrays
+    if output == "diff_src":
+        return _judge_diff_src(a, r, job, inputs, facts())
+    return _judge_sum(a, r, job, inputs, facts(), output)
+
+
+def compare_sets(
+    actual: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    settings: CompareSettings,
+    *,
+    key_map: Mapping[str, str] | None = None,
+    only: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    data_format: str | None = None,
+    top_k: int = 10,
+    inputs: BackwardInputs | None = None,
+) -> SetComparison:
+    """Match keys, then compare each pair; structural failures become rows, never skips.
+
+    With ``inputs`` (the op's inputs the kernel saw), the op's outputs are judged by the error model.
+    """
+    if inputs is not None and data_format is None:
+        data_format = inputs.data_format
+    cache: dict[str, ChannelFacts] = {}
+
+    def facts() -> ChannelFacts:  # one pass over src and diff_dst, only when an output needs it
+        if "facts" not in cache:
+            cache["facts"] = channel_facts(inputs)
+        return cache["facts"]
+
+    match = match_keys(list(actual), list(reference), key_map, only, ignore)
+    outputs: list[OutputResult] = []
+    for pair in match.pairs:
+        a, r = actual[pair.actual_key], reference[pair.reference_key]
+        problem = structural_problem(pair.name, a, r)
+        comparison = None
+        if problem is None:
+            job = _Job(pair.names, settings, tensor_layout(data_format, r.ndim), top_k)
+            comparison = _compare_pair(a, r, job, inputs, facts)
+            comparison = replace(comparison, hints=comparison.hints + hint_rules.precision_hints(comparison, a))
+        outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
+    key_problems = []
+    for problem in match.problems:
+        if problem.kind in ("missing", "extra") and not problem.message.startswith("--"):
+            in_actual = problem.kind == "extra"
+            outputs.append(
+                OutputResult(problem.name, problem.name if in_actual else None, None if in_actual else problem.name, None, problem)
+            )
+        else:
+            key_problems.append(problem)
+    return SetComparison(tuple(outputs), tuple(key_problems), settings, inputs is not None, match.notes)

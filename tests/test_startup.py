@@ -1,0 +1,92 @@
+"""Start-up: the plain `bnbwd run` path imports only what it needs (issue 15).
+
+CI scripts call bnbwd hundreds of times; every module a command loads without using it costs
+every call. Each case runs the command in a fresh interpreter and lists sys.modules at exit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "fixtures" / "example.npz"
+
+# Imported by no `run` without --reference, quiet or not. Why each one stays out:
+NEVER_ON_PLAIN_RUN = {
+    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 1 GiB)",
+    "llvmlite": "numba's backend, same reason",
+    "bnbwd_cli.core.numba_core": "loads numba",
+    "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",
+    "bnbwd_cli.judge.stats": "comparison statistics: only run --reference and verify",
+    "bnbwd_cli.judge.model": "the error model: only run --reference and verify --inputs",
+    "bnbwd_cli.judge.bias": "systematic-deviation check: only with the error model",
+    "bnbwd_cli.judge.hints": "explanations of failures: only with the error model",
+    # judge.keys is allowed: a bundle given to run may hold outputs too, and its name tables sort them out.
+    "bnbwd_cli.render.json": "the comparison's JSON report",
+    "tempfile": "only --stream to a single .npz stages through it",
+    "secrets": "temporary names come from os.urandom",
+    "torch": "the bench's comparison, never bnbwd's",
+    "ml_dtypes": "bfloat16 (~10 ms): only when a bf16 array appears; the example is f32",
+}
+# Also kept out of `run -q`, which renders nothing.
+NEVER_ON_QUIET_RUN = {
+    **NEVER_ON_PLAIN_RUN,
+    "rich": "tables and progress bars (~40 ms): only when something is rendered",
+    "bnbwd_cli.render.text": "the console and report rendering: loads rich",
+    "json": "only --json writes JSON",
+}
+
+# Runs bnbwd as `python -m bnbwd_cli` does, then lists sys.modules; imports nothing a command might not
+# (no json: whether `run -q` loads json is one of the checks).
+PROBE = """
+import runpy, sys
+sys.argv = ["bnbwd", *sys.argv[1:]]
+try:
+    runpy.run_module("bnbwd_cli", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+sys.__stderr__.write("\\nEXIT %s\\n" % code + "".join("MODULE %s\\n" % name for name in sorted(sys.modules)))
+"""
+
+
+def imported_after(args: list[str]) -> set[str]:
+    """sys.modules at the end of `bnbwd ARGS` in a fresh interpreter (which must exit 0)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("BNBWD_CORE", None)
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+    lines = done.stderr.splitlines()
+    assert "EXIT 0" in lines, done.stderr
+    return {line.removeprefix("MODULE ") for line in lines if line.startswith("MODULE ")}
+
+
+def loaded(modules: set[str], name: str) -> bool:
+    """`name` or any of its submodules was imported."""
+    return any(m == name or m.startswith(name + ".") for m in modules)
+
+
+@pytest.mark.parametrize(
+    ("args", "forbidden"),
+    [(["run", str(EXAMPLE), "-q"], NEVER_ON_QUIET_RUN), (["run", str(EXAMPLE)], NEVER_ON_PLAIN_RUN)],
+    ids=["run -q", "run (summary)"],
+)
+def test_plain_run_imports_only_what_it_needs(args, forbidden):
+    modules = imported_after(args)
+    assert "bnbwd_cli.core.numpy_core" in modules  # the run did happen, with the NumPy core
+    crept_in = {name: why for name, why in forbidden.items() if loaded(modules, name)}
+    assert not crept_in, f"imported by `bnbwd {' '.join(args[:1] + args[2:])}`: {crept_in}"
+
+
+def test_reference_run_loads_the_comparison(tmp_path):
+    """The other side of the guard: --reference does load the judge (the lazy imports still resolve)."""
+    out = tmp_path / "grads.npz"
+    subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", str(EXAMPLE), "-q", "-o", str(out)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120)
+    modules = imported_after(["run", str(EXAMPLE), "-q", "--reference", str(out)])
+    assert {"bnbwd_cli.judge.sets", "bnbwd_cli.judge.model", "rich"} <= modules
