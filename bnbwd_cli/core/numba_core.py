@@ -6,7 +6,7 @@ the CPU converts halves in hardware: see half_is_native).
 
 Numerics are the NumPy core's, in the same order (core/plan.py): g = dy and d = src - mean in float64
 (widened exactly), per chunk and lane the sum of g and g·d over its row groups from 0.0, each (chunk,
-block) reduced by plan.lane_tree's halving tree, partials folded by plan.fold_step in (chunk, block)
+block) reduced by plan.lane_tree's halving tree, partials folded by plan.fold's tree of plan.pair_sum in (chunk, block)
 order, then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (f16 and bf16 through float32
 rounded to odd). No fastmath anywhere: LLVM then neither reassociates nor contracts (no FMA), so every
 operation rounds as NumPy's does and the outputs are the NumPy core's bits. Only the split of the work
@@ -42,7 +42,7 @@ MIN_PLANE_RUN_BYTES = 512  # as the NumPy core: shorter contiguous runs are walk
 WRITE_COLUMNS = 4096  # columns of one row-write task
 WRITE_ROWS = 64  # rows of one row-write task
 
-_fold_step = njit(inline="always")(plan.fold_step)
+_pair_sum = njit(inline="always")(plan.pair_sum)
 _fold_result = njit(inline="always")(plan.fold_result)
 _coefficients = njit(plan.coefficients)
 
@@ -174,12 +174,19 @@ def _tree(lanes, length):
 
 @njit(inline="always")
 def _fold(values):
-    """plan.fold of a 1-D array of partials."""
-    hi = 0.0
-    lo = 0.0
-    for j in range(values.shape[0]):
-        hi, lo = _fold_step(hi, lo, values[j])
-    return _fold_result(hi, lo) if math.isfinite(hi) else hi
+    """plan.fold of a 1-D array of partials (overwritten: the tree runs in place)."""
+    length = values.shape[0]
+    if length == 0:
+        return 0.0
+    lo = np.zeros(length)
+    while length > 1:
+        half = length // 2
+        keep = length - half
+        for i in range(half):
+            values[i], lo[i] = _pair_sum(values[i], lo[i], values[keep + i], lo[keep + i])
+        length = keep
+    hi = values[0]
+    return _fold_result(hi, lo[0]) if math.isfinite(hi) else hi
 
 
 @njit(inline="always")
