@@ -118,19 +118,30 @@ def coefficients(sum_dy, sum_dy_d, invstd, count):
 def fold(partials: np.ndarray) -> np.ndarray:
     """Fold partials (J, ...) along axis 0 by the fixed halving tree of double-doubles; float64 (...).
 
-    Pairs as lane_tree does (i with keep + i), so the whole fold is log2(J) vector steps, not J scalar ones.
+    Pairs as lane_tree does (i with keep + i), so the whole fold is log2(J) vector steps, not J scalar ones;
+    pair_sum's operations, written with out= into two scratch arrays (no temporaries of J/2 rows a step).
     """
+    if partials.shape[0] == 0:
+        return np.zeros(partials.shape[1:])
     hi = np.array(partials, dtype=np.float64)
     lo = np.zeros_like(hi)
+    total, back = np.empty_like(hi[: len(hi) // 2]), np.empty_like(hi[: len(hi) // 2])
     length = hi.shape[0]
     with np.errstate(invalid="ignore", over="ignore"):
         while length > 1:
             half = length // 2
             keep = length - half
-            hi[:half], lo[:half] = pair_sum(hi[:half], lo[:half], hi[keep:length], lo[keep:length])
+            a, b, t, r = hi[:half], hi[keep:length], total[:half], back[:half]
+            np.add(a, b, out=t)  # pair_sum, step by step: t = a + b; r = t - a; error = (a - (t - r)) + (b - r)
+            np.subtract(t, a, out=r)
+            np.subtract(b, r, out=b)  # b's slot is free after this step: b - r goes there
+            np.subtract(t, r, out=r)
+            np.subtract(a, r, out=a)
+            a += b  # the error
+            lo[:half] += lo[keep:length]
+            lo[:half] += a
+            hi[:half] = t
             length = keep
-        if length == 0:
-            return np.zeros(partials.shape[1:])
         return np.where(np.isfinite(hi[0]), fold_result(hi[0], lo[0]), hi[0])
 
 
