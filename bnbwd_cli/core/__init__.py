@@ -22,8 +22,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bnbwd_cli.core import numpy_core, plan
-from bnbwd_cli.core.numpy_core import default_block_bytes, usable_cores
+from bnbwd_cli.core import mapped, numpy_core, plan
+from bnbwd_cli.core.budget import default_block_bytes, usable_cores
+from bnbwd_cli.core.rounding import round_to
+from bnbwd_cli.core.stats import OutputStats, from_extremes, scan
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis, view3
 
@@ -73,13 +75,15 @@ class Settings:
 class BackwardResult:
     """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for.
 
-    core: the core that ran ("numpy" or "numba").
+    core: the core that ran ("numpy" or "numba"). stats: each output's min/max over finite values and NaN/Inf
+    count (core/stats.py), diff_src's gathered in the write pass.
     """
 
     diff_src: np.ndarray | None
     diff_gamma: np.ndarray | None
     diff_beta: np.ndarray | None
     core: str = "numpy"
+    stats: dict[str, OutputStats] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
     if core == "auto":
         if os.environ.get("BNBWD_CORE", "").lower() == "numpy" or op.src.nbytes < AUTO_NUMBA_MIN_BYTES:
             return "numpy"
-        if numpy_core._file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
+        if mapped.file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
             return "numpy"
     elif not numba_available():
         raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
@@ -185,17 +189,21 @@ def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:
     problem = _problem(op, diff_src, want_sums or (op.training and want_diff_src))
     threads = settings.threads or usable_cores()
     ran = choose_core(settings.core, op, diff_src)
-    sums = np.zeros((2, problem.geometry.c))
+    sums, extremes = np.zeros((2, problem.geometry.c)), None
     if op.src.size and ran == "numba":
-        sums = load_numba_core().run(problem, threads)
+        sums, extremes = load_numba_core().run(problem, threads)
         if settings.progress is not None:
             settings.progress(op.src.size, op.src.size)
     elif op.src.size:
-        sums = numpy_core.run(problem, settings.block_bytes or default_block_bytes(threads), threads,
-                              settings.progress)
+        sums, extremes = numpy_core.run(problem, settings.block_bytes or default_block_bytes(threads), threads,
+                                        settings.progress)
     with np.errstate(over="ignore", invalid="ignore"):
         _, _, dy_xhat = plan.coefficients(sums[0], sums[1], problem.invstd, max(problem.count, 1))
     param_dtype = op.mean.dtype
-    diff_beta = numpy_core.round_to(sums[0], param_dtype) if "diff_beta" in settings.outputs else None
-    diff_gamma = numpy_core.round_to(dy_xhat, param_dtype) if "diff_gamma" in settings.outputs else None
-    return BackwardResult(diff_src=diff_src, diff_gamma=diff_gamma, diff_beta=diff_beta, core=ran)
+    outputs = {"diff_src": diff_src,
+               "diff_gamma": round_to(dy_xhat, param_dtype) if "diff_gamma" in settings.outputs else None,
+               "diff_beta": round_to(sums[0], param_dtype) if "diff_beta" in settings.outputs else None}
+    summary = {name: scan(array) for name, array in outputs.items() if array is not None and name != "diff_src"}
+    if diff_src is not None:
+        summary["diff_src"] = from_extremes(*(extremes or (np.nan, np.nan)), diff_src)
+    return BackwardResult(**outputs, core=ran, stats=summary)

@@ -41,6 +41,8 @@ from bnbwd_cli.core import plan
 MIN_PLANE_RUN_BYTES = 512  # as the NumPy core: shorter contiguous runs are walked by rows
 WRITE_COLUMNS = 4096  # columns of one row-write task
 WRITE_ROWS = 64  # rows of one row-write task
+MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits below a float64's sign
+KEY_LIMITS = (np.iinfo(np.int64).max, np.iinfo(np.int64).min)  # the extremes' start: (lo, hi) of no value
 
 _pair_sum = njit(inline="always")(plan.pair_sum)
 _fold_result = njit(inline="always")(plan.fold_result)
@@ -123,9 +125,26 @@ def _f32_to_bits(typingctx, value):
     return types.uint32(types.float32), codegen
 
 
+@intrinsic
+def _f64_to_bits(typingctx, value):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@njit(inline="always")
+def _track(lo, hi, value):
+    """Running (min, max) of float64 values as order keys (see order_key): integer min/max vectorise, and a
+    NaN lands beyond ±inf's keys, so it shows in the extremes."""
+    bits = _f64_to_bits(value)
+    key = bits ^ ((bits >> 63) & MAGNITUDE)
+    return min(lo, key), max(hi, key)
+
+
 @njit(inline="always")
 def _round_to_odd(value):
-    """float32 of a float64 rounded to odd (truncated, last bit set when inexact): see numpy_core.round_to_odd_float32."""
+    """float32 of a float64 rounded to odd (truncated, last bit set when inexact): see rounding.round_to_odd_float32."""
     narrow = np.float32(value)
     back = np.float64(narrow)
     bits = _f32_to_bits(narrow)
@@ -244,22 +263,26 @@ def _channel_partials(src3, dy3, ch, m, chunk_rows, block, r0, out):
 
 @njit(cache=True)
 def _write_plane(src3, dy3, out3, ch, rows, coef, exponent, training):
-    """diff_src of channel ch over rows; coef = (mean, mean(dy), k, scale)."""
+    """diff_src of channel ch over rows; coef = (mean, mean(dy), k, scale). Returns the values' key extremes."""
     m, mean_dy, k, sc = coef
+    lo, hi = KEY_LIMITS
     for i in range(rows[0], rows[1]):
         g = dy3[i, ch, :]
         x = src3[i, ch, :]
         o = out3[i, ch, :]
         for j in range(g.shape[0]):
-            _store(o, j, _value(g, x, j, m, mean_dy, k, sc, exponent, training))
+            value = _value(g, x, j, m, mean_dy, k, sc, exponent, training)
+            _store(o, j, value)
+            lo, hi = _track(lo, hi, value)
+    return lo, hi
 
 
 @njit(parallel=True, cache=True)
-def _planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums):
+def _planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums, keys):
     """One task per channel: its partials, fold, coefficients, then its diff_src while the plane is in cache.
 
     per_channel: (4, C) mean, invstd, scale, count-as-float; shape: (chunk_rows, block, r0, partials); flags:
-    (need_sums, want_out, training).
+    (need_sums, want_out, training); keys (C, 2): the written values' key extremes per channel.
     """
     n, c, s = src3.shape
     chunk_rows, block, r0, count = shape
@@ -275,7 +298,7 @@ def _planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums):
         if want_out:
             mean_dy, k, _ = _coefficients(s0, s1, per_channel[1, ch], n * s)
             coef = (per_channel[0, ch], mean_dy, k, per_channel[2, ch])
-            _write_plane(src3, dy3, out3, ch, (0, n), coef, exponents[ch], training)
+            keys[ch, 0], keys[ch, 1] = _write_plane(src3, dy3, out3, ch, (0, n), coef, exponents[ch], training)
 
 
 @njit(parallel=True, cache=True)
@@ -298,15 +321,15 @@ def _plane_partials(src3, dy3, mean, shape, partials):
 
 
 @njit(parallel=True, cache=True)
-def _plane_write(src3, dy3, out3, coef, exponents, chunk_rows, training):
-    """diff_src by (channel, chunk of rows) tasks; coef (4, C): mean, mean(dy), k, scale."""
+def _plane_write(src3, dy3, out3, coef, exponents, chunk_rows, training, keys):
+    """diff_src by (channel, chunk of rows) tasks; coef (4, C): mean, mean(dy), k, scale; keys (tasks, 2)."""
     n, c, s = src3.shape
     chunks = (n + chunk_rows - 1) // chunk_rows
     for task in prange(c * chunks):
         ch = task // chunks
         chunk = task % chunks
         rows = (chunk * chunk_rows, min((chunk + 1) * chunk_rows, n))
-        _write_plane(src3, dy3, out3, ch, rows, (coef[0, ch], coef[1, ch], coef[2, ch], coef[3, ch]), exponents[ch],
+        keys[task, 0], keys[task, 1] = _write_plane(src3, dy3, out3, ch, rows, (coef[0, ch], coef[1, ch], coef[2, ch], coef[3, ch]), exponents[ch],
                      training)
 
 
@@ -358,10 +381,11 @@ def _row_partials(src2, dy2, mean_col, shape, partials):
 
 
 @njit(parallel=True, cache=True)
-def _row_write(src2, dy2, out2, columns, exponents, flags):
+def _row_write(src2, dy2, out2, columns, exponents, flags, keys):
     """diff_src over (row block, column range) tasks; columns (4, C·S): mean, mean(dy), k, scale per column.
 
     flags: (training, scaled); without per-column exponents the loop has no branch and vectorises.
+    keys (tasks, 2): the written values' key extremes per task.
     """
     training, scaled = flags
     n, width = src2.shape
@@ -376,16 +400,23 @@ def _row_write(src2, dy2, out2, columns, exponents, flags):
         kk = columns[2, k0:k1]
         sc = columns[3, k0:k1]
         e = exponents[k0:k1]
+        lo, hi = KEY_LIMITS
         for i in range(b * WRITE_ROWS, min((b + 1) * WRITE_ROWS, n)):
             g = dy2[i, k0:k1]
             x = src2[i, k0:k1]
             o = out2[i, k0:k1]
             if scaled:
                 for j in range(k1 - k0):
-                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training))
+                    value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training)
+                    _store(o, j, value)
+                    lo, hi = _track(lo, hi, value)
             else:
                 for j in range(k1 - k0):
-                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, training))
+                    value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, training)
+                    _store(o, j, value)
+                    lo, hi = _track(lo, hi, value)
+        keys[task, 0] = lo
+        keys[task, 1] = hi
 
 
 # ---------------------------------------------------------------- driver
@@ -424,45 +455,83 @@ def _bits_view(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def run(problem, threads: int) -> np.ndarray:
-    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); writes problem.out3 when given.
+def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when problem.out3 is given, writes it and
+    returns the min and max of its float64 values before rounding too (core/stats.py), else None.
 
     problem: core.Problem (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
     """
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    src = _bits_view(problem.src3)
+    out = _bits_view(problem.out3) if problem.out3 is not None else np.empty((0, 0, 0), dtype=src.dtype)
+    if problem.src3.shape[2] * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
+        sums, keys = _run_planes(problem, src, out, threads)
+    else:
+        sums, keys = _run_rows(problem, src, out)
+    return sums, (key_extremes(keys) if problem.out3 is not None else None)
+
+
+def _run_planes(problem, src: np.ndarray, out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Long contiguous runs: channel tasks (fused), or (channel, chunk) tasks when channels are few."""
     shape = problem.geometry
-    n, c, s = problem.src3.shape
-    src, dy = _bits_view(problem.src3), _bits_view(problem.dy3)
+    n, c, s = src.shape
+    dy = _bits_view(problem.dy3)
     want_out = problem.out3 is not None
-    out = _bits_view(problem.out3) if want_out else np.empty((0, 0, 0), dtype=src.dtype)
     exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
     sums = np.zeros((2, c))
-    if s * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
-        if c >= 2 * max(threads, 1):
-            per_channel = np.stack([problem.mean, problem.invstd, problem.scale])
-            _planes_fused(src, dy, out, per_channel, exponents,
-                          (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane, shape.partials),
-                          (problem.need_sums, want_out, problem.training), sums)
-            return sums
-        if problem.need_sums:
-            partials = np.zeros((c, shape.partials, 2))
-            _plane_partials(src, dy, problem.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
-            _fold_all(partials, sums)
-        if want_out:
-            _plane_write(src, dy, out, _coefficient_rows(problem, sums), exponents, shape.chunk_rows, problem.training)
-        return sums
+    if c >= 2 * max(threads, 1):
+        keys = np.empty((c, 2), np.int64)
+        per_channel = np.stack([problem.mean, problem.invstd, problem.scale])
+        _planes_fused(src, dy, out, per_channel, exponents,
+                      (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane, shape.partials),
+                      (problem.need_sums, want_out, problem.training), sums, keys)
+        return sums, keys
+    if problem.need_sums:
+        partials = np.zeros((c, shape.partials, 2))
+        _plane_partials(src, dy, problem.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
+        _fold_all(partials, sums)
+    keys = np.empty((c * shape.chunks if want_out else 0, 2), np.int64)
+    if want_out:
+        _plane_write(src, dy, out, _coefficient_rows(problem, sums), exponents, shape.chunk_rows, problem.training,
+                     keys)
+    return sums, keys
 
+
+def _run_rows(problem, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Short runs (NXC): the (N, C·S) row view."""
+    shape = problem.geometry
+    n, c, s = src.shape
     width = c * s
-    src2, dy2 = src.reshape(n, width), dy.reshape(n, width)
+    src2, dy2 = src.reshape(n, width), _bits_view(problem.dy3).reshape(n, width)
+    sums = np.zeros((2, c))
     if problem.need_sums:
         partials = np.zeros((c, shape.chunks, 2))
         _row_partials(src2, dy2, np.repeat(problem.mean, s), (shape.chunk_rows, shape.rows_per_lane, s), partials)
         _fold_all(partials, sums)
         del partials
-    if want_out:
+    tasks = -(-n // WRITE_ROWS) * -(-width // WRITE_COLUMNS)
+    keys = np.empty((tasks if problem.out3 is not None else 0, 2), np.int64)
+    if problem.out3 is not None:
+        exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
         _row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(problem, sums), s, axis=1),
-                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None))
-    return sums
+                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None), keys)
+    return sums, keys
+
+
+def key_extremes(keys: np.ndarray) -> tuple[float, float]:
+    """The float64 (min, max) from per-task key extremes (keys (tasks, 2) of _track); NaN when a NaN was seen."""
+    if keys.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = keys[:, 0].min(), keys[:, 1].max()
+    if lo < _key(-np.inf) or hi > _key(np.inf):  # NaNs sort beyond the infinities
+        return float("nan"), float("nan")
+    bits = np.array([lo, hi], np.int64)
+    return tuple(float(v) for v in (bits ^ ((bits >> 63) & MAGNITUDE)).view(np.float64))
+
+
+def _key(value: float) -> int:
+    bits = np.array([value], np.float64).view(np.int64)
+    return int((bits ^ ((bits >> 63) & MAGNITUDE))[0])
 
 
 def _coefficient_rows(problem, sums: np.ndarray) -> np.ndarray:
