@@ -2,6 +2,9 @@
 
     python bench/ab_core.py old=/tmp/old-core base=/tmp/base-core new=.
     (make the trees with e.g. `git worktree add --detach /tmp/old-core 6ff4aba`)
+    python bench/ab_core.py naive=naive b2=.@2097152 b8=.@8388608 --cores numpy   (tile budgets)
+
+A version is name=tree[@block_bytes]; the tree "naive" is bench/run_bench.py's whole-array NumPy expressions.
 
 Each worker imports bnbwd_cli from its tree (the tree goes first on sys.path), builds the same seeded inputs
 per case and times one backward call per request: the parent asks every worker in turn, round after round,
@@ -27,7 +30,7 @@ def nxc(shape):
     return (shape[0], *shape[2:], shape[1])
 
 
-def make_call(case: dict):
+def make_call(case: dict, tree: str):
     """A no-argument function running one backward call of this tree for the case."""
     import numpy as np
 
@@ -41,6 +44,11 @@ def make_call(case: dict):
     out = np.empty_like(src)
     options = dict(epsilon=1e-5, data_format=case["layout"])
     settings = dict(diff_src_out=out, threads=case["threads"], core=case["core"], block_bytes=case.get("block_bytes"))
+    if tree == "naive":
+        from run_bench import naive_numpy
+
+        invstd = 1 / np.sqrt(var + np.float32(1e-5))
+        return lambda: naive_numpy(src, dy, mean, invstd, gamma, case["layout"])
     try:
         from bnbwd_cli.core import Op, Settings, backward
     except ImportError:
@@ -51,13 +59,15 @@ def make_call(case: dict):
     return lambda: backward(op, Settings(**settings))
 
 
-def worker(tree: str) -> None:
-    sys.path.insert(0, str(Path(tree).resolve()))
+def worker(version: str) -> None:
+    tree, _, budget = version.partition("@")
+    sys.path.insert(0, str(WORKER.parent) if tree == "naive" else str(Path(tree).resolve()))
     call = None
     for line in sys.stdin:
         request = json.loads(line)
         if "case" in request:
-            call = make_call(request["case"])
+            case = request["case"] if not budget else {**request["case"], "block_bytes": int(budget)}
+            call = make_call(case, tree)
             call()  # warm: numba compiles or loads its cache, scratch is allocated
             answer = {"ok": True}
         else:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,10 +33,12 @@ from bnbwd_cli.layout import channel_axis, view3
 
 CORES = ("auto", "numpy", "numba")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
-# core="auto" picks numba for inputs this big only: importing numba and loading its cached kernels takes ~0.45 s
-# (measured, 2-core EPYC), and the kernel saves ~0.45 ms a MB of src (f32 (64,128,56,56), output allocated by the
-# call: 29 vs 76 ms for 103 MB), so a single `bnbwd run` breaks even at ~1 GB. Below that, core="numba" opts in.
-AUTO_NUMBA_MIN_BYTES = 1 << 30
+# core="auto" picks numba for inputs this big only. Measured per fresh process (a `bnbwd run` calls the core once),
+# f32 (N,128,56,56) both layouts, 2 threads, warm on-disk cache, best of 3 (a busy 2-core EPYC, so ~2x a quiet
+# machine's times): import numba + cached-kernel load + first call ~1.0-1.3 s at N=1 vs 16-33 ms for the NumPy core;
+# each further MB of src costs the NumPy core 7.6-10 ms and numba 3.8-5.8 ms (first call: fresh pages included),
+# so numba breaks even at 260-290 MB. Below 256 MiB, core="numba" opts in.
+AUTO_NUMBA_MIN_BYTES = 256 << 20
 
 ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all)
 
@@ -171,9 +175,31 @@ def load_numba_core():
     it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
+        os.environ["NUMBA_CACHE_DIR"] = str(numba_cache_dir())
     from bnbwd_cli.core import numba_core
 
     return numba_core
+
+
+def numba_cache_dir() -> Path:
+    """Where the compiled kernels are cached: a user cache directory keyed by bnbwd's and numba's versions.
+
+    numba's default, __pycache__ beside the installed source, goes with every reinstall (and may not be
+    writable); numba stamps cache entries with a hash of the source's bytes, so a directory outside the
+    package keeps them valid across a reinstall of the same version. Set (before numba is first imported)
+    only when the user has not set NUMBA_CACHE_DIR.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bnbwd_cli import __version__
+
+    try:
+        numba_version = version("numba")
+    except PackageNotFoundError:
+        numba_version = "unknown"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}"
 
 
 def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:

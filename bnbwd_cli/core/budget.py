@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
+MIN_BLOCK_BYTES = 4 << 20  # tile budgets measured best on 8 and 32 MiB L3s: see default_block_bytes
+MAX_BLOCK_BYTES = 8 << 20
 
 
 def cache_sizes() -> dict[int, int]:
@@ -26,19 +28,20 @@ def cache_sizes() -> dict[int, int]:
 
 
 def default_block_bytes(threads: int) -> int:
-    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count).
+    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count): a quarter of the
+    thread's share of the last-level cache, but never under MIN_BLOCK_BYTES nor over MAX_BLOCK_BYTES.
 
-    Every thread's tile must stay in cache between the reduce and the write pass, so a
-    thread gets half its share of the last-level cache (the other half absorbs the
-    streaming inputs and outputs), at least 1 MiB and at most 16 MiB. Measured on a
-    2-core EPYC (512 KiB L2 a core, 32 MiB L3), f32 (64,128,56,56): budgets of 4-8 MiB
-    (one 0.8 MB channel plane a tile) beat 16 MiB; under ~1 MiB, per-call overhead wins.
+    Small tiles cost per-call overhead (a tile is ~20 NumPy calls), big ones fall out of cache between the
+    reduce and the write pass. Measured, f32 and f16 (64,128,56,56) both layouts, 2 threads (bench/ab_core.py,
+    tables in bench/RESULTS.md): on a 32 MiB-L3 EPYC 4 MiB was best or tied in every cell (0.42-0.90x naive
+    NumPy), 1-2 MiB up to 1.4x naive for f16, 16 MiB 0.6-0.7x; on an 8 MiB-L3 machine (issue 15) the old
+    rule's 2 MiB was no faster than naive NumPy and 4-8 MiB were best. Both give 4 MiB under this rule.
     """
     sizes = cache_sizes()
     last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8
     shared = max(sizes, default=0) >= 3  # an L3 is shared by the cores; L1/L2 are per core
-    share = last_level // (2 * max(threads, 1)) if shared else last_level // 2
-    return int(min(max(share, DEFAULT_CACHE_BYTES), 16 << 20))
+    share = last_level // max(threads, 1) if shared else last_level
+    return int(min(max(share // 4, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
 
 
 def usable_cores() -> int:
