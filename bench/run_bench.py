@@ -387,7 +387,7 @@ def main() -> None:
     if args.torch_worker:
         torch_worker(args.torch_worker)
         return
-    from bnbwd_cli.core.numpy_core import default_block_bytes, usable_cores
+    from bnbwd_cli.core.budget import default_block_bytes, usable_cores
 
     threads = args.threads or usable_cores()
     torch_python = find_torch_python(args.torch_python)

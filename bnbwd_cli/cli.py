@@ -280,7 +280,7 @@ def _progress_callback(console, enabled: bool):
 @click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
               help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; 4-20x faster kernel, "
               "~0.5 s start-up), numpy, or auto (numba when installed and src is in memory "
-              "and >= 1 GiB, unless $BNBWD_CORE=numpy).")
+              "and >= 256 MiB, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream/--no-stream", default=None, help="Out-of-core: read src and diff_dst (.npy files) by blocks "
@@ -371,6 +371,7 @@ def run(bundle, src, diff_dst, mean, variance, gamma, beta, epsilon, data_format
             result = compute_core.backward(op, compute_core.Settings(
                 outputs=outputs, block_bytes=block_size, threads=threads, progress=on_progress, core=core))
             arrays, ran = {name: getattr(result, name) for name in outputs}, result.core
+            stats = {name: result.stats[name] for name in outputs if name in result.stats}  # from the write pass
         elapsed = time.perf_counter() - started
         if progress_bar:
             progress_bar.stop()

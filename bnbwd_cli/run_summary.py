@@ -7,20 +7,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnbwd_cli.core.stats import OutputStats
+from bnbwd_cli.core.stats import scan as output_stats  # the fallback for outputs that come without their stats
 from bnbwd_cli.files.read import dtype_name
 
 if TYPE_CHECKING:  # rich is imported only when a summary is rendered (`run -q` never loads it)
     from rich.console import Console
 
 SCHEMA_VERSION = 1
-STATS_CHUNK = 1 << 20  # elements per chunk: summary statistics never make a full-size temporary
-
-
-@dataclass(frozen=True)
-class OutputStats:
-    minimum: float
-    maximum: float
-    nonfinite: int
 
 
 @dataclass(frozen=True)
@@ -39,23 +33,8 @@ class RunFacts:
     stats: dict[str, OutputStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # Outputs written by blocks (--stream) come with their stats; the others are scanned here.
+        # Outputs the core made come with their stats (BackwardResult.stats); the others are scanned here.
         self.stats.update({name: output_stats(array) for name, array in self.outputs.items() if name not in self.stats})
-
-
-def output_stats(array: np.ndarray) -> OutputStats:
-    """Min, max (over finite values) and the count of NaN/Inf, in chunks of float32/float64."""
-    flat = array.reshape(-1)
-    lowest, highest, nonfinite = np.inf, -np.inf, 0
-    for start in range(0, flat.size, STATS_CHUNK):
-        chunk = flat[start : start + STATS_CHUNK]
-        chunk = chunk.astype(np.float32) if chunk.dtype.itemsize == 2 else chunk
-        finite = np.isfinite(chunk)
-        nonfinite += int(chunk.size - np.count_nonzero(finite))
-        if finite.any():
-            values = chunk[finite]
-            lowest, highest = min(lowest, float(values.min())), max(highest, float(values.max()))
-    return OutputStats(lowest if flat.size else float("nan"), highest if flat.size else float("nan"), nonfinite)
 
 
 def nonfinite_warning(facts: RunFacts) -> str | None:

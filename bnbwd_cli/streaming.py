@@ -20,7 +20,7 @@ from bnbwd_cli.files.common import available_memory
 from bnbwd_cli.files.write import NpyBlockWriter
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.layout import channel_axis
-from bnbwd_cli.run_summary import OutputStats, output_stats
+from bnbwd_cli.core.stats import OutputStats, scan
 
 # Stream automatically when src + diff_dst (.npy files) exceed this share of available memory, or this size:
 # from a few hundred MB up, reading by blocks beats loading on memory (and a private copy of every input).
@@ -111,7 +111,7 @@ def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | 
         done += src.size // channels * (c1 - c0)
         if result.diff_src is not None and diff_src_out is not None:
             diff_src_out.write_channels(axis, c0, c1, result.diff_src)
-            stats = _merge(stats, output_stats(result.diff_src))
+            stats = _merge(stats, result.stats["diff_src"])  # gathered in the core's write pass
         for name in sums:
             if getattr(result, name) is not None:
                 sums[name].append(getattr(result, name))
@@ -121,5 +121,5 @@ def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | 
     gathered = {name: (np.concatenate(parts) if parts else empty) if name in run.outputs else None
                 for name, parts in sums.items()}
     if channels == 0 and diff_src_out is not None:
-        stats = output_stats(np.zeros(src.shape, dtype=src.dtype))
+        stats = scan(np.zeros(src.shape, dtype=src.dtype))
     return StreamedResult(gathered["diff_gamma"], gathered["diff_beta"], stats, core)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bnbwd_cli import streaming
-from bnbwd_cli.core import numpy_core, plan
-from bnbwd_cli.core.numpy_core import float_to_half, half_to_float
+from bnbwd_cli.core import mapped, plan
+from bnbwd_cli.core.rounding import float_to_half, half_to_float
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
@@ -103,12 +103,12 @@ def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtyp
     src, diff_dst, *stats = _inputs(rng, shape, data_format, dtype)
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
-    mapped = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
-    assert numpy_core._file_mappings(*mapped)
+    maps = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
+    assert mapped.file_mappings(*maps)
     in_memory = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
     out = np.lib.format.open_memmap(tmp_path / "out.npy", mode="w+", dtype="V2" if dtype is ml_dtypes.bfloat16 else src.dtype,
                                     shape=src.shape)
-    result = numpy_backward(*mapped, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out.view(src.dtype),
+    result = numpy_backward(*maps, *stats, epsilon=1e-5, data_format=data_format, diff_src_out=out.view(src.dtype),
                             block_bytes=512)
     out.flush()
     del out

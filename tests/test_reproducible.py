@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from bnbwd_cli import streaming
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
-from bnbwd_cli.core import numpy_core
+from bnbwd_cli.core import rounding
 from tests.oracle import backward_arrays, exact_backward, normalised_error, problem_arrays, ulps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -260,6 +260,6 @@ def test_round_to_rounds_float64_once(rng, dtype):
         step = np.spacing(grid).astype(np.float64)
     nudge = rng.choice([-1.0, 1.0], size=grid.shape) * 2.0**-40 * np.abs(narrow)
     values = narrow + step / 2 + nudge
-    rounded = numpy_core.round_to(values, np.dtype(dtype)).astype(np.float64)
+    rounded = rounding.round_to(values, np.dtype(dtype)).astype(np.float64)
     expected = np.where(nudge > 0, narrow + step, narrow)
     np.testing.assert_array_equal(rounded, expected)

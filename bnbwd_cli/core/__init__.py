@@ -17,22 +17,28 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from bnbwd_cli.core import numpy_core, plan
-from bnbwd_cli.core.numpy_core import default_block_bytes, usable_cores
+from bnbwd_cli.core import mapped, numpy_core, plan
+from bnbwd_cli.core.budget import default_block_bytes, usable_cores
+from bnbwd_cli.core.rounding import round_to
+from bnbwd_cli.core.stats import OutputStats, from_extremes, scan
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis, view3
 
 CORES = ("auto", "numpy", "numba")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
-# core="auto" picks numba for inputs this big only: importing numba and loading its cached kernels takes ~0.45 s
-# (measured, 2-core EPYC), and the kernel saves ~0.45 ms a MB of src (f32 (64,128,56,56), output allocated by the
-# call: 29 vs 76 ms for 103 MB), so a single `bnbwd run` breaks even at ~1 GB. Below that, core="numba" opts in.
-AUTO_NUMBA_MIN_BYTES = 1 << 30
+# core="auto" picks numba for inputs this big only. Measured per fresh process (a `bnbwd run` calls the core once),
+# f32 (N,128,56,56) both layouts, 2 threads, warm on-disk cache, best of 3 (a busy 2-core EPYC, so ~2x a quiet
+# machine's times): import numba + cached-kernel load + first call ~1.0-1.3 s at N=1 vs 16-33 ms for the NumPy core;
+# each further MB of src costs the NumPy core 7.6-10 ms and numba 3.8-5.8 ms (first call: fresh pages included),
+# so numba breaks even at 260-290 MB. Below 256 MiB, core="numba" opts in.
+AUTO_NUMBA_MIN_BYTES = 256 << 20
 
 ProgressCallback = Callable[[int, int], None]  # (elements done, elements in all)
 
@@ -73,13 +79,15 @@ class Settings:
 class BackwardResult:
     """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for.
 
-    core: the core that ran ("numpy" or "numba").
+    core: the core that ran ("numpy" or "numba"). stats: each output's min/max over finite values and NaN/Inf
+    count (core/stats.py), diff_src's gathered in the write pass.
     """
 
     diff_src: np.ndarray | None
     diff_gamma: np.ndarray | None
     diff_beta: np.ndarray | None
     core: str = "numpy"
+    stats: dict[str, OutputStats] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,7 @@ def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
     if core == "auto":
         if os.environ.get("BNBWD_CORE", "").lower() == "numpy" or op.src.nbytes < AUTO_NUMBA_MIN_BYTES:
             return "numpy"
-        if numpy_core._file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
+        if mapped.file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
             return "numpy"
     elif not numba_available():
         raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
@@ -167,9 +175,31 @@ def load_numba_core():
     it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
+        os.environ["NUMBA_CACHE_DIR"] = str(numba_cache_dir())
     from bnbwd_cli.core import numba_core
 
     return numba_core
+
+
+def numba_cache_dir() -> Path:
+    """Where the compiled kernels are cached: a user cache directory keyed by bnbwd's and numba's versions.
+
+    numba's default, __pycache__ beside the installed source, goes with every reinstall (and may not be
+    writable); numba stamps cache entries with a hash of the source's bytes, so a directory outside the
+    package keeps them valid across a reinstall of the same version. Set (before numba is first imported)
+    only when the user has not set NUMBA_CACHE_DIR.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bnbwd_cli import __version__
+
+    try:
+        numba_version = version("numba")
+    except PackageNotFoundError:
+        numba_version = "unknown"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}"
 
 
 def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:
@@ -185,17 +215,21 @@ def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:
     problem = _problem(op, diff_src, want_sums or (op.training and want_diff_src))
     threads = settings.threads or usable_cores()
     ran = choose_core(settings.core, op, diff_src)
-    sums = np.zeros((2, problem.geometry.c))
+    sums, extremes = np.zeros((2, problem.geometry.c)), None
     if op.src.size and ran == "numba":
-        sums = load_numba_core().run(problem, threads)
+        sums, extremes = load_numba_core().run(problem, threads)
         if settings.progress is not None:
             settings.progress(op.src.size, op.src.size)
     elif op.src.size:
-        sums = numpy_core.run(problem, settings.block_bytes or default_block_bytes(threads), threads,
-                              settings.progress)
+        sums, extremes = numpy_core.run(problem, settings.block_bytes or default_block_bytes(threads), threads,
+                                        settings.progress)
     with np.errstate(over="ignore", invalid="ignore"):
         _, _, dy_xhat = plan.coefficients(sums[0], sums[1], problem.invstd, max(problem.count, 1))
     param_dtype = op.mean.dtype
-    diff_beta = numpy_core.round_to(sums[0], param_dtype) if "diff_beta" in settings.outputs else None
-    diff_gamma = numpy_core.round_to(dy_xhat, param_dtype) if "diff_gamma" in settings.outputs else None
-    return BackwardResult(diff_src=diff_src, diff_gamma=diff_gamma, diff_beta=diff_beta, core=ran)
+    outputs = {"diff_src": diff_src,
+               "diff_gamma": round_to(dy_xhat, param_dtype) if "diff_gamma" in settings.outputs else None,
+               "diff_beta": round_to(sums[0], param_dtype) if "diff_beta" in settings.outputs else None}
+    summary = {name: scan(array) for name, array in outputs.items() if array is not None and name != "diff_src"}
+    if diff_src is not None:
+        summary["diff_src"] = from_extremes(*(extremes or (np.nan, np.nan)), diff_src)
+    return BackwardResult(**outputs, core=ran, stats=summary)

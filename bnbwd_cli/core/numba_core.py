@@ -1,12 +1,12 @@
 """The optional compiled core (numba): the NumPy core's arithmetic, operation for operation, fused per block.
 
 Imported by core.load_numba_core only when chosen (numba's import and JIT cost is paid only when it is
-used; compiled code is cached on disk). Supports float64, float32, bfloat16 and float16 T1 (float16 where
+used; the compiled code, core/numba_kernels.py, is cached on disk). Supports float64, float32, bfloat16 and float16 T1 (float16 where
 the CPU converts halves in hardware: see half_is_native).
 
 Numerics are the NumPy core's, in the same order (core/plan.py): g = dy and d = src - mean in float64
 (widened exactly), per chunk and lane the sum of g and g·d over its row groups from 0.0, each (chunk,
-block) reduced by plan.lane_tree's halving tree, partials folded by plan.fold_step in (chunk, block)
+block) reduced by plan.lane_tree's halving tree, partials folded by plan.fold's tree of plan.pair_sum in (chunk, block)
 order, then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (f16 and bf16 through float32
 rounded to odd). No fastmath anywhere: LLVM then neither reassociates nor contracts (no FMA), so every
 operation rounds as NumPy's does and the outputs are the NumPy core's bits. Only the split of the work
@@ -26,362 +26,15 @@ Work split (results do not depend on it):
 
 from __future__ import annotations
 
-import math
 import platform
 
 import numba
 import numpy as np
 from llvmlite import binding as llvm_binding
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
 
+from bnbwd_cli.core import numba_kernels as kernels
 from bnbwd_cli.core import plan
-
-MIN_PLANE_RUN_BYTES = 512  # as the NumPy core: shorter contiguous runs are walked by rows
-WRITE_COLUMNS = 4096  # columns of one row-write task
-WRITE_ROWS = 64  # rows of one row-write task
-
-_fold_step = njit(inline="always")(plan.fold_step)
-_fold_result = njit(inline="always")(plan.fold_result)
-_coefficients = njit(plan.coefficients)
-
-
-# ---------------------------------------------------------------- 16-bit floats as integer bits
-# numba has no float16 or bfloat16 type, so both travel as 16-bit integers: bfloat16 as uint16,
-# float16 as int16 (the signedness only selects the conversion). float16 converts with LLVM's
-# half type (one vcvtph2ps/vcvtps2ph on x86 with F16C), bfloat16 by shifting bits.
-
-
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def _f32_to_bf16(typingctx, value):
-    """bfloat16 bits of a float32: round to nearest even on bit 16 (overflow carries into inf, as it
-    should), but a NaN stays a (quiet) NaN. Written in LLVM IR so the NaN case is a select, which
-    vectorises (numba's own conditional expression inside an inlined overload did too, with warnings)."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        high = builder.lshr(bits, ir.Constant(i32, 16))
-        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)),
-                                           builder.and_(high, ir.Constant(i32, 1))), ir.Constant(i32, 16))
-        quiet = builder.or_(high, ir.Constant(i32, 0x40))
-        is_nan = builder.icmp_unsigned(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
-        return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
-
-    return types.uint16(types.float32), codegen
-
-
-@intrinsic
-def _half_to_f32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(types.int16), codegen
-
-
-@intrinsic
-def _f32_to_half(typingctx, value):
-    """Round to nearest even (LLVM's fptrunc in the default rounding mode); NaN stays NaN."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return types.int16(types.float32), codegen
-
-
-def _load(array, index):  # pragma: no cover - replaced by the overload inside compiled code
-    raise NotImplementedError
-
-
-def _store(array, index, value):  # pragma: no cover
-    raise NotImplementedError
-
-
-@overload(_load, inline="always")
-def _load_impl(array, index):
-    if array.dtype == types.uint16:  # bfloat16 bits: the high half of a float32
-        return lambda array, index: _bits_to_f32(np.uint32(array[index]) << np.uint32(16))
-    if array.dtype == types.int16:  # float16 bits
-        return lambda array, index: _half_to_f32(array[index])
-    return lambda array, index: array[index]
-
-
-@intrinsic
-def _f32_to_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
-
-
-@njit(inline="always")
-def _round_to_odd(value):
-    """float32 of a float64 rounded to odd (truncated, last bit set when inexact): see numpy_core.round_to_odd_float32."""
-    narrow = np.float32(value)
-    back = np.float64(narrow)
-    bits = _f32_to_bits(narrow)
-    if back != value:
-        if abs(back) > abs(value):
-            bits -= np.uint32(1)
-        bits |= np.uint32(1)
-    return _bits_to_f32(bits)
-
-
-@overload(_store, inline="always")
-def _store_impl(array, index, value):
-    """array[index] = value (float64) rounded once to the array's type."""
-    if array.dtype == types.uint16:
-        def store_bf16(array, index, value):
-            array[index] = _f32_to_bf16(_round_to_odd(value))
-        return store_bf16
-    if array.dtype == types.int16:
-        def store_f16(array, index, value):
-            array[index] = _f32_to_half(_round_to_odd(value))
-        return store_f16
-    if array.dtype == types.float32:
-        def store_f32(array, index, value):
-            array[index] = np.float32(value)
-        return store_f32
-
-    def store(array, index, value):
-        array[index] = value
-    return store
-
-
-# ---------------------------------------------------------------- shared pieces
-
-
-@njit(inline="always")
-def _tree(lanes, length):
-    """plan.lane_tree on lanes[:length], in place."""
-    while length > 1:
-        half = length // 2
-        keep = length - half
-        for i in range(half):
-            lanes[i] += lanes[keep + i]
-        length = keep
-    return lanes[0]
-
-
-@njit(inline="always")
-def _fold(values):
-    """plan.fold of a 1-D array of partials."""
-    hi = 0.0
-    lo = 0.0
-    for j in range(values.shape[0]):
-        hi, lo = _fold_step(hi, lo, values[j])
-    return _fold_result(hi, lo) if math.isfinite(hi) else hi
-
-
-@njit(inline="always")
-def _value(g, x, j, m, mean_dy, k, sc, exponent, training):
-    """diff_src of one element, float64: ((g - mean(dy)) - d·k)·scale, then ·2**exponent."""
-    gv = np.float64(_load(g, j))
-    if training:
-        result = ((gv - mean_dy) - (np.float64(_load(x, j)) - m) * k) * sc
-    else:
-        result = gv * sc
-    if exponent != 0:
-        result = math.ldexp(result, exponent)
-    return result
-
-
-# ---------------------------------------------------------------- long runs: channel planes
-
-
-@njit(cache=True)
-def _plane_partial(src3, dy3, ch, rows, lanes, r0, m, acc0, acc1):
-    """The partial [Σdy, Σdy·d] of channel ch over one chunk (rows) and one block (lanes): plan's order."""
-    r_lo, r_hi = rows
-    s_lo, s_hi = lanes
-    width = s_hi - s_lo
-    length = r0 * width
-    acc0[:length] = 0.0
-    acc1[:length] = 0.0
-    for i in range(r_lo, r_hi):
-        t = (i - r_lo) % r0
-        a0 = acc0[t * width : (t + 1) * width]
-        a1 = acc1[t * width : (t + 1) * width]
-        x = src3[i, ch, s_lo:s_hi]
-        g = dy3[i, ch, s_lo:s_hi]
-        for j in range(width):
-            gv = np.float64(_load(g, j))
-            a0[j] += gv
-            a1[j] += gv * (np.float64(_load(x, j)) - m)
-    return _tree(acc0, length), _tree(acc1, length)
-
-
-@njit(cache=True)
-def _channel_partials(src3, dy3, ch, m, chunk_rows, block, r0, out):
-    """out[j] = partials (2,) of channel ch, j = chunk·blocks + block."""
-    n, _, s = src3.shape
-    blocks = (s + block - 1) // block
-    acc0 = np.empty(r0 * block)
-    acc1 = np.empty(r0 * block)
-    for j in range(out.shape[0]):
-        chunk = j // blocks
-        b = j % blocks
-        rows = (chunk * chunk_rows, min((chunk + 1) * chunk_rows, n))
-        out[j, 0], out[j, 1] = _plane_partial(src3, dy3, ch, rows, (b * block, min((b + 1) * block, s)), r0,
-                                              m, acc0, acc1)
-
-
-@njit(cache=True)
-def _write_plane(src3, dy3, out3, ch, rows, coef, exponent, training):
-    """diff_src of channel ch over rows; coef = (mean, mean(dy), k, scale)."""
-    m, mean_dy, k, sc = coef
-    for i in range(rows[0], rows[1]):
-        g = dy3[i, ch, :]
-        x = src3[i, ch, :]
-        o = out3[i, ch, :]
-        for j in range(g.shape[0]):
-            _store(o, j, _value(g, x, j, m, mean_dy, k, sc, exponent, training))
-
-
-@njit(parallel=True, cache=True)
-def _planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums):
-    """One task per channel: its partials, fold, coefficients, then its diff_src while the plane is in cache.
-
-    per_channel: (4, C) mean, invstd, scale, count-as-float; shape: (chunk_rows, block, r0, partials); flags:
-    (need_sums, want_out, training).
-    """
-    n, c, s = src3.shape
-    chunk_rows, block, r0, count = shape
-    need_sums, want_out, training = flags
-    for ch in prange(c):
-        partials = np.zeros((count, 2))
-        if need_sums:
-            _channel_partials(src3, dy3, ch, per_channel[0, ch], chunk_rows, block, r0, partials)
-        s0 = _fold(partials[:, 0])
-        s1 = _fold(partials[:, 1])
-        sums[0, ch] = s0
-        sums[1, ch] = s1
-        if want_out:
-            mean_dy, k, _ = _coefficients(s0, s1, per_channel[1, ch], n * s)
-            coef = (per_channel[0, ch], mean_dy, k, per_channel[2, ch])
-            _write_plane(src3, dy3, out3, ch, (0, n), coef, exponents[ch], training)
-
-
-@njit(parallel=True, cache=True)
-def _plane_partials(src3, dy3, mean, shape, partials):
-    """partials[ch, j] for all channels: (channel, partial) tasks, all cores busy even with few channels."""
-    n, c, s = src3.shape
-    chunk_rows, block, r0 = shape
-    count = partials.shape[1]
-    blocks = (s + block - 1) // block
-    for task in prange(c * count):
-        ch = task // count
-        j = task % count
-        chunk = j // blocks
-        b = j % blocks
-        acc0 = np.empty(r0 * block)
-        acc1 = np.empty(r0 * block)
-        rows = (chunk * chunk_rows, min((chunk + 1) * chunk_rows, n))
-        partials[ch, j, 0], partials[ch, j, 1] = _plane_partial(src3, dy3, ch, rows, (b * block, min((b + 1) * block, s)),
-                                                                r0, mean[ch], acc0, acc1)
-
-
-@njit(parallel=True, cache=True)
-def _plane_write(src3, dy3, out3, coef, exponents, chunk_rows, training):
-    """diff_src by (channel, chunk of rows) tasks; coef (4, C): mean, mean(dy), k, scale."""
-    n, c, s = src3.shape
-    chunks = (n + chunk_rows - 1) // chunk_rows
-    for task in prange(c * chunks):
-        ch = task // chunks
-        chunk = task % chunks
-        rows = (chunk * chunk_rows, min((chunk + 1) * chunk_rows, n))
-        _write_plane(src3, dy3, out3, ch, rows, (coef[0, ch], coef[1, ch], coef[2, ch], coef[3, ch]), exponents[ch],
-                     training)
-
-
-@njit(parallel=True, cache=True)
-def _fold_all(partials, sums):
-    """sums[:, ch] = the folds of partials[ch, :, :] (C, J, 2)."""
-    for ch in prange(partials.shape[0]):
-        sums[0, ch] = _fold(partials[ch, :, 0])
-        sums[1, ch] = _fold(partials[ch, :, 1])
-
-
-# ---------------------------------------------------------------- short runs: row chunks
-
-
-@njit(parallel=True, cache=True)
-def _row_partials(src2, dy2, mean_col, shape, partials):
-    """partials[ch, j] for every channel, one task per chunk of rows of the (N, C·S) view.
-
-    Lanes (t, s) of channel c are acc[t, c·S + s]: the row-group accumulators are filled row by row (the
-    column loop contiguous, vectorised), then each channel's lanes are gathered in (t, s) order for the tree.
-    """
-    n, width = src2.shape
-    chunk_rows, r0, s = shape
-    c = width // s
-    chunks = partials.shape[1]
-    for j in prange(chunks):
-        acc0 = np.zeros((r0, width))
-        acc1 = np.zeros((r0, width))
-        r_lo = j * chunk_rows
-        for i in range(r_lo, min(r_lo + chunk_rows, n)):
-            t = (i - r_lo) % r0
-            a0 = acc0[t]
-            a1 = acc1[t]
-            x = src2[i]
-            g = dy2[i]
-            for w in range(width):
-                gv = np.float64(_load(g, w))
-                a0[w] += gv
-                a1[w] += gv * (np.float64(_load(x, w)) - mean_col[w])
-        lanes0 = np.empty(r0 * s)
-        lanes1 = np.empty(r0 * s)
-        for ch in range(c):
-            for t in range(r0):
-                for k in range(s):
-                    lanes0[t * s + k] = acc0[t, ch * s + k]
-                    lanes1[t * s + k] = acc1[t, ch * s + k]
-            partials[ch, j, 0] = _tree(lanes0, r0 * s)
-            partials[ch, j, 1] = _tree(lanes1, r0 * s)
-
-
-@njit(parallel=True, cache=True)
-def _row_write(src2, dy2, out2, columns, exponents, flags):
-    """diff_src over (row block, column range) tasks; columns (4, C·S): mean, mean(dy), k, scale per column.
-
-    flags: (training, scaled); without per-column exponents the loop has no branch and vectorises.
-    """
-    training, scaled = flags
-    n, width = src2.shape
-    blocks = (n + WRITE_ROWS - 1) // WRITE_ROWS
-    ranges = (width + WRITE_COLUMNS - 1) // WRITE_COLUMNS
-    for task in prange(blocks * ranges):
-        b = task // ranges
-        k0 = (task % ranges) * WRITE_COLUMNS
-        k1 = min(k0 + WRITE_COLUMNS, width)
-        m = columns[0, k0:k1]
-        mdy = columns[1, k0:k1]
-        kk = columns[2, k0:k1]
-        sc = columns[3, k0:k1]
-        e = exponents[k0:k1]
-        for i in range(b * WRITE_ROWS, min((b + 1) * WRITE_ROWS, n)):
-            g = dy2[i, k0:k1]
-            x = src2[i, k0:k1]
-            o = out2[i, k0:k1]
-            if scaled:
-                for j in range(k1 - k0):
-                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training))
-            else:
-                for j in range(k1 - k0):
-                    _store(o, j, _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, training))
-
-
-# ---------------------------------------------------------------- driver
+from bnbwd_cli.core.numba_kernels import MAGNITUDE, MIN_PLANE_RUN_BYTES, WRITE_COLUMNS, WRITE_ROWS
 
 
 def _is_bf16(dtype: np.dtype) -> bool:
@@ -417,45 +70,83 @@ def _bits_view(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def run(problem, threads: int) -> np.ndarray:
-    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); writes problem.out3 when given.
+def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when problem.out3 is given, writes it and
+    returns the min and max of its float64 values before rounding too (core/stats.py), else None.
 
     problem: core.Problem (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
     """
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    src = _bits_view(problem.src3)
+    out = _bits_view(problem.out3) if problem.out3 is not None else np.empty((0, 0, 0), dtype=src.dtype)
+    if problem.src3.shape[2] * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
+        sums, keys = _run_planes(problem, src, out, threads)
+    else:
+        sums, keys = _run_rows(problem, src, out)
+    return sums, (key_extremes(keys) if problem.out3 is not None else None)
+
+
+def _run_planes(problem, src: np.ndarray, out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Long contiguous runs: channel tasks (fused), or (channel, chunk) tasks when channels are few."""
     shape = problem.geometry
-    n, c, s = problem.src3.shape
-    src, dy = _bits_view(problem.src3), _bits_view(problem.dy3)
+    n, c, s = src.shape
+    dy = _bits_view(problem.dy3)
     want_out = problem.out3 is not None
-    out = _bits_view(problem.out3) if want_out else np.empty((0, 0, 0), dtype=src.dtype)
     exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
     sums = np.zeros((2, c))
-    if s * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
-        if c >= 2 * max(threads, 1):
-            per_channel = np.stack([problem.mean, problem.invstd, problem.scale])
-            _planes_fused(src, dy, out, per_channel, exponents,
-                          (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane, shape.partials),
-                          (problem.need_sums, want_out, problem.training), sums)
-            return sums
-        if problem.need_sums:
-            partials = np.zeros((c, shape.partials, 2))
-            _plane_partials(src, dy, problem.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
-            _fold_all(partials, sums)
-        if want_out:
-            _plane_write(src, dy, out, _coefficient_rows(problem, sums), exponents, shape.chunk_rows, problem.training)
-        return sums
+    if c >= 2 * max(threads, 1):
+        keys = np.empty((c, 2), np.int64)
+        per_channel = np.stack([problem.mean, problem.invstd, problem.scale])
+        kernels.planes_fused(src, dy, out, per_channel, exponents,
+                      (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane, shape.partials),
+                      (problem.need_sums, want_out, problem.training), sums, keys)
+        return sums, keys
+    if problem.need_sums:
+        partials = np.zeros((c, shape.partials, 2))
+        kernels.plane_partials(src, dy, problem.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
+        kernels.fold_all(partials, sums)
+    keys = np.empty((c * shape.chunks if want_out else 0, 2), np.int64)
+    if want_out:
+        kernels.plane_write(src, dy, out, _coefficient_rows(problem, sums), exponents, shape.chunk_rows, problem.training,
+                     keys)
+    return sums, keys
 
+
+def _run_rows(problem, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Short runs (NXC): the (N, C·S) row view."""
+    shape = problem.geometry
+    n, c, s = src.shape
     width = c * s
-    src2, dy2 = src.reshape(n, width), dy.reshape(n, width)
+    src2, dy2 = src.reshape(n, width), _bits_view(problem.dy3).reshape(n, width)
+    sums = np.zeros((2, c))
     if problem.need_sums:
         partials = np.zeros((c, shape.chunks, 2))
-        _row_partials(src2, dy2, np.repeat(problem.mean, s), (shape.chunk_rows, shape.rows_per_lane, s), partials)
-        _fold_all(partials, sums)
+        kernels.row_partials(src2, dy2, np.repeat(problem.mean, s), (shape.chunk_rows, shape.rows_per_lane, s), partials)
+        kernels.fold_all(partials, sums)
         del partials
-    if want_out:
-        _row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(problem, sums), s, axis=1),
-                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None))
-    return sums
+    tasks = -(-n // WRITE_ROWS) * -(-width // WRITE_COLUMNS)
+    keys = np.empty((tasks if problem.out3 is not None else 0, 2), np.int64)
+    if problem.out3 is not None:
+        exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
+        kernels.row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(problem, sums), s, axis=1),
+                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None), keys)
+    return sums, keys
+
+
+def key_extremes(keys: np.ndarray) -> tuple[float, float]:
+    """The float64 (min, max) from per-task key extremes (keys (tasks, 2) of _track); NaN when a NaN was seen."""
+    if keys.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = keys[:, 0].min(), keys[:, 1].max()
+    if lo < _key(-np.inf) or hi > _key(np.inf):  # NaNs sort beyond the infinities
+        return float("nan"), float("nan")
+    bits = np.array([lo, hi], np.int64)
+    return tuple(float(v) for v in (bits ^ ((bits >> 63) & MAGNITUDE)).view(np.float64))
+
+
+def _key(value: float) -> int:
+    bits = np.array([value], np.float64).view(np.int64)
+    return int((bits ^ ((bits >> 63) & MAGNITUDE))[0])
 
 
 def _coefficient_rows(problem, sums: np.ndarray) -> np.ndarray:

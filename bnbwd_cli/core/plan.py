@@ -12,13 +12,14 @@ that both cores, in any configuration, produce the same float64 sums bit for bit
 - *chunks*: `chunk_rows` consecutive rows (K row groups). In a chunk every lane sums its
   K values in row order, starting from 0.0 (vectorisable in both cores: lanes are independent).
 - each (chunk, block) reduces its lanes by a fixed halving tree (`lane_tree`): a *partial*.
-- a channel's partials, in (chunk, block) order, are folded by a compensated double-double
-  sum (`fold`): error ~2⁻¹⁰⁶ of the partials' size on top of each partial's own
-  (K + log2 lanes)·2⁻⁵³ of its values' size.
+- a channel's partials, in (chunk, block) order, are folded by the same halving tree, but of
+  double-doubles (`fold`, `pair_sum`): error ~log2(J)·2⁻¹⁰⁶ of the partials' size on top of
+  each partial's own (K + log2 lanes)·2⁻⁵³ of its values' size. A tree, not a running sum:
+  NumPy does it in log2(J) vector steps (NXC has thousands of partials a channel).
 
 Tiles (the NumPy core's units of work) hold whole chunks and blocks, and a tile that holds
 only some of a channel's blocks holds one chunk, so partials come out in (chunk, block) order.
-The arithmetic below (fold_step, fold_result, coefficients) is written once with plain operators
+The arithmetic below (pair_sum, fold_result, coefficients) is written once with plain operators
 and serves both cores: NumPy runs it on per-channel arrays, numba compiles it for scalars.
 """
 
@@ -91,12 +92,12 @@ def lane_tree(lanes: np.ndarray) -> np.ndarray:
     return lanes[..., 0]
 
 
-def fold_step(hi, lo, partial):
-    """One term of the compensated fold: (hi, lo) + partial, hi the rounded sum, lo the running error (TwoSum)."""
-    total = hi + partial
-    back = total - hi
-    error = (hi - (total - back)) + (partial - back)
-    return total, lo + error
+def pair_sum(hi_a, lo_a, hi_b, lo_b):
+    """(hi_a, lo_a) + (hi_b, lo_b) as a double-double: hi the rounded sum of the his (TwoSum), lo the errors."""
+    total = hi_a + hi_b
+    back = total - hi_a
+    error = (hi_a - (total - back)) + (hi_b - back)
+    return total, (lo_a + lo_b) + error
 
 
 def fold_result(hi, lo):
@@ -115,13 +116,33 @@ def coefficients(sum_dy, sum_dy_d, invstd, count):
 
 
 def fold(partials: np.ndarray) -> np.ndarray:
-    """Fold partials (J, ...) along axis 0 in order; float64 (...)."""
-    hi = np.zeros(partials.shape[1:])
-    lo = np.zeros(partials.shape[1:])
+    """Fold partials (J, ...) along axis 0 by the fixed halving tree of double-doubles; float64 (...).
+
+    Pairs as lane_tree does (i with keep + i), so the whole fold is log2(J) vector steps, not J scalar ones;
+    pair_sum's operations, written with out= into two scratch arrays (no temporaries of J/2 rows a step).
+    """
+    if partials.shape[0] == 0:
+        return np.zeros(partials.shape[1:])
+    hi = np.array(partials, dtype=np.float64)
+    lo = np.zeros_like(hi)
+    total, back = np.empty_like(hi[: len(hi) // 2]), np.empty_like(hi[: len(hi) // 2])
+    length = hi.shape[0]
     with np.errstate(invalid="ignore", over="ignore"):
-        for partial in partials:
-            hi, lo = fold_step(hi, lo, partial)
-        return np.where(np.isfinite(hi), fold_result(hi, lo), hi)
+        while length > 1:
+            half = length // 2
+            keep = length - half
+            a, b, t, r = hi[:half], hi[keep:length], total[:half], back[:half]
+            np.add(a, b, out=t)  # pair_sum, step by step: t = a + b; r = t - a; error = (a - (t - r)) + (b - r)
+            np.subtract(t, a, out=r)
+            np.subtract(b, r, out=b)  # b's slot is free after this step: b - r goes there
+            np.subtract(t, r, out=r)
+            np.subtract(a, r, out=a)
+            a += b  # the error
+            lo[:half] += lo[keep:length]
+            lo[:half] += a
+            hi[:half] = t
+            length = keep
+        return np.where(np.isfinite(hi[0]), fold_result(hi[0], lo[0]), hi[0])
 
 
 def split_scale(gamma: np.ndarray, invstd: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

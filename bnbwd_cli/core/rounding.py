@@ -1,0 +1,120 @@
+"""Rounding float64 results once to T1 (f64, f32, f16, bf16), and the float16 conversions NumPy is slow at.
+
+Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, diff_beta) and core/stats.py.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from bnbwd_cli.dtypes import is_bfloat16
+
+FLOAT64 = np.dtype(np.float64)
+
+
+class Scratch(threading.local):
+    """Per-thread scratch buffers, grown on demand and reused across tiles (no per-tile page faults)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        size = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.size < size or buffer.dtype != dtype:
+            buffer = np.empty(max(size, 1), dtype=dtype)
+            self.buffers[name] = buffer
+        return buffer[:size].reshape(shape)
+
+
+# ---------------------------------------------------------------- float16 <-> float32
+# NumPy's own float16 casts run a scalar loop (~3 ns an element here, slower than memory);
+# these bit manipulations give the same bits (round to nearest even, subnormals, inf, NaN)
+# in a few vectorised integer passes.
+
+_U32 = np.uint32
+_F16_TO_F32_SCALE = np.float32(2.0**112)  # rebias exponent 15 -> 127, and normalises f16 subnormals
+_F32_DENORM_MAGIC = np.array(((127 - 15) + (23 - 10) + 1) << 23, _U32)
+
+
+def half_to_float(half: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """out (float32) = half (float16), exactly; scratch is uint32 of the same shape."""
+    bits = half.view(np.uint16)
+    out_bits = out.view(_U32)
+    np.bitwise_and(bits, np.uint16(0x7FFF), out=out_bits, dtype=_U32, casting="unsafe")
+    out_bits <<= _U32(13)
+    out *= _F16_TO_F32_SCALE
+    overflow = out_bits >= _U32(0x47800000)  # f16 exponent 31: inf or NaN
+    if overflow.any():
+        out_bits[overflow] |= _U32(0x7F800000)
+    np.right_shift(bits, np.uint16(15), out=scratch, dtype=_U32, casting="unsafe")
+    scratch <<= _U32(31)
+    out_bits |= scratch
+
+
+def float_to_half(values: np.ndarray, out: np.ndarray, magnitude: np.ndarray, result: np.ndarray) -> None:
+    """out (float16) = values (float32) rounded to nearest even; magnitude, result: uint32 scratch."""
+    bits = values.view(_U32)
+    np.bitwise_and(bits, _U32(0x7FFFFFFF), out=magnitude)
+    np.right_shift(magnitude, _U32(13), out=result)  # normal numbers: round half to even on bit 13
+    result &= _U32(1)
+    result += magnitude
+    result += _U32((((15 - 127) << 23) + 0xFFF) & 0xFFFFFFFF)
+    result >>= _U32(13)
+    small = magnitude < _U32(113 << 23)  # below the f16 normal range
+    if small.any():
+        rounded = (magnitude[small].view(np.float32) + _F32_DENORM_MAGIC.view(np.float32)).view(_U32)
+        result[small] = rounded - _F32_DENORM_MAGIC
+    large = magnitude >= _U32((127 + 16) << 23)  # overflow to inf, or NaN
+    if large.any():
+        result[large] = np.where(magnitude[large] > _U32(0xFF << 23), _U32(0x7E00), _U32(0x7C00))
+    np.right_shift(bits, _U32(16), out=magnitude)
+    magnitude &= _U32(0x8000)
+    result |= magnitude
+    np.copyto(out.view(np.uint16), result, casting="unsafe")
+
+
+# ---------------------------------------------------------------- rounding float64 once
+
+
+def round_to_odd_float32(values: np.ndarray, out: np.ndarray) -> None:
+    """out (float32) = values (float64) rounded to odd: truncated, the last bit set when inexact.
+
+    Rounding that to 8 or 11 significant bits (bf16, f16) rounds values once, as if directly: the odd
+    bit keeps a value that was not a tie from looking like one (a plain float32 rounding would not).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(out, values, casting="same_kind")
+        back = out.astype(FLOAT64)
+        inexact = back != values
+        np.abs(back, out=back)
+        away = back > np.abs(values)  # rounded away from zero: step back one
+    bits = out.view(np.uint32)
+    np.subtract(bits, away, out=bits, casting="unsafe")
+    np.bitwise_or(bits, inexact, out=bits, casting="unsafe")
+
+
+def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -> None:
+    """out (T1) = values (float64), rounded once (NaN stays NaN)."""
+    if out.dtype == np.float16 or is_bfloat16(out.dtype):
+        scratch = scratch or Scratch()
+        odd = scratch.get("odd32", values.shape, np.dtype(np.float32))
+        round_to_odd_float32(values, odd)
+        if is_bfloat16(out.dtype):
+            np.copyto(out, odd, casting="unsafe")
+        else:
+            float_to_half(odd, out, scratch.get("u32a", values.shape, np.dtype(np.uint32)),
+                          scratch.get("u32b", values.shape, np.dtype(np.uint32)))
+        return
+    with np.errstate(over="ignore"):
+        np.copyto(out, values, casting="unsafe")
+
+
+def round_to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float64 array rounded once to dtype (f64, f32, f16 or bf16)."""
+    out = np.empty(values.shape, dtype)
+    store(np.ascontiguousarray(values, dtype=FLOAT64), out)
+    return out

@@ -1,0 +1,60 @@
+"""The numba core's on-disk cache: in a user cache directory, valid across a reinstall of the same version."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from bnbwd_cli import core  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# One small NCX problem with >= 2 channels a thread: only the fused plane kernel compiles (float64: one signature).
+SCRIPT = """
+import numpy as np
+from bnbwd_cli.core import Op, Settings, backward
+src = np.arange(2 * 4 * 64, dtype=np.float64).reshape(2, 4, 64)
+op = Op(src, src[::-1].copy(), np.zeros(4), np.ones(4), epsilon=1e-5, data_format="NCX")
+result = backward(op, Settings(core="numba", threads=1))
+assert result.core == "numba"
+from bnbwd_cli.core import numba_kernels  # imported by backward, which set the cache directory first
+print(sum(numba_kernels.planes_fused.stats.cache_hits.values()))
+"""
+
+
+def _install(site: Path) -> None:
+    """A fresh copy of the package, as a reinstall leaves it: same bytes, new files, new mtimes."""
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(ROOT / "bnbwd_cli", site / "bnbwd_cli", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _run(site: Path, cache_home: Path) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(site))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=site, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.split()[-1])
+
+
+def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = core.numba_cache_dir()
+    assert path.parent == tmp_path / "bnbwd" and "numba-" in path.name
+    from bnbwd_cli import __version__
+
+    assert __version__ in path.name
+
+
+def test_compiled_kernels_survive_a_reinstall(tmp_path):
+    site, cache_home = tmp_path / "site", tmp_path / "cache"
+    _install(site)
+    assert _run(site, cache_home) == 0  # compiled, and written to the user cache
+    assert list((cache_home / "bnbwd").rglob("*.nbi")), "no index in the user cache directory"
+    _install(site)  # reinstall: the package's own __pycache__ is gone
+    assert _run(site, cache_home) > 0  # loaded from the cache, not compiled again
