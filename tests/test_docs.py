@@ -27,7 +27,7 @@ def test_readme_verify_captures_match_the_script(tmp_path):
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Comparing with your kernel"):readme.index("## Agreement with PyTorch")]
     blocks = re.findall(r"```text\n.*?```\n", section, flags=re.S)
-    assert len(blocks) >= 2
+    assert len(blocks) >= 1
     for block in blocks:
         assert block in committed, "a README capture differs from docs/verify-report.md"
 
