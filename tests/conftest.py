@@ -1,12 +1,18 @@
-"""Shared fixtures: a seeded generator, the real CLI, and bundle builders."""
+"""Shared fixtures and the one copy of each test factory: inputs, files and flags, the CLI's error line."""
 
 from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
+
+INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma")
 
 
 @pytest.fixture
@@ -26,8 +32,11 @@ def cli():
 
 
 def make_inputs(rng: np.random.Generator, shape, data_format: str = "NCX", dtype=np.float32, stats_dtype=np.float32):
-    """A consistent set of op inputs: src/diff_dst of `shape`, (C,) stats with realistic values."""
-    channels = shape[1] if data_format == "NCX" else shape[-1]
+    """A consistent set of op inputs: src/diff_dst of `shape`, (C,) stats with realistic values.
+
+    A shape of rank < 2 (a malformed input for the error tests) gets stats of 0 channels.
+    """
+    channels = (shape[1] if data_format == "NCX" else shape[-1]) if len(shape) > 1 else 0
     src = rng.normal(0.5, 2.0, size=shape).astype(dtype)
     return {
         "src": src,
@@ -43,3 +52,35 @@ def save_bundle(path, arrays: dict, **attributes) -> str:
     extra = {key: np.array(value) for key, value in attributes.items()}
     np.savez(path, **arrays, **extra)
     return str(path)
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def save_npy_flags(directory: Path, arrays: dict, names=INPUT_NAMES) -> list[str]:
+    """Each named array as `directory/NAME.npy` and its flag: ["--src", ".../src.npy", "--diff-dst", ...]."""
+    flags = []
+    for name in names:
+        path = Path(directory) / f"{name}.npy"
+        np.save(path, arrays[name], allow_pickle=False)
+        flags += ["--" + name.replace("_", "-"), str(path)]
+    return flags
+
+
+def error_line(stderr: str | bytes, pattern: str = "") -> str:
+    """The one `error: ...` line a failing command writes (blank lines aside), checked against `pattern`."""
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    assert re.search(pattern, lines[0]), lines[0]
+    return lines[0]
+
+
+def assert_one_error(result, pattern: str, code: int = 3) -> None:
+    """A click Result: exit `code`, one error line matching `pattern`, no traceback, no click usage block."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    error_line(result.stderr, pattern)
+    assert "Traceback" not in result.output and "Usage:" not in result.output
