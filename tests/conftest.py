@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,48 @@ from click.testing import CliRunner
 from bnbwd_cli.cli import main
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- the numba JIT, compiled once a session
+
+_warm_up_process: subprocess.Popen | None = None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With numba tests among the collected ones, start compiling their kernels now, in a second process.
+
+    On a cold numba cache (CI) the JIT then runs on another core while the other tests run, and writes the
+    disk cache the tests load from (fixture numba_jit). With a warm cache the process only loads it (~2 s).
+    """
+    global _warm_up_process
+    if any(item.get_closest_marker("numba") for item in items) and importlib.util.find_spec("numba"):
+        _warm_up_process = subprocess.Popen([sys.executable, "-m", "tests.numba_warmup"], cwd=ROOT,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if _warm_up_process is not None and _warm_up_process.poll() is None:  # e.g. -x stopped the run early
+        _warm_up_process.kill()
+        _warm_up_process.wait()
+
+
+@pytest.fixture(scope="session")
+def numba_jit():
+    """Every numba kernel the tests use, compiled once: from the background warm-up's disk cache, or here."""
+    pytest.importorskip("numba")
+    from tests.numba_warmup import warm_up
+
+    if _warm_up_process is not None:
+        _warm_up_process.wait()  # then its cache entries load instead of compiling (it ran before us)
+    warm_up()  # compiles whatever the cache lacks (no cache dir, a failed warm-up): the tests' JIT cost, once
+
+
+@pytest.fixture(autouse=True)
+def _numba_marked(request) -> None:
+    """Tests marked `numba` share the session's compiled kernels (their compile time is not theirs)."""
+    if request.node.get_closest_marker("numba"):
+        request.getfixturevalue("numba_jit")
 
 
 @pytest.fixture

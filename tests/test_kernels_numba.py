@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("numba")
+pytestmark = pytest.mark.numba  # kernels compiled once a session (conftest.numba_jit)
 
 import os  # noqa: E402
 import subprocess  # noqa: E402

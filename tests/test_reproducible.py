@@ -98,6 +98,7 @@ def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape
 
 @pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16, np.float16], ids=["f64", "f32", "bf16", "f16"])
+@pytest.mark.numba
 def test_numba_core_gives_the_numpy_core_bits(rng, shape, data_format, dtype):
     pytest.importorskip("numba")
     from bnbwd_cli.core import load_numba_core

@@ -426,7 +426,8 @@ def test_refuses_binary_to_a_terminal(bundle):
     assert b"refusing to write binary .npz data to a terminal" in result.stderr
 
 
-@pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True), (["--core", "numba"], False)])
+@pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True),
+                                            pytest.param(["--core", "numba"], False, marks=pytest.mark.numba)])
 def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, extra, streamed):
     # Over STREAM_MIN_BYTES, .npy inputs are read and diff_src written by blocks of channels (the JSON says
     # so), with the same results; an explicit --core numba keeps them in memory instead of refusing.
@@ -479,6 +480,7 @@ def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, m
     expect_oracle(dict(np.load(io.BytesIO(result.stdout_bytes))), arrays)
 
 
+@pytest.mark.numba
 def test_core_numba_streams_inputs_too_large_to_load(cli, tmp_path, rng, monkeypatch):
     # Over a quarter of available memory the inputs stream by blocks of channels, which are in memory: numba runs them.
     pytest.importorskip("numba")
