@@ -99,6 +99,12 @@ def save_bundle(path, arrays: dict, **attributes) -> str:
     return str(path)
 
 
+def load_npz(path) -> dict[str, np.ndarray]:
+    """Every array of an .npz, read into memory (bfloat16 comes back as raw |V2, as NumPy stores it)."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)

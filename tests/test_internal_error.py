@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import traceback
 
-import numpy as np
 import pytest
 
 from bnbwd_cli import core

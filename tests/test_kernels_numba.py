@@ -21,6 +21,7 @@ import numba  # noqa: E402
 from bnbwd_cli import core  # noqa: E402
 from bnbwd_cli.core import Op, choose_core, numba_core  # noqa: E402
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
+from tests.conftest import save_npy_flags  # noqa: E402
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems  # noqa: E402
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
@@ -155,11 +156,8 @@ def test_cli_core_option(cli, tmp_path, rng, core):
     shape = (2, 3, 5, 7)
     arrays = dict(src=rng.normal(size=shape).astype(np.float32), diff_dst=rng.normal(size=shape).astype(np.float32),
                   mean=np.zeros(3, np.float32), variance=np.ones(3, np.float32))
-    for name, array in arrays.items():
-        np.save(tmp_path / f"{name}.npy", array)
     out = tmp_path / f"out_{core}.npz"
-    result = cli("run", "--src", tmp_path / "src.npy", "--diff-dst", tmp_path / "diff_dst.npy",
-                 "--mean", tmp_path / "mean.npy", "--variance", tmp_path / "variance.npy", "--epsilon", "1e-5",
+    result = cli("run", *save_npy_flags(tmp_path, arrays, names=tuple(arrays)), "--epsilon", "1e-5",
                  "--format", "NCHW", "--core", core, "-q", "-o", out)
     assert result.exit_code == 0, result.output
     expected = reference_backward(*arrays.values(), None, epsilon=1e-5, data_format="NCX")

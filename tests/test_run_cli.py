@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.core.reference import reference_backward
-from tests.conftest import assert_one_error, make_inputs, save_bundle, save_npy_flags
+from tests.conftest import assert_one_error, load_npz, make_inputs, save_bundle, save_npy_flags
 from tests.oracle import BOUNDS, normalised_error
 
 INPUT_FLAGS = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
@@ -22,11 +22,6 @@ def bundle(tmp_path, rng):
     """An NCHW f32 bundle with epsilon and data_format inside, and its inputs."""
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
     return save_bundle(tmp_path / "in.npz", arrays, epsilon=1e-3, data_format="NCHW"), arrays
-
-
-def load_npz(path) -> dict:
-    with np.load(path, allow_pickle=False) as archive:
-        return {key: archive[key] for key in archive.files}
 
 
 def expect_oracle(outputs: dict, arrays: dict, data_format="NCX", epsilon=1e-3, training=True, invstd=False,
