@@ -17,8 +17,10 @@ from bnbwd_cli.core import Op, Settings, backward, load_numba_core
 DTYPES = (np.float64, np.float32, ml_dtypes.bfloat16, np.float16)
 # The core's paths (core/numba_core.run): planes fused (C >= 2 * threads), planes in (channel, chunk) tasks
 # (few channels), and rows (short contiguous runs, e.g. NXC).
-# Read-only arrays are other types to numba: --stream hands the core read-only float32 blocks.
-PATHS = (((2, 4, 300), "NCX", False), ((2, 1, 300), "NCX", False), ((50, 3), "NXC", False), ((2, 3, 4), "NCX", True))
+# Read-only arrays are other types to numba: --stream hands the core read-only float32 blocks of .npy
+# inputs (diff_dst alone when src is held in memory).
+PATHS = (((2, 4, 300), "NCX", ()), ((2, 1, 300), "NCX", ()), ((50, 3), "NXC", ()),
+         ((2, 3, 4), "NCX", ("src", "diff_dst")), ((2, 3, 4), "NCX", ("diff_dst",)))
 
 
 def warm_up() -> None:
@@ -30,9 +32,10 @@ def warm_up() -> None:
             if read_only and dtype != np.float32:
                 continue
             channels = shape[1] if data_format == "NCX" else shape[-1]
-            src = np.ones(shape, dtype)
-            src.setflags(write=not read_only)
-            op = Op(src, src, np.zeros(channels, np.float32), np.ones(channels, np.float32), None,
+            src, diff_dst = np.ones(shape, dtype), np.ones(shape, dtype)
+            src.setflags(write="src" not in read_only)
+            diff_dst.setflags(write="diff_dst" not in read_only)
+            op = Op(src, diff_dst, np.zeros(channels, np.float32), np.ones(channels, np.float32), None,
                     epsilon=1e-5, data_format=data_format)
             backward(op, Settings(core="numba", threads=1))
 
