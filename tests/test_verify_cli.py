@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.conftest import save_bundle
+from tests.conftest import INPUT_NAMES, save_bundle
 
 
 @pytest.fixture
@@ -181,14 +181,11 @@ def _inputs_case(tmp_path, bug=None):
     from tests import zoo
 
     problem = zoo.make_problem(np.random.default_rng(5), (4, 8, 16, 16), "NCX", np.float32, np.float32)
-    bundle = tmp_path / "inputs.npz"
-    np.savez(bundle, **{k: problem[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")},
-             epsilon=np.array(problem["epsilon"]), data_format=np.array("NCHW"))
-    ours = backward_arrays(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-                              epsilon=problem["epsilon"], data_format="NCX")
-    np.savez(tmp_path / "ref.npz", diff_src=ours.diff_src, diff_gamma=ours.diff_gamma, diff_beta=ours.diff_beta)
-    np.savez(tmp_path / "kernel.npz", **zoo.kernel(problem, bug=bug))
-    return str(bundle), str(tmp_path / "kernel.npz"), str(tmp_path / "ref.npz")
+    bundle = save_bundle(tmp_path / "inputs.npz", {k: problem[k] for k in INPUT_NAMES}, epsilon=problem["epsilon"],
+                         data_format="NCHW")
+    ours = backward_arrays(*(problem[k] for k in INPUT_NAMES), epsilon=problem["epsilon"], data_format="NCX")
+    reference = save_bundle(tmp_path / "ref.npz", {k: getattr(ours, k) for k in ("diff_src", "diff_gamma", "diff_beta")})
+    return bundle, save_bundle(tmp_path / "kernel.npz", zoo.kernel(problem, bug=bug)), reference
 
 
 def test_verify_inputs_passes_a_correct_kernel_and_says_how(cli, tmp_path):
