@@ -24,14 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 _warm_up_process: subprocess.Popen | None = None
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """With numba tests among the collected ones, start compiling their kernels now, in a second process.
+def pytest_collection_finish(session) -> None:
+    """With numba tests among the selected ones, start compiling their kernels now, in a second process.
 
     On a cold numba cache (CI) the JIT then runs on another core while the other tests run, and writes the
     disk cache the tests load from (fixture numba_jit). With a warm cache the process only loads it (~2 s).
     """
     global _warm_up_process
-    if any(item.get_closest_marker("numba") for item in items) and importlib.util.find_spec("numba"):
+    if session.config.option.collectonly or not importlib.util.find_spec("numba"):
+        return
+    if any(item.get_closest_marker("numba") for item in session.items):  # after -m/-k deselection
         _warm_up_process = subprocess.Popen([sys.executable, "-m", "tests.numba_warmup"], cwd=ROOT,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
