@@ -24,6 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 _warm_up_process: subprocess.Popen | None = None
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Numba tests last (a stable sort): the warm-up then has every other test's time to compile in."""
+    items.sort(key=lambda item: item.get_closest_marker("numba") is not None)
+
+
 def pytest_collection_finish(session) -> None:
     """With numba tests among the selected ones, start compiling their kernels now, in a second process.
 
