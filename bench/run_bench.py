@@ -10,8 +10,8 @@ bandwidth bound (3 tensor passes at the copy bandwidth measured in this run), th
 ratios, and one 1 GB+ `bnbwd run` through the CLI against NumPy load + save alone.
 End to end (bench/end_to_end.py): start-up, `bnbwd run` against a PyTorch load + compute + save
 script, and `run --reference` against `run`, whole processes, each a ratio measured in this run.
-Accuracy: normalised max error max|out - ref| / max|ref| against a float64 NumPy
-oracle, on ordinary and cancellation-prone inputs (mean offset 1e4 standard deviations).
+Accuracy: normalised max error max|out - ref| / max|ref| against the package's float64
+oracle (bnbwd_cli.core.reference), on ordinary and cancellation-prone inputs (mean offset 1e4 standard deviations).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bnbwd_cli.core.reference import reference_backward  # noqa: E402
+from tests.oracle import normalised_error  # noqa: E402
 
 
 def best_of(function, reps: int) -> float:
@@ -301,23 +304,6 @@ def verify_table(args) -> list[str]:
     return lines
 
 
-def oracle64(src, dy, mean, invstd, gamma, data_format):
-    axes = tuple(i for i in range(src.ndim) if i != (1 if data_format == "NCX" else src.ndim - 1))
-    shape = [1] * src.ndim
-    shape[1 if data_format == "NCX" else -1] = -1
-    x, g = src.astype(np.float64), dy.astype(np.float64)
-    xhat = (x - mean.astype(np.float64).reshape(shape)) * invstd.astype(np.float64).reshape(shape)
-    m = src.size // mean.size
-    diff_beta = g.sum(axis=axes)
-    diff_gamma = (g * xhat).sum(axis=axes)
-    scale = (gamma.astype(np.float64) * invstd.astype(np.float64)).reshape(shape)
-    return scale * (g - (diff_beta / m).reshape(shape) - xhat * (diff_gamma / m).reshape(shape)), diff_gamma, diff_beta
-
-
-def normalised(actual, expected) -> float:
-    return float(np.max(np.abs(np.asarray(actual, np.float64) - expected)) / np.max(np.abs(expected)))
-
-
 def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
     from bnbwd_cli.core import Op, Settings, backward, numba_available
 
@@ -345,13 +331,15 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                     del src64
                     invstd = (1 / np.sqrt(variance.astype(np.float64) + 1e-5)).astype(np.float32)
                     gamma = rng.uniform(0.5, 1.5, base[1]).astype(np.float32)
-                    expected = oracle64(src, dy, mean, invstd, gamma, data_format)
+                    reference = reference_backward(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
+                                                   variance_is_invstd=True)
+                    expected = [reference[k] for k in ("diff_src", "diff_gamma", "diff_beta")]
                     errors = {}
                     for core in cores:
                         op = Op(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
                                 variance_is_invstd=True)
                         ours = backward(op, Settings(threads=threads, core=core))
-                        errors[core] = [normalised(getattr(ours, k), e)
+                        errors[core] = [normalised_error(getattr(ours, k), e)
                                         for k, e in zip(("diff_src", "diff_gamma", "diff_beta"), expected)]
                         del ours
                     theirs = [None] * 3
@@ -363,7 +351,7 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                         out = str(work / "torch_out.npy")
                         results, _ = run_torch(torch_python, [dict(paths, format=data_format, dtype=dtype_name, out=out)], threads)
                         if results != [None] or Path(out).exists():
-                            theirs = [normalised(np.load(p), e) for p, e in zip((out, out + ".gamma.npy", out + ".beta.npy"), expected)]
+                            theirs = [normalised_error(np.load(p), e) for p, e in zip((out, out + ".gamma.npy", out + ".beta.npy"), expected)]
                     for core in cores:
                         cells = []
                         for mine, other in zip(errors[core], theirs):

@@ -42,6 +42,11 @@ import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the package's float64 oracle and the tests' normalised error, run from a checkout
+
+from bnbwd_cli.core.reference import reference_backward  # noqa: E402
+from bnbwd_cli.dtypes import to_float64  # noqa: E402
+from tests.oracle import normalised_error  # noqa: E402
 FIXTURES = ROOT / "fixtures" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 TABLE_BEGIN = "<!-- conformance-table:begin (scripts/make_fixtures.py --report) -->"
@@ -170,11 +175,6 @@ def _to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(DTYPES[dtype])
 
 
-def _f64(a: np.ndarray) -> np.ndarray:
-    # bf16 -> f64 directly is fine in ml_dtypes, but go through f32 as STYLE.md asks.
-    return a.astype(np.float32).astype(np.float64) if a.dtype == BF16 else a.astype(np.float64)
-
-
 def _physical(a: np.ndarray, layout: str) -> np.ndarray:
     """Logical (N, C, X...) -> stored array (channels-last for NXC)."""
     if layout == "NCX":
@@ -203,8 +203,8 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
     gamma = _to_dtype(rng.uniform(0.5, 1.5, ch), case.stats_dtype)
     axes = (0,) + tuple(range(2, len(case.shape)))
     if case.train:
-        mean64 = _f64(src).mean(axis=axes)
-        var64 = _f64(src).var(axis=axes)
+        mean64 = to_float64(src).mean(axis=axes)
+        var64 = to_float64(src).var(axis=axes)
     else:
         mean64 = loc.reshape(ch) + rng.uniform(-0.2, 0.2, ch)
         var64 = (scale.reshape(ch) ** 2) * rng.uniform(0.7, 1.3, ch)
@@ -218,32 +218,14 @@ def invstd_of(variance: np.ndarray, epsilon: float) -> np.ndarray:
 
 
 def oracle(inputs: dict[str, np.ndarray], epsilon: float, train: bool, gamma: bool) -> dict[str, np.ndarray]:
-    """The DESIGN.md formula in float64 on logical (N, C, X...) arrays; no rounding of outputs."""
-    src, dy = _f64(inputs["src"]), _f64(inputs["diff_dst"])
-    bshape = (1, -1) + (1,) * (src.ndim - 2)
-    axes = (0,) + tuple(range(2, src.ndim))
-    m = src.size // src.shape[1]
-    invstd = 1.0 / np.sqrt(_f64(inputs["variance"]) + epsilon)
-    g = _f64(inputs["gamma"]) if gamma else np.ones(src.shape[1])
-    xhat = (src - _f64(inputs["mean"]).reshape(bshape)) * invstd.reshape(bshape)
-    diff_beta = dy.sum(axis=axes)
-    diff_gamma = (dy * xhat).sum(axis=axes)
-    if train:
-        inner = dy - (diff_beta / m).reshape(bshape) - xhat * (diff_gamma / m).reshape(bshape)
-    else:
-        inner = dy
-    diff_src = (g * invstd).reshape(bshape) * inner
-    return {"diff_src": diff_src, "diff_gamma": diff_gamma, "diff_beta": diff_beta}
+    """The package's float64 oracle (bnbwd_cli.core.reference) on logical (N, C, X...) arrays."""
+    return reference_backward(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"],
+                              inputs["gamma"] if gamma else None, epsilon=epsilon, data_format="NCX", training=train)
 
 
 def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:
-    """max|actual - reference| / max|reference|, both upcast to float64 (plain max if reference is all 0)."""
-    a, r = _f64(actual), _f64(reference)
-    if a.size == 0:
-        return 0.0
-    err = float(np.max(np.abs(a - r)))
-    scale = float(np.max(np.abs(r)))
-    return err / scale if scale > 0 else err
+    """max|actual - reference| / max|reference| in float64 (plain max if reference is all 0)."""
+    return normalised_error(actual, to_float64(reference))
 
 
 # ---------------------------------------------------------------- frameworks
@@ -574,7 +556,6 @@ def _bf16_keys(entry: dict) -> set[str]:
 
 def report(fixtures: Path) -> list[dict]:
     """Run bnbwd on every case; return rows for the docs table."""
-    sys.path.insert(0, str(ROOT))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for entry in load_manifest(fixtures / "manifest.json"):
@@ -590,7 +571,7 @@ def report(fixtures: Path) -> list[dict]:
             eps = entry["epsilon"]
             if entry["variance_convention"] == "invstd":
                 # invstd = 1/sqrt(v + eps)  <=>  v = invstd**-2 - eps; the oracle only uses v + eps.
-                inputs["variance"] = _f64(bundle["variance"]) ** -2 - eps
+                inputs["variance"] = to_float64(bundle["variance"]) ** -2 - eps
             want = oracle(inputs, eps, entry["train"], entry["gamma"])
             got_logical = dict(got, diff_src=_logical(got["diff_src"], layout))
             rows.append({"entry": entry,

@@ -6,9 +6,11 @@ import dataclasses
 import math
 
 import numpy as np
+from hypothesis import strategies as st
 
 from bnbwd_cli.core import BackwardResult, Op, Settings, backward
 from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
+from tests.conftest import INPUT_NAMES, make_inputs
 
 # Normalised max error bounds per T1 (issue 3): max|out - ref| / max|ref|.
 BOUNDS = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -22,18 +24,46 @@ def normalised_error(actual: np.ndarray, expected64: np.ndarray) -> float:
     return float(difference / scale) if scale > 0 else float(difference)
 
 
-def problem_arrays(problem: dict):
-    """src, diff_dst, mean, variance, gamma (or None) for a hypothesis-drawn problem dict."""
-    rng = np.random.default_rng(problem["seed"])
-    shape, dtype, stats_dtype = problem["shape"], problem["dtype"], problem["stats_dtype"]
-    channels = shape[1] if problem["data_format"] == "NCX" else shape[-1]
-    return (
-        rng.normal(1.0, 3.0, size=shape).astype(dtype),
-        rng.normal(size=shape).astype(dtype),
-        rng.normal(1.0, 0.5, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 9.0, size=channels).astype(stats_dtype),
-        rng.uniform(0.5, 2.0, size=channels).astype(stats_dtype) if problem["with_gamma"] else None,
-    )
+def op_args(rng: np.random.Generator, shape, data_format: str = "NCX", dtype=np.float32, stats_dtype=np.float32,
+            with_gamma: bool = True) -> tuple:
+    """src, diff_dst, mean, variance, gamma (or None): the shared factory's inputs in core.backward's order."""
+    arrays = make_inputs(rng, shape, data_format, dtype, stats_dtype)
+    return (*(arrays[name] for name in INPUT_NAMES[:4]), arrays["gamma"] if with_gamma else None)
+
+
+def problem_arrays(problem: dict) -> tuple:
+    """op_args for a hypothesis-drawn problem dict (see problems)."""
+    return op_args(np.random.default_rng(problem["seed"]), problem["shape"], problem["data_format"],
+                   problem["dtype"], problem["stats_dtype"], problem["with_gamma"])
+
+
+@st.composite
+def problems(draw, *, dtypes, max_rank: int, max_channels: int, max_batch: int, spatial_sizes=None,
+             stats=("float32",), **options):
+    """A random op's description for problem_arrays: shape (either layout), dtypes, gamma, training, seed.
+
+    spatial_sizes: the sizes each spatial dim is drawn from; None: 1..12 within a budget of ~3000 elements
+    per channel. stats: the stats dtypes drawn from ("float32", "float64", "same" as the data); float64
+    data always gets float64 stats. options: extra keys drawn from the given strategies (threads, epsilon...).
+    """
+    rank = draw(st.integers(2, max_rank))
+    channels = draw(st.integers(1, max_channels))
+    batch = draw(st.integers(1, max_batch))
+    spatial, budget = [], 3000 // channels
+    for _ in range(rank - 2):
+        size = draw(st.sampled_from(spatial_sizes) if spatial_sizes else st.integers(1, max(1, min(12, budget))))
+        spatial.append(size)
+        budget = max(1, budget // size)
+    data_format = draw(st.sampled_from(["NCX", "NXC"]))
+    dtype = draw(st.sampled_from(dtypes))
+    choices = {"float32": np.float32, "float64": np.float64, "same": dtype}
+    stats_dtype = np.float64 if dtype == np.float64 else draw(st.sampled_from([choices[name] for name in stats]))
+    return {
+        "shape": (batch, channels, *spatial) if data_format == "NCX" else (batch, *spatial, channels),
+        "data_format": data_format, "dtype": dtype, "stats_dtype": stats_dtype,
+        "with_gamma": draw(st.booleans()), "training": draw(st.booleans()), "seed": draw(st.integers(0, 2**32 - 1)),
+        **{name: draw(strategy) for name, strategy in options.items()},
+    }
 
 
 def backward_arrays(src, diff_dst, mean, variance, gamma=None, **options) -> BackwardResult:

@@ -24,6 +24,7 @@ from bnbwd_cli.files import write as files_write
 from bnbwd_cli.cli import main
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.write import OutputSet, write_npy_dir, write_npz
+from tests.conftest import error_line, make_inputs, save_bundle, save_npy_flags
 
 OLD_CONTENT = b"previous run's output: must survive a failed write"
 
@@ -37,18 +38,9 @@ def atomic_file(path: Path):
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(3)
-    shape = (2, 4, 8, 8)
-    arrays = {
-        "src": rng.normal(size=shape).astype(np.float32),
-        "diff_dst": rng.normal(size=shape).astype(np.float32),
-        "mean": rng.normal(size=4).astype(np.float32),
-        "variance": rng.uniform(1, 2, size=4).astype(np.float32),
-        "gamma": rng.uniform(1, 2, size=4).astype(np.float32),
-    }
-    path = tmp_path / "bundle.npz"
-    np.savez(path, **arrays, epsilon=np.array(1e-5), data_format=np.array("NCHW"))
-    return path
+    arrays = make_inputs(np.random.default_rng(3), (2, 4, 8, 8))
+    del arrays["beta"]
+    return Path(save_bundle(tmp_path / "bundle.npz", arrays, epsilon=1e-5, data_format="NCHW"))
 
 
 @pytest.fixture
@@ -94,12 +86,6 @@ def run_cli(*args) -> object:
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output + result.stderr
     return result
-
-
-def one_error_line(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def listing(directory: Path) -> list[str]:
@@ -196,14 +182,14 @@ def test_disk_full_mid_write(bundle: Path, out: Path, monkeypatch, limit: int) -
     fail_writes_after(monkeypatch, limit, enospc())
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3
-    assert "No space left on device" in one_error_line(result)
+    assert "No space left on device" in error_line(result.stderr)
     assert listing(out) == ["grads.npz"] and (out / "grads.npz").read_bytes() == OLD_CONTENT
 
 
 def test_disk_full_at_fsync(bundle: Path, out: Path, monkeypatch) -> None:
     monkeypatch.setattr(files_write.os, "fsync", lambda fd: (_ for _ in ()).throw(enospc()))
     result = run_cli(bundle, "--out-dir", out, "--fsync")
-    assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
+    assert result.exit_code == 3 and "No space left on device" in error_line(result.stderr)
     assert listing(out) == []
 
 
@@ -211,14 +197,14 @@ def test_ctrl_c_mid_write_exits_130_and_leaves_nothing(bundle: Path, out: Path, 
     fail_writes_after(monkeypatch, 2_000, KeyboardInterrupt())
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 130
-    assert "interrupted" in one_error_line(result)
+    assert "interrupted" in error_line(result.stderr)
     assert listing(out) == []
 
 
 def test_rename_failure_removes_temp(bundle: Path, out: Path, monkeypatch) -> None:
     monkeypatch.setattr(files_write.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
     result = run_cli(bundle, "-o", out / "grads.npz")
-    assert result.exit_code == 3 and "cross-device" in one_error_line(result)
+    assert result.exit_code == 3 and "cross-device" in error_line(result.stderr)
     assert listing(out) == []
 
 
@@ -229,7 +215,7 @@ def test_read_only_output_directory(bundle: Path, out: Path) -> None:
         result = run_cli(bundle, "-o", out / "grads.npz")
     finally:
         out.chmod(0o755)
-    assert result.exit_code == 3 and re.search(r"not writable", one_error_line(result))
+    assert result.exit_code == 3 and re.search(r"not writable", error_line(result.stderr))
     assert listing(out) == []
 
 
@@ -238,7 +224,7 @@ def test_read_only_output_directory_detected_up_front(bundle: Path, out: Path, m
     monkeypatch.setattr(files_write.os, "access", lambda p, mode: False if Path(p) == out else real_access(p, mode))
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3
-    assert re.search(r"output .*grads\.npz: directory .*out is not writable", one_error_line(result))
+    assert re.search(r"output .*grads\.npz: directory .*out is not writable", error_line(result.stderr))
     assert listing(out) == []
 
 
@@ -254,7 +240,7 @@ def test_read_only_file_system_at_create(bundle: Path, out: Path, monkeypatch) -
     monkeypatch.setattr(files_write.os, "open", read_only_open)
     result = run_cli(bundle, "-o", out / "grads.npz")
     assert result.exit_code == 3
-    assert re.search(r"output .*grads\.npz: cannot create a file in .*Read-only file system", one_error_line(result))
+    assert re.search(r"output .*grads\.npz: cannot create a file in .*Read-only file system", error_line(result.stderr))
     assert listing(out) == []
 
 
@@ -290,12 +276,8 @@ def test_real_sigint_mid_write(bundle: Path, out: Path) -> None:
 
 def npy_inputs(bundle: Path, directory: Path) -> list[str]:
     """The bundle's tensors as .npy flags, as --stream wants them."""
-    args = []
     with np.load(bundle) as arrays:
-        for key in ("src", "diff_dst", "mean", "variance", "gamma"):
-            np.save(directory / f"{key}.npy", arrays[key])
-            args += ["--" + key.replace("_", "-"), str(directory / f"{key}.npy")]
-    return args + ["--epsilon", "1e-5", "--format", "NCHW"]
+        return save_npy_flags(directory, arrays) + ["--epsilon", "1e-5", "--format", "NCHW"]
 
 
 @pytest.mark.parametrize("error", [enospc(), KeyboardInterrupt()], ids=["disk-full", "ctrl-c"])
@@ -305,7 +287,7 @@ def test_stream_mode_failure_leaves_nothing(bundle: Path, out: Path, tmp_path: P
     monkeypatch.setattr(files_write.os, "fsync", lambda fd: (_ for _ in ()).throw(error))
     result = run_cli(*args, "--stream", "--fsync", target, out / "grads.npz" if target == "-o" else out)
     assert result.exit_code == (3 if isinstance(error, OSError) else 130), result.stderr
-    assert re.search("No space left|interrupted", one_error_line(result))
+    assert re.search("No space left|interrupted", error_line(result.stderr))
     assert listing(out) == []
 
 
@@ -321,7 +303,7 @@ def test_verify_json_never_replaces_an_input(bundle: Path, out: Path, target: st
     victim = actual if target == "actual" else reference
     result = CliRunner().invoke(main, ["verify", str(actual), str(reference), "--json", str(victim)])
     assert result.exit_code == 3
-    assert re.search(r"--json .*: is also an input .*refusing to overwrite it", one_error_line(result))
+    assert re.search(r"--json .*: is also an input .*refusing to overwrite it", error_line(result.stderr))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
@@ -334,7 +316,7 @@ def test_empty_and_directory_output_names_are_refused(bundle: Path, out: Path, m
     extra = ["-o", "grads.npz"] if flag == "--json" else []
     result = run_cli(bundle, flag, value, *extra)
     assert result.exit_code == 3
-    assert re.search(r"empty file name|is a directory, expected a file name", one_error_line(result))
+    assert re.search(r"empty file name|is a directory, expected a file name", error_line(result.stderr))
     assert listing(out) == ["sub"] and listing(out / "sub") == []
 
 
@@ -407,7 +389,7 @@ def test_stream_out_dir_is_all_or_nothing(bundle: Path, out: Path, tmp_path: Pat
 
     monkeypatch.setattr(files_write.np, "save", save)
     result = run_cli(*args, "--stream", "--out-dir", out)
-    assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
+    assert result.exit_code == 3 and "No space left on device" in error_line(result.stderr)
     assert listing(out) == []
 
 
@@ -427,20 +409,15 @@ def test_stream_disk_full_at_preallocation(bundle: Path, out: Path, tmp_path: Pa
     args = npy_inputs(bundle, tmp_path)
     monkeypatch.setattr(files_write.os, "posix_fallocate", lambda fd, offset, size: (_ for _ in ()).throw(enospc()))
     result = run_cli(*args, "--stream", target, out / "grads.npz" if target == "-o" else out)
-    assert result.exit_code == 3 and "No space left on device" in one_error_line(result)
+    assert result.exit_code == 3 and "No space left on device" in error_line(result.stderr)
     assert listing(out) == []
 
 
 def big_npy_inputs(directory: Path, shape=(2, 4, 64, 64)) -> list[str]:
     rng = np.random.default_rng(5)
-    args = []
-    for key in ("src", "diff_dst"):
-        np.save(directory / f"{key}.npy", rng.normal(size=shape).astype(np.float32))
-        args += ["--" + key.replace("_", "-"), str(directory / f"{key}.npy")]
-    for key in ("mean", "variance"):
-        np.save(directory / f"{key}.npy", np.full(shape[1], 1.0, np.float32))
-        args += ["--" + key, str(directory / f"{key}.npy")]
-    return args + ["--epsilon", "1e-5", "--format", "NCHW"]
+    arrays = {key: rng.normal(size=shape).astype(np.float32) for key in ("src", "diff_dst")}
+    arrays |= {key: np.full(shape[1], 1.0, np.float32) for key in ("mean", "variance")}
+    return save_npy_flags(directory, arrays, names=tuple(arrays)) + ["--epsilon", "1e-5", "--format", "NCHW"]
 
 
 @pytest.mark.parametrize("target", ["-o", "--out-dir"])

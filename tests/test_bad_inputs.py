@@ -29,6 +29,8 @@ from numpy.lib import format as npy_format
 
 from bnbwd_cli.cli import main
 from bnbwd_cli.core.reference import reference_backward
+from tests.conftest import error_line, npy_bytes, save_npy_flags
+from tests.conftest import make_inputs as shared_inputs
 
 pytestmark = [pytest.mark.filterwarnings("error::RuntimeWarning"),  # NumPy warnings must not leak to the user
               pytest.mark.filterwarnings("error::UserWarning")]
@@ -38,24 +40,9 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "example.npz"
 SHAPE = (2, 3, 4, 5)  # NCHW: C = 3
 
 
-def make_inputs(shape=SHAPE, dtype=np.float32, stats_dtype=None, channel_axis=1, seed=7) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    stats_dtype = stats_dtype or dtype
-    channels = shape[channel_axis] if len(shape) > channel_axis else 0
-    return {
-        "src": rng.normal(0.5, 2.0, size=shape).astype(dtype),
-        "diff_dst": rng.normal(size=shape).astype(dtype),
-        "mean": rng.normal(0.5, 0.1, size=channels).astype(stats_dtype),
-        "variance": rng.uniform(2.0, 6.0, size=channels).astype(stats_dtype),
-        "gamma": rng.uniform(0.5, 1.5, size=channels).astype(stats_dtype),
-        "beta": rng.normal(size=channels).astype(stats_dtype),
-    }
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
+def make_inputs(shape=SHAPE, dtype=np.float32, stats_dtype=np.float32) -> dict[str, np.ndarray]:
+    """The shared factory with this module's fixed seed and default shape (the cases are built at import)."""
+    return shared_inputs(np.random.default_rng(7), shape, dtype=dtype, stats_dtype=stats_dtype)
 
 
 def npy_with_header(header: dict, data: bytes = b"", version=(1, 0)) -> bytes:
@@ -109,12 +96,9 @@ class Workspace:
 
     def flags(self, arrays: dict | None = None) -> list[str]:
         """Every input as its own .npy and --flag, plus --epsilon and --format."""
-        arrays = make_inputs() if arrays is None else arrays
-        self.arrays = dict(arrays)
-        args = []
-        for name, array in arrays.items():
-            args += ["--" + name.replace("_", "-"), self.npy(f"{name}.npy", array)]
-        return args + ["--epsilon", repr(self.epsilon), "--format", self.data_format]
+        self.arrays = dict(make_inputs() if arrays is None else arrays)
+        return save_npy_flags(self.inputs, self.arrays, names=tuple(self.arrays)) + [
+            "--epsilon", repr(self.epsilon), "--format", self.data_format]
 
 
 @dataclass(frozen=True)
@@ -423,13 +407,6 @@ def assert_clean(result, ws: Workspace) -> None:
     assert not leftovers, leftovers
 
 
-def error_line(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     inputs_before = {p.name: p.read_bytes() for p in ws.inputs.iterdir()}
@@ -437,7 +414,7 @@ def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     assert_clean(result, ws)
     assert result.exit_code == case.code, result.output + result.stderr
     if case.code == 3:
-        assert re.search(case.pattern, error_line(result)), result.stderr
+        assert re.search(case.pattern, error_line(result.stderr)), result.stderr
     else:
         assert re.search(case.pattern, result.stderr), result.stderr
     assert sorted(p.name for p in ws.out.iterdir()) == sorted(getattr(ws, "preexisting", ())), "output left behind"
@@ -504,17 +481,12 @@ def bnbwd(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", *args], capture_output=True, timeout=60, **kwargs)
 
 
-def assert_one_error(stderr: bytes, pattern: str) -> None:
-    lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(pattern, lines[0]), stderr.decode()
-
-
 def test_stdin_closed(ws: Workspace) -> None:
     """`bnbwd run ... --diff-dst - <&-`: Python sees no stdin at all."""
     completed = subprocess.run(["sh", "-c", f'exec "$0" -m bnbwd_cli run "$1" --diff-dst - -o "$2" <&-', sys.executable,
                                 ws.bundle(), str(ws.out / "grads.npz")], capture_output=True, timeout=60)
     assert completed.returncode == 3
-    assert_one_error(completed.stderr, r"stdin.*is closed")
+    error_line(completed.stderr, r"stdin.*is closed")
     assert list(ws.out.iterdir()) == []
 
 
@@ -522,7 +494,7 @@ def test_stdin_writer_dies_early(ws: Workspace) -> None:
     """The process feeding stdin stops after part of the array."""
     completed = bnbwd(ws.bundle(), "--diff-dst", "-", "-o", str(ws.out / "grads.npz"), input=SRC_NPY[: len(SRC_NPY) // 2])
     assert completed.returncode == 3
-    assert_one_error(completed.stderr, r"diff_dst \(stdin\): header declares shape \(2, 3, 4, 5\)")
+    error_line(completed.stderr, r"diff_dst \(stdin\): header declares shape \(2, 3, 4, 5\)")
     assert list(ws.out.iterdir()) == []
 
 
@@ -542,7 +514,7 @@ def test_stdout_closed_early(ws: Workspace, to_stdout: bool) -> None:
     process.stdout.close()
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 3
-    assert_one_error(stderr, r"stdout was closed .*broken pipe")
+    error_line(stderr, r"stdout was closed .*broken pipe")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(...)")
@@ -556,7 +528,7 @@ def test_process_substitution_inputs(ws: Workspace, cut: bool) -> None:
                                capture_output=True, timeout=60)
     if cut:
         assert completed.returncode == 3
-        assert_one_error(completed.stderr, r"src \(/dev/fd/\d+\): header declares shape \(2, 3, 4, 5\)")
+        error_line(completed.stderr, r"src \(/dev/fd/\d+\): header declares shape \(2, 3, 4, 5\)")
         assert list(ws.out.iterdir()) == []
     else:
         assert completed.returncode == 0, completed.stderr
@@ -610,7 +582,7 @@ def test_declared_size_beyond_deflate_ratio_is_refused_before_inflating(ws: Work
     else:
         args = [ws.write("b2.npz", data)]
     result = CliRunner().invoke(main, ["run", *args, "-o", str(ws.out / "grads.npz")])
-    assert result.exit_code == 3 and re.search(r"declares 4026531840 bytes .*more than deflate can produce", error_line(result))
+    assert result.exit_code == 3 and re.search(r"declares 4026531840 bytes .*more than deflate can produce", error_line(result.stderr))
     assert list(ws.out.iterdir()) == []
 
 
@@ -626,7 +598,7 @@ def test_declared_sizes_over_available_memory_fail_before_reading(ws: Workspace,
         big = npy_bytes(np.zeros(2000, np.float32))
         result = CliRunner().invoke(main, ["run", ws.bundle(), "--mean", "-", "-o", str(ws.out / "grads.npz")], input=big)
         pattern = r"mean \(stdin\): header declares shape \(2000,\) float32 \(8000 bytes\), more than the memory available"
-    assert result.exit_code == 3 and re.search(pattern, error_line(result)), result.stderr
+    assert result.exit_code == 3 and re.search(pattern, error_line(result.stderr)), result.stderr
     assert list(ws.out.iterdir()) == []
 
 
@@ -640,7 +612,7 @@ def test_stdin_is_checked_at_the_magic_and_read_only_as_far_as_declared(ws: Work
                                capture_output=True, timeout=30)
     assert completed.returncode == code, completed.stderr
     if code:
-        assert_one_error(completed.stderr, r"diff_dst \(stdin\): not a valid \.npy or \.npz \(starts with b'y\\ny\\n")
+        error_line(completed.stderr, r"diff_dst \(stdin\): not a valid \.npy or \.npz \(starts with b'y\\ny\\n")
         assert list(ws.out.iterdir()) == []
     else:
         assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
@@ -673,7 +645,7 @@ def test_non_integer_in_shape_tuple_is_an_input_error(ws: Workspace, where: str)
         args = [ws.bundle(), "--mean", ws.write("m.npz", npz_of({"mean.npy": BOOL_SHAPE_NPY})) + ":mean"]
     result = CliRunner().invoke(main, ["run", *args, "-o", str(ws.out / "grads.npz")])
     assert result.exit_code == 3, result.stderr
-    assert re.search(r"mean .*not a valid \.npy file \(shape \(True,\) is not a tuple of integers\)", error_line(result))
+    assert re.search(r"mean .*not a valid \.npy file \(shape \(True,\) is not a tuple of integers\)", error_line(result.stderr))
     assert list(ws.out.iterdir()) == []
 
 
@@ -686,7 +658,7 @@ def test_empty_data_format_entry_is_an_error_not_absent(ws: Workspace, value: st
     else:
         result = CliRunner().invoke(main, ["verify", bundle, bundle, "--inputs", bundle])
     assert result.exit_code == 3, result.stderr
-    assert re.search(r"'data_format' is empty", error_line(result))
+    assert re.search(r"'data_format' is empty", error_line(result.stderr))
     assert list(ws.out.iterdir()) == []
 
 
@@ -720,7 +692,7 @@ def test_failing_output_streams_exit_3(ws: Workspace, args: list[str], stream: s
                                    **({"stderr": subprocess.PIPE} if stream == "stdout" else {}), **redirect, timeout=60)
     assert completed.returncode == 3, completed.stderr
     if stream == "stdout":
-        assert_one_error(completed.stderr, r"cannot write to stdout|stdout: write failed")
+        error_line(completed.stderr, r"cannot write to stdout|stdout: write failed")
     assert [p.name for p in ws.out.iterdir()] in ([], ["grads.npz"])
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import bnbwd_cli
 from bnbwd_cli.cli import main
-from tests.conftest import make_inputs
+from tests.conftest import make_inputs, save_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN_NAMES = ["--map", "dy=diff_dst", "--map", "var=variance", "--map", "dx=diff_src",
@@ -20,8 +20,7 @@ OWN_NAMES = ["--map", "dy=diff_dst", "--map", "var=variance", "--map", "dx=diff_
 
 
 def write_case(path: Path, inputs: dict, outputs: dict, **attributes) -> str:
-    np.savez(path, **inputs, **outputs, **{k: np.array(v) for k, v in attributes.items()})
-    return str(path)
+    return save_bundle(path, {**inputs, **outputs}, **attributes)
 
 
 @pytest.fixture

@@ -229,6 +229,22 @@ def test_min_tolerance_is_tight(values, atol, rtol):
             assert mismatches(atol, result.min_rtol * (1 - 1e-6)) > 0
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=20), st.floats(0, 1), st.floats(0, 0.1))
+def test_min_tolerance_is_the_smallest_that_passes(values, atol, rtol):
+    # Tightness (test_min_tolerance_is_tight checks only that it suffices): a little less fails an element.
+    reference = np.array(values, dtype=np.float32)
+    actual = (reference * np.float32(1.001) + np.float32(1e-3)).astype(np.float32)
+    result = compare_arrays(actual, reference, Tolerance(atol=atol, rtol=rtol, ulp=0.0, rel_l2=1.0))
+    largest_error = float(np.max(np.abs(actual.astype(np.float64) - reference.astype(np.float64))))
+    if math.isfinite(result.min_atol) and result.min_atol > 1e-9 * largest_error:  # not lost to rounding
+        below = Tolerance(atol=result.min_atol * (1 - 1e-6), rtol=rtol, ulp=0.0, rel_l2=1.0)
+        assert compare_arrays(actual, reference, below).mismatches >= 1
+    if math.isfinite(result.min_rtol) and result.min_rtol > 1e-9:
+        below = Tolerance(atol=atol, rtol=result.min_rtol * (1 - 1e-6), ulp=0.0, rel_l2=1.0)
+        assert compare_arrays(actual, reference, below).mismatches >= 1
+
+
 # ---------------------------------------------------------------- settings
 
 

@@ -26,6 +26,7 @@ from bnbwd_cli.judge import stats as compare
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, comparison_dtype
 from bnbwd_cli.cli import main
 from bnbwd_cli.dtypes import to_float64 as _as_float64
+from tests.conftest import load_npz
 from tests.oracle import normalised_error
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
@@ -35,12 +36,6 @@ OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPE_NAMES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32),
                "float16": np.dtype(np.float16), "bfloat16": BF16}
-
-
-def _load(path: Path) -> dict[str, np.ndarray]:
-    # bf16 comes back as raw |V2; _as_dtype reinterprets it where the manifest says bf16.
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
 
 
 def _as_dtype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -57,13 +52,13 @@ def _expected_dtypes(entry: dict) -> dict[str, np.dtype]:
 def _run(bundle: Path, args: list[str], out: Path) -> dict[str, np.ndarray]:
     result = CliRunner().invoke(main, ["run", str(bundle), *args, "-o", str(out)])
     assert result.exit_code == 0, f"bnbwd run exited {result.exit_code}: {result.output}"
-    return _load(out)
+    return load_npz(out)
 
 
 @pytest.mark.parametrize("entry", CASES, ids=[c["name"] for c in CASES])
 def test_bnbwd_run_matches_framework(entry: dict, tmp_path: Path) -> None:
     got = _run(FIXTURES / entry["bundle"], entry["bnbwd_args"], tmp_path / "out.npz")
-    ref = _load(FIXTURES / entry["expected"])
+    ref = load_npz(FIXTURES / entry["expected"])
     dtypes = _expected_dtypes(entry)
     assert set(OUTPUTS) <= set(got), f"outputs: {sorted(got)}"
     for key in OUTPUTS:
@@ -88,12 +83,12 @@ def test_fixture_files_match_manifest(entry: dict) -> None:
     """The committed arrays are the ones the manifest describes (no hand edits, no LFS pointers)."""
     for part in ("bundle", "expected"):
         prefix = "inputs" if part == "bundle" else "expected"
-        arrays = _load(FIXTURES / entry[part])
+        arrays = load_npz(FIXTURES / entry[part])
         for key, arr in arrays.items():
             digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
             assert entry["sha256"][f"{prefix}/{key}"] == digest, f"{entry[part]}:{key} changed"
         assert {k.split("/", 1)[1] for k in entry["sha256"] if k.startswith(prefix + "/")} == set(arrays)
-    assert set(_load(FIXTURES / entry["bundle"])) == set(entry["bundle_keys"])
+    assert set(load_npz(FIXTURES / entry["bundle"])) == set(entry["bundle_keys"])
 
 
 def test_manifest_provenance_and_coverage() -> None:

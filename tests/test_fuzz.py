@@ -22,18 +22,13 @@ from hypothesis import strategies as st
 
 from bnbwd_cli.cli import main
 from bnbwd_cli.errors import BnbwdError
+from tests.conftest import INPUT_NAMES, make_inputs, npy_bytes
 from tests.oracle import backward_arrays
 from bnbwd_cli.files.read import read_array, read_bundle
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # mutated floats overflow in the comparisons
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
 
 
 def npz_bytes(arrays: dict[str, np.ndarray], compressed: bool = False) -> bytes:
@@ -51,15 +46,8 @@ SEEDS_NPY = [
     npy_bytes(RNG.normal(size=(5,)).astype(np.float16)),
 ]
 SHAPE = (2, 3, 2, 2)
-BUNDLE_ARRAYS = {
-    "src": RNG.normal(size=SHAPE).astype(np.float32),
-    "diff_dst": RNG.normal(size=SHAPE).astype(np.float32),
-    "mean": RNG.normal(size=3).astype(np.float32),
-    "variance": RNG.uniform(1, 2, size=3).astype(np.float32),
-    "gamma": RNG.uniform(1, 2, size=3).astype(np.float32),
-    "epsilon": np.array(1e-3),
-    "data_format": np.array("NCHW"),
-}
+BUNDLE_ARRAYS = {k: v for k, v in make_inputs(RNG, SHAPE).items() if k in INPUT_NAMES}
+BUNDLE_ARRAYS |= {"epsilon": np.array(1e-3), "data_format": np.array("NCHW")}
 SEEDS_NPZ = [npz_bytes(BUNDLE_ARRAYS), npz_bytes(BUNDLE_ARRAYS, compressed=True)]
 
 

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("numba")
+pytestmark = pytest.mark.numba  # kernels compiled once a session (conftest.numba_jit)
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -20,36 +21,16 @@ import numba  # noqa: E402
 from bnbwd_cli import core  # noqa: E402
 from bnbwd_cli.core import Op, choose_core, numba_core  # noqa: E402
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
-from tests.oracle import BOUNDS, backward_arrays, normalised_error, problem_arrays  # noqa: E402
+from tests.conftest import save_npy_flags  # noqa: E402
+from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems  # noqa: E402
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
 
 
-@st.composite
-def problems(draw):
-    """Small ops: rank 2-4, either layout; short spatial runs take the row-block kernel, long ones the plane kernel."""
-    rank = draw(st.integers(2, 4))
-    channels = draw(st.integers(1, 9))
-    batch = draw(st.integers(1, 5))
-    spatial = [draw(st.sampled_from([1, 3, 40, 150])) for _ in range(rank - 2)]
-    data_format = draw(st.sampled_from(["NCX", "NXC"]))
-    shape = (batch, channels, *spatial) if data_format == "NCX" else (batch, *spatial, channels)
-    dtype = draw(st.sampled_from(DTYPES))
-    return {
-        "shape": shape,
-        "data_format": data_format,
-        "dtype": dtype,
-        "stats_dtype": np.float64 if dtype == np.float64 else np.float32,
-        "with_gamma": draw(st.booleans()),
-        "training": draw(st.booleans()),
-        "invstd": draw(st.booleans()),
-        "threads": draw(st.sampled_from([1, 2])),
-        "seed": draw(st.integers(0, 2**32 - 1)),
-    }
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems())
+@given(problems(dtypes=DTYPES, max_rank=4, max_channels=9, max_batch=5,
+               spatial_sizes=[1, 3, 40, 150],  # short runs take the row-block kernel, long ones the plane kernel
+               invstd=st.booleans(), threads=st.sampled_from([1, 2])))
 def test_numba_core_matches_oracle_and_numpy_core(problem):
     src, diff_dst, mean, variance, gamma = problem_arrays(problem)
     common = dict(epsilon=1e-3, data_format=problem["data_format"], training=problem["training"],
@@ -73,9 +54,7 @@ def test_numba_core_matches_oracle_and_numpy_core(problem):
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 def test_same_bits_as_numpy_core_and_outputs_subset(rng, dtype, data_format):
     shape = (3, 4, 50, 5) if data_format == "NCX" else (3, 50, 5, 4)
-    src = rng.normal(2.0, 3.0, shape).astype(dtype)
-    diff_dst = rng.normal(size=shape).astype(dtype)
-    stats = (rng.normal(2.0, 0.5, 4).astype(np.float32), rng.uniform(1, 4, 4).astype(np.float32))
+    src, diff_dst, *stats, _ = op_args(rng, shape, data_format, dtype)
     out = np.empty_like(src)
     fast = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
                               diff_src_out=out)
@@ -130,10 +109,7 @@ def test_float16_rounding_nan_inf_and_subnormals(rng):
 def test_results_do_not_depend_on_threads(rng, data_format, shape):
     # Few channels split the planes into chunks (one thread a chunk) and wide rows split into column chunks;
     # the chunk sums are folded in one fixed order, so every thread count gives the same bits.
-    src = rng.normal(3.0, 2.0, shape).astype(np.float32)
-    diff_dst = rng.normal(size=shape).astype(np.float32)
-    channels = shape[1] if data_format == "NCX" else shape[-1]
-    stats = (rng.normal(3.0, 0.5, channels).astype(np.float32), rng.uniform(1, 4, channels).astype(np.float32))
+    src, diff_dst, *stats, _ = op_args(rng, shape, data_format)
     results = [backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba",
                                   threads=threads) for threads in (1, 2, 8)]
     for other in results[1:]:
@@ -180,11 +156,8 @@ def test_cli_core_option(cli, tmp_path, rng, core):
     shape = (2, 3, 5, 7)
     arrays = dict(src=rng.normal(size=shape).astype(np.float32), diff_dst=rng.normal(size=shape).astype(np.float32),
                   mean=np.zeros(3, np.float32), variance=np.ones(3, np.float32))
-    for name, array in arrays.items():
-        np.save(tmp_path / f"{name}.npy", array)
     out = tmp_path / f"out_{core}.npz"
-    result = cli("run", "--src", tmp_path / "src.npy", "--diff-dst", tmp_path / "diff_dst.npy",
-                 "--mean", tmp_path / "mean.npy", "--variance", tmp_path / "variance.npy", "--epsilon", "1e-5",
+    result = cli("run", *save_npy_flags(tmp_path, arrays, names=tuple(arrays)), "--epsilon", "1e-5",
                  "--format", "NCHW", "--core", core, "-q", "-o", out)
     assert result.exit_code == 0, result.output
     expected = reference_backward(*arrays.values(), None, epsilon=1e-5, data_format="NCX")

@@ -14,18 +14,11 @@ from bnbwd_cli.core.rounding import float_to_half, half_to_float
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
-from tests.oracle import BOUNDS, backward_arrays, normalised_error
+from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args
 
 numpy_backward = functools.partial(backward_arrays, core="numpy")  # the tiling under test is the NumPy core's
 
 SHAPES = [((3, 5, 7, 9), "NCX"), ((3, 7, 9, 5), "NXC"), ((2, 3, 1000), "NCX"), ((4, 3), "NCX"), ((1, 1, 1), "NXC")]
-
-
-def _inputs(rng, shape, data_format, dtype=np.float32):
-    channels = shape[1] if data_format == "NCX" else shape[-1]
-    return (rng.normal(2.0, 3.0, shape).astype(dtype), rng.normal(size=shape).astype(dtype),
-            rng.normal(2.0, 0.5, channels).astype(np.float32), rng.uniform(1, 4, channels).astype(np.float32),
-            rng.uniform(0.5, 2, channels).astype(np.float32))
 
 
 def _covered(groups, n, c, s) -> np.ndarray:
@@ -53,7 +46,7 @@ def test_plan_covers_every_element_once_in_whole_chunks(n, c, s, budget, row_mod
 @pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
 @pytest.mark.parametrize("block_bytes", [64, 4096, None], ids=["tiny", "small", "default"])
 def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
-    args = _inputs(rng, shape, data_format)
+    args = op_args(rng, shape, data_format)
     base = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=1)
     other = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=2, block_bytes=block_bytes)
     expected = reference_backward(*args, epsilon=1e-5, data_format=data_format)
@@ -63,7 +56,7 @@ def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
 
 
 def test_threads_give_identical_results(rng):
-    args = _inputs(rng, (4, 6, 50), "NCX")
+    args = op_args(rng, (4, 6, 50), "NCX")
     one = numpy_backward(*args, epsilon=1e-5, data_format="NCX", threads=1, block_bytes=256)
     two = numpy_backward(*args, epsilon=1e-5, data_format="NCX", threads=2, block_bytes=256)
     for name in ("diff_src", "diff_gamma", "diff_beta"):
@@ -91,7 +84,7 @@ def test_half_conversions_are_exact():
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64], ids=["f16", "bf16", "f64"])
 def test_reduced_and_double_precision_with_split_tiles(rng, dtype):
-    args = _inputs(rng, (3, 4, 37), "NCX", dtype)
+    args = op_args(rng, (3, 4, 37), "NCX", dtype)
     result = numpy_backward(*args, epsilon=1e-3, data_format="NCX", block_bytes=200, threads=2)
     expected = reference_backward(*args, epsilon=1e-3, data_format="NCX")
     assert normalised_error(result.diff_src, expected["diff_src"]) <= BOUNDS[np.dtype(dtype).name]
@@ -100,7 +93,7 @@ def test_reduced_and_double_precision_with_split_tiles(rng, dtype):
 @pytest.mark.parametrize("shape,data_format", SHAPES[:3], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
 def test_memmapped_run_matches_in_memory(tmp_path, rng, shape, data_format, dtype):
-    src, diff_dst, *stats = _inputs(rng, shape, data_format, dtype)
+    src, diff_dst, *stats = op_args(rng, shape, data_format, dtype)
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
     maps = [np.load(tmp_path / name, mmap_mode="r").view(src.dtype) for name in ("src.npy", "dy.npy")]
@@ -138,7 +131,7 @@ def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, sha
     """Out-of-core by blocks of channels (here 1-2 channels a block): any byte or memory order, the same bits."""
     if storage == "big-endian" and dtype is ml_dtypes.bfloat16:
         pytest.skip("bfloat16 has no byte order in .npy (|V2)")
-    src, diff_dst, *stats = _inputs(rng, shape, data_format, dtype)
+    src, diff_dst, *stats = op_args(rng, shape, data_format, dtype)
     for name, array in (("src", src), ("dy", diff_dst)):
         stored = np.asfortranarray(array) if storage == "F" else array
         stored = stored.astype(stored.dtype.newbyteorder(">")) if storage == "big-endian" else stored
@@ -159,7 +152,7 @@ def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, sha
 
 
 def test_cli_stream_outputs_match(cli, tmp_path, rng):
-    src, diff_dst, mean, variance, gamma = _inputs(rng, (2, 3, 4, 5), "NCX")
+    src, diff_dst, mean, variance, gamma = op_args(rng, (2, 3, 4, 5), "NCX")
     paths = {}
     for name, array in dict(src=src, diff_dst=diff_dst, mean=mean, variance=variance, gamma=gamma).items():
         paths[name] = tmp_path / f"{name}.npy"

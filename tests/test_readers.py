@@ -16,21 +16,12 @@ import pytest
 
 from bnbwd_cli.dtypes import BFLOAT16, exact_narrower
 from bnbwd_cli.files.reinterpret import reinterpret_bf16
-from tests.conftest import make_inputs, save_bundle
+from tests.conftest import assert_one_error, make_inputs, save_bundle
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")  # the [test] extra installs it
 
 SHAPE = (2, 3, 4, 5)  # NCHW: C = 3
 NCHW = ("--epsilon", "1e-3", "--format", "NCHW")
-
-
-def one_error(result, pattern: str, code: int = 3) -> None:
-    """Exit code, exactly one `error: ...` line on stderr matching `pattern`, no traceback, no click block."""
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert __import__("re").search(pattern, lines[0]), lines[0]
-    assert "Traceback" not in result.output and "Usage:" not in result.output
 
 
 @pytest.fixture
@@ -95,20 +86,20 @@ def test_safetensors_bf16_is_read_as_bfloat16(cli, tmp_path, arrays):
 ], ids=["header-longer-than-file", "offsets-outside-data", "shape-vs-bytes", "unknown-dtype", "negative-shape"])
 def test_hostile_safetensors_headers_fail_before_reading(cli, tmp_path, header, data, length, pattern):
     path = safetensors_file(tmp_path / "bad.safetensors", header, data, length)
-    one_error(cli("run", path, *NCHW), r"bundle .*bad\.safetensors.*" + pattern)
+    assert_one_error(cli("run", path, *NCHW), r"bundle .*bad\.safetensors.*" + pattern)
 
 
 def test_safetensors_header_not_json(cli, tmp_path):
     path = tmp_path / "bad.safetensors"
     path.write_bytes((5).to_bytes(8, "little") + b"{nope" + b"\0" * 8)
-    one_error(cli("run", str(path), *NCHW), r"not a valid \.safetensors file")
+    assert_one_error(cli("run", str(path), *NCHW), r"not a valid \.safetensors file")
 
 
 def test_safetensors_without_the_package_is_one_line(cli, tmp_path, arrays, monkeypatch):
     path = tmp_path / "b.safetensors"
     safetensors_numpy.save_file(arrays, str(path))
     monkeypatch.setitem(sys.modules, "safetensors", None)  # `import safetensors` now raises ImportError
-    one_error(cli("run", str(path), *NCHW), r"needs the safetensors package.*pip install 'bnbwd\[safetensors\]'")
+    assert_one_error(cli("run", str(path), *NCHW), r"needs the safetensors package.*pip install 'bnbwd\[safetensors\]'")
 
 
 def test_safetensors_as_verify_sides(cli, tmp_path, arrays):
@@ -152,7 +143,7 @@ def test_raw_bf16_dump(cli, tmp_path, arrays):
 def test_bad_raw_sources(cli, tmp_path, arrays, source, pattern):
     bundle = save_bundle(tmp_path / "b.npz", arrays)
     arrays["src"].tofile(tmp_path / "x.bin")
-    one_error(cli("run", bundle, "--src", source.format(x=tmp_path / "x.bin"), *NCHW), pattern)
+    assert_one_error(cli("run", bundle, "--src", source.format(x=tmp_path / "x.bin"), *NCHW), pattern)
 
 
 # ---------------------------------------------------------------- PyTorch pickles
@@ -189,7 +180,7 @@ def test_pytorch_pickles_are_refused_never_unpickled(cli, tmp_path, arrays, make
     bundle = save_bundle(tmp_path / "b.npz", arrays)
     args = {"bundle": ["run", path, *NCHW], "flag": ["run", bundle, "--src", path, *NCHW],
             "verify": ["verify", path, bundle]}[where]
-    one_error(cli(*args), r"is a PyTorch checkpoint \(a Python pickle\).*safetensors\.torch\.save_file.*np\.savez")
+    assert_one_error(cli(*args), r"is a PyTorch checkpoint \(a Python pickle\).*safetensors\.torch\.save_file.*np\.savez")
     assert not marker.exists()
 
 
@@ -197,7 +188,7 @@ def test_pickle_on_stdin_is_refused(cli, tmp_path, arrays):
     marker = tmp_path / "unpickled"
     bundle = save_bundle(tmp_path / "b.npz", arrays)
     result = cli("run", bundle, "--src", "-", *NCHW, input=pickle.dumps(Tripwire(marker), protocol=2))
-    one_error(result, r"src \(stdin\): is a PyTorch checkpoint")
+    assert_one_error(result, r"src \(stdin\): is a PyTorch checkpoint")
     assert not marker.exists()
 
 
@@ -237,9 +228,9 @@ def test_verify_bf16_inputs_and_errors(cli, tmp_path, arrays):
     inputs = save_bundle(tmp_path / "bits.npz", bits, epsilon=1e-3)
     ok = cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "src", "--bf16", "diff_dst")
     assert ok.exit_code == 0, ok.output
-    one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
+    assert_one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
               r"--bf16 mean: mean has dtype float32 \(in --inputs .*\), expected 2-byte raw data")
-    one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
+    assert_one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
 
 
 def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
@@ -254,8 +245,8 @@ def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
             tmp_path / "kernel.npz", "--map", "dx=diff_src"]
     result = cli(*args, "--bf16", "dx")
     assert result.exit_code == 0, result.output
-    one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
-    one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in the inputs\)")
+    assert_one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
+    assert_one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in the inputs\)")
 
 
 def test_exact_narrower():
@@ -296,10 +287,10 @@ def test_out_dir_is_created(cli, tmp_path, arrays):
 
 def test_failed_run_removes_the_out_dir_it_made(cli, tmp_path, arrays):
     bundle = save_bundle(tmp_path / "b.npz", arrays)
-    one_error(cli("run", bundle, "--epsilon", "1e-3", "--out-dir", tmp_path / "new" / "grads"), r"mean has shape")
+    assert_one_error(cli("run", bundle, "--epsilon", "1e-3", "--out-dir", tmp_path / "new" / "grads"), r"mean has shape")
     assert not (tmp_path / "new").exists()
     result = cli("run", bundle, "--out-dir", bundle)
-    one_error(result, r"--out-dir.* is a file", 2)
+    assert_one_error(result, r"--out-dir.* is a file", 2)
 
 
 # ---------------------------------------------------------------- layout suggestion
@@ -310,17 +301,17 @@ def test_layout_mismatch_suggests_the_other_format(cli, tmp_path, rng, data_form
     shape = (2, 3, 4, 5) if data_format == "NCX" else (2, 4, 5, 3)
     bundle = save_bundle(tmp_path / "b.npz", make_inputs(rng, shape, data_format))
     pattern = rf"mean has shape \(3,\), expected \(\d,\) = C of src .*; with --format {suggested} it fits"
-    one_error(cli("run", bundle, "--epsilon", "1e-3", *given), pattern)
+    assert_one_error(cli("run", bundle, "--epsilon", "1e-3", *given), pattern)
     out = tmp_path / "ref.npz"
     np.savez(out, diff_src=np.zeros(shape, np.float32))
-    one_error(cli("verify", out, out, "--inputs", bundle, "--epsilon", "1e-3", *given), pattern)
+    assert_one_error(cli("verify", out, out, "--inputs", bundle, "--epsilon", "1e-3", *given), pattern)
 
 
 def test_no_suggestion_when_neither_layout_fits(cli, tmp_path, rng):
     arrays = make_inputs(rng, SHAPE)
     arrays["mean"] = arrays["mean"][:2]
     result = cli("run", save_bundle(tmp_path / "b.npz", arrays), *NCHW)
-    one_error(result, r"mean has shape \(2,\), expected \(3,\)")
+    assert_one_error(result, r"mean has shape \(2,\), expected \(3,\)")
     assert "--format" not in result.stderr
 
 
@@ -335,7 +326,7 @@ def test_no_suggestion_when_neither_layout_fits(cli, tmp_path, rng):
     (["run", "x.npz", "-o", "a.npz", "--out-dir", "d"], r"give -o/--output or --out-dir, not both"),
 ])
 def test_usage_errors_are_one_line(cli, args, pattern):
-    one_error(cli(*args), pattern, 2)
+    assert_one_error(cli(*args), pattern, 2)
 
 
 def test_usage_error_from_the_installed_entry_point_is_one_line():
@@ -348,7 +339,7 @@ def test_verify_structural_errors_are_printed_once(cli, tmp_path):
     np.savez(tmp_path / "a.npz", diff_src=np.zeros((2, 3), np.float32))
     np.savez(tmp_path / "r.npz", diff_src=np.zeros((2, 3), np.float32), diff_beta=np.zeros(3, np.float32))
     result = cli("verify", tmp_path / "a.npz", tmp_path / "r.npz")
-    one_error(result, r"diff_beta: in reference, missing from actual")
+    assert_one_error(result, r"diff_beta: in reference, missing from actual")
     assert "missing from actual" not in result.stdout and "structural problem(s), each named on stderr" in result.stdout
 
 
@@ -358,7 +349,7 @@ def test_raw_dump_as_a_verify_side(cli, tmp_path, rng):
     np.savez(tmp_path / "ref.npz", diff_src=reference)
     result = cli("verify", f"raw:f32:4x6:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz", "--brief")
     assert result.exit_code == 0 and "diff_src: PASS 0/24 mismatched" in result.stdout, result.output
-    one_error(cli("verify", f"raw:f32:4x5:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz"),
+    assert_one_error(cli("verify", f"raw:f32:4x5:{tmp_path / 'diff_src.bin'}", tmp_path / "ref.npz"),
               r"needs 80 bytes, the file holds 96")
 
 
@@ -367,7 +358,7 @@ def test_safetensors_over_available_memory_fails_before_reading(cli, tmp_path, a
 
     safetensors_numpy.save_file(arrays, str(tmp_path / "b.safetensors"))
     monkeypatch.setattr(safetensors_file, "memory_cap", lambda: 100)
-    one_error(cli("run", tmp_path / "b.safetensors", *NCHW), r"tensors declare \d+ bytes, more than the memory available")
+    assert_one_error(cli("run", tmp_path / "b.safetensors", *NCHW), r"tensors declare \d+ bytes, more than the memory available")
 
 
 def test_bare_command_still_prints_the_help(cli):

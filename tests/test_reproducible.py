@@ -19,7 +19,7 @@ from bnbwd_cli import streaming
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
 from bnbwd_cli.core import rounding
-from tests.oracle import backward_arrays, exact_backward, normalised_error, problem_arrays, ulps
+from tests.oracle import backward_arrays, exact_backward, normalised_error, op_args, problem_arrays, problems, ulps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NARROW = [np.float32, np.float16, ml_dtypes.bfloat16]
@@ -27,13 +27,6 @@ OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 # Shapes for the configuration sweeps: planes split in lane blocks, rows grouped, NXC, a short last chunk.
 SHAPES = [((3, 5, 7, 9), "NCX"), ((70, 3, 1), "NCX"), ((2, 2, 9000), "NCX"), ((3, 7, 9, 5), "NXC"),
           ((700, 3), "NXC"), ((9, 300, 2), "NXC")]
-
-
-def _problem(rng, shape, data_format, dtype, stats_dtype=np.float32):
-    channels = shape[1] if data_format == "NCX" else shape[-1]
-    return (rng.normal(2.0, 3.0, shape).astype(dtype), rng.normal(size=shape).astype(dtype),
-            rng.normal(2.0, 0.5, channels).astype(stats_dtype), rng.uniform(1, 4, channels).astype(stats_dtype),
-            rng.uniform(0.5, 2, channels).astype(stats_dtype))
 
 
 def _bits(array: np.ndarray) -> np.ndarray:
@@ -51,23 +44,9 @@ def assert_same_bits(result, other, label=""):
 # ---------------------------------------------------------------- faithful rounding
 
 
-@st.composite
-def problems(draw):
-    rank = draw(st.integers(2, 4))
-    channels = draw(st.integers(1, 6))
-    spatial = [draw(st.sampled_from([1, 2, 5, 40, 300])) for _ in range(rank - 2)]
-    data_format = draw(st.sampled_from(["NCX", "NXC"]))
-    batch = draw(st.integers(1, 40))
-    shape = (batch, channels, *spatial) if data_format == "NCX" else (batch, *spatial, channels)
-    dtype = draw(st.sampled_from(NARROW))
-    return {"shape": shape, "data_format": data_format, "dtype": dtype,
-            "stats_dtype": draw(st.sampled_from([np.float32, np.float64, dtype])),
-            "with_gamma": draw(st.booleans()), "training": draw(st.booleans()),
-            "epsilon": draw(st.sampled_from([1e-5, 0.1])), "seed": draw(st.integers(0, 2**32 - 1))}
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems())
+@given(problems(dtypes=NARROW, max_rank=4, max_channels=6, max_batch=40, spatial_sizes=[1, 2, 5, 40, 300],
+               stats=("float32", "float64", "same"), epsilon=st.sampled_from([1e-5, 0.1])))
 def test_every_narrow_output_within_one_ulp_of_long_double_oracle(problem):
     arrays = problem_arrays(problem)
     common = dict(epsilon=problem["epsilon"], data_format=problem["data_format"], training=problem["training"])
@@ -87,7 +66,7 @@ def test_every_narrow_output_within_one_ulp_of_long_double_oracle(problem):
 @pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16, np.float16], ids=["f64", "f32", "bf16", "f16"])
 def test_same_bits_for_any_threads_and_block_size(rng, shape, data_format, dtype):
-    arrays = _problem(rng, shape, data_format, dtype, np.float64 if dtype == np.float64 else np.float32)
+    arrays = op_args(rng, shape, data_format, dtype, np.float64 if dtype == np.float64 else np.float32)
     base = backward_arrays(*arrays, epsilon=1e-5, data_format=data_format, core="numpy", threads=1)
     for threads, block_bytes in [(2, None), (3, 64), (7, 4096), (2, 1 << 16), (1, 1 << 24)]:
         other = backward_arrays(*arrays, epsilon=1e-5, data_format=data_format, core="numpy", threads=threads,
@@ -99,7 +78,7 @@ def test_same_bits_for_any_threads_and_block_size(rng, shape, data_format, dtype
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16], ids=["f64", "f32", "bf16"])
 def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape, data_format, dtype):
     """--stream: blocks of whole channels read from the files, one channel a block here."""
-    src, diff_dst, *stats = _problem(rng, shape, data_format, dtype)
+    src, diff_dst, *stats = op_args(rng, shape, data_format, dtype)
     in_memory = backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numpy")
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
@@ -119,13 +98,14 @@ def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape
 
 @pytest.mark.parametrize("shape,data_format", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16, np.float16], ids=["f64", "f32", "bf16", "f16"])
+@pytest.mark.numba
 def test_numba_core_gives_the_numpy_core_bits(rng, shape, data_format, dtype):
     pytest.importorskip("numba")
     from bnbwd_cli.core import load_numba_core
 
     if not load_numba_core().supports(dtype):
         pytest.skip("float16 needs hardware half conversions in the numba core")
-    arrays = _problem(rng, shape, data_format, dtype, np.float64 if dtype == np.float64 else np.float32)
+    arrays = op_args(rng, shape, data_format, dtype, np.float64 if dtype == np.float64 else np.float32)
     for training in (True, False):
         expected = backward_arrays(*arrays, epsilon=1e-5, data_format=data_format, training=training, core="numpy")
         for threads in (1, 2, 3, 7):

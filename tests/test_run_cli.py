@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.core.reference import reference_backward
-from tests.conftest import make_inputs, save_bundle
+from tests.conftest import assert_one_error, load_npz, make_inputs, save_bundle, save_npy_flags
 from tests.oracle import BOUNDS, normalised_error
 
 INPUT_FLAGS = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
@@ -24,11 +24,6 @@ def bundle(tmp_path, rng):
     return save_bundle(tmp_path / "in.npz", arrays, epsilon=1e-3, data_format="NCHW"), arrays
 
 
-def load_npz(path) -> dict:
-    with np.load(path, allow_pickle=False) as archive:
-        return {key: archive[key] for key in archive.files}
-
-
 def expect_oracle(outputs: dict, arrays: dict, data_format="NCX", epsilon=1e-3, training=True, invstd=False,
                   gamma=True) -> None:
     expected = reference_backward(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"],
@@ -37,14 +32,6 @@ def expect_oracle(outputs: dict, arrays: dict, data_format="NCX", epsilon=1e-3, 
     for name, array in outputs.items():
         bound = BOUNDS[np.dtype(array.dtype).name]
         assert normalised_error(array, expected[name]) <= bound, name
-
-
-def assert_input_error(result, pattern: str, code: int = 3) -> None:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 if code == 3 else lines, result.stderr
-    assert "Traceback" not in result.output
-    assert re.search(pattern, result.stderr), result.stderr
 
 
 # ------------------------------------------------------------------ options that work
@@ -189,7 +176,7 @@ def test_bf16_flag_reinterprets_uint16(cli, tmp_path, rng):
     raw = dict(arrays, src=arrays["src"].view(np.uint16), diff_dst=arrays["diff_dst"].view(np.uint16))
     path = save_bundle(tmp_path / "in.npz", raw, epsilon=1e-3, data_format="NCX")
     refused = cli("run", path, "-o", tmp_path / "out.npz")
-    assert_input_error(refused, r"src has dtype uint16, expected a float type")
+    assert_one_error(refused, r"src has dtype uint16, expected a float type")
     result = cli("run", path, "--bf16", "src", "--bf16", "diff_dst", "-o", tmp_path / "out.npz")
     assert result.exit_code == 0, result.output
     assert result.exit_code == 0
@@ -259,7 +246,7 @@ def test_spec_rejections(cli, tmp_path, rng, spec, shape, layout, dtypes, extra,
         arrays = dict(arrays, mean=arrays["mean"].astype(dtypes[0]), variance=arrays["variance"].astype(dtypes[0]))
     path = save_bundle(tmp_path / "in.npz", arrays, epsilon=1e-3)
     result = cli("run", path, "--spec", spec, *extra, "-o", tmp_path / "out.npz")
-    assert_input_error(result, pattern)
+    assert_one_error(result, pattern)
     assert not (tmp_path / "out.npz").exists()
 
 
@@ -267,7 +254,7 @@ def test_ngraph_requires_gamma_and_beta(cli, tmp_path, rng):
     arrays = make_inputs(rng, (2, 3, 4), "NCX")
     del arrays["beta"]
     path = save_bundle(tmp_path / "in.npz", arrays, epsilon=1e-3)
-    assert_input_error(cli("run", path, "--spec", "ngraph"), r"missing input beta \(spec ngraph\)")
+    assert_one_error(cli("run", path, "--spec", "ngraph"), r"missing input beta \(spec ngraph\)")
 
 
 def test_ngraph_accepts_f64_ncx(cli, tmp_path, rng):
@@ -320,7 +307,7 @@ def _bundle_with(tmp_path, rng, **changes):
 def test_bad_inputs_exit_3(cli, tmp_path, rng, change, pattern):
     path = _bundle_with(tmp_path, rng, **change)
     result = cli("run", path, "-o", tmp_path / "out.npz")
-    assert_input_error(result, pattern)
+    assert_one_error(result, pattern)
     assert not (tmp_path / "out.npz").exists()
 
 
@@ -328,24 +315,24 @@ def test_bad_inputs_exit_3(cli, tmp_path, rng, change, pattern):
                                              ("nan", r"epsilon is nan"), ("inf", r"epsilon is inf")])
 def test_bad_epsilon(cli, bundle, epsilon, pattern):
     path, _ = bundle
-    assert_input_error(cli("run", path, "--epsilon", epsilon), pattern + r", expected a finite number > 0")
+    assert_one_error(cli("run", path, "--epsilon", epsilon), pattern + r", expected a finite number > 0")
 
 
 def test_bad_epsilon_in_bundle(cli, tmp_path, rng):
     path = save_bundle(tmp_path / "in.npz", make_inputs(rng, (2, 3, 4), "NCX"), epsilon=-1.0, data_format="NCX")
-    assert_input_error(cli("run", path), r"epsilon is -1.0")
+    assert_one_error(cli("run", path), r"epsilon is -1.0")
 
 
 def test_invstd_must_be_positive(cli, tmp_path, rng):
     arrays = make_inputs(rng, (2, 3, 4), "NCX")
     arrays["variance"][1] = 0
     path = save_bundle(tmp_path / "in.npz", arrays, data_format="NCX")
-    assert_input_error(cli("run", path, "--variance-is-invstd"), r"variance \(as invstd\) at c=1 is 0.0")
+    assert_one_error(cli("run", path, "--variance-is-invstd"), r"variance \(as invstd\) at c=1 is 0.0")
 
 
 def test_alias_rank_is_checked(cli, bundle):
     path, _ = bundle
-    assert_input_error(cli("run", path, "--format", "NCDHW"), r"NCDHW needs a rank-5 src, found rank 4")
+    assert_one_error(cli("run", path, "--format", "NCDHW"), r"NCDHW needs a rank-5 src, found rank 4")
 
 
 @pytest.mark.parametrize("content,pattern", [
@@ -354,7 +341,7 @@ def test_alias_rank_is_checked(cli, bundle):
 ])
 def test_unreadable_bundle(cli, tmp_path, content, pattern):
     (tmp_path / "bad.npz").write_bytes(content)
-    assert_input_error(cli("run", tmp_path / "bad.npz"), pattern)
+    assert_one_error(cli("run", tmp_path / "bad.npz"), pattern)
 
 
 def test_truncated_npy(cli, bundle, tmp_path, rng):
@@ -362,19 +349,19 @@ def test_truncated_npy(cli, bundle, tmp_path, rng):
     np.save(tmp_path / "src.npy", arrays["src"])
     data = (tmp_path / "src.npy").read_bytes()
     (tmp_path / "src.npy").write_bytes(data[: len(data) - 10])
-    assert_input_error(cli("run", path, "--src", tmp_path / "src.npy"), r"src .*declares shape \(3, 4, 5, 6\)")
+    assert_one_error(cli("run", path, "--src", tmp_path / "src.npy"), r"src .*declares shape \(3, 4, 5, 6\)")
 
 
 def test_object_array_is_refused(cli, bundle, tmp_path):
     path, _ = bundle
     np.save(tmp_path / "evil.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    assert_input_error(cli("run", path, "--gamma", tmp_path / "evil.npy"), r"gamma .*refusing to unpickle")
+    assert_one_error(cli("run", path, "--gamma", tmp_path / "evil.npy"), r"gamma .*refusing to unpickle")
 
 
 def test_missing_file_and_key(cli, bundle, tmp_path):
     path, _ = bundle
-    assert_input_error(cli("run", path, "--gamma", tmp_path / "nope.npy"), r"gamma .*no such file")
-    assert_input_error(cli("run", path, "--gamma", f"{path}:nope"), r"no array 'nope' in the archive \(it has: ")
+    assert_one_error(cli("run", path, "--gamma", tmp_path / "nope.npy"), r"gamma .*no such file")
+    assert_one_error(cli("run", path, "--gamma", f"{path}:nope"), r"no array 'nope' in the archive \(it has: ")
 
 
 # ------------------------------------------------------------------ usage and output errors
@@ -406,14 +393,14 @@ def test_usage_errors_exit_2(cli, bundle, args, pattern):
 def test_refuses_to_overwrite_an_input(cli, bundle):
     path, _ = bundle
     before = open(path, "rb").read()
-    assert_input_error(cli("run", path, "-o", path), r"is also an input .*refusing to overwrite")
+    assert_one_error(cli("run", path, "-o", path), r"is also an input .*refusing to overwrite")
     assert open(path, "rb").read() == before
 
 
 def test_output_in_missing_directory(cli, bundle, tmp_path):
     path, _ = bundle
-    assert_input_error(cli("run", path, "-o", tmp_path / "no" / "out.npz"), r"directory .* does not exist")
-    assert_input_error(cli("run", path, "-o", tmp_path), r"is a directory")
+    assert_one_error(cli("run", path, "-o", tmp_path / "no" / "out.npz"), r"directory .* does not exist")
+    assert_one_error(cli("run", path, "-o", tmp_path), r"is a directory")
 
 
 def test_refuses_binary_to_a_terminal(bundle):
@@ -434,15 +421,8 @@ def test_refuses_binary_to_a_terminal(bundle):
     assert b"refusing to write binary .npz data to a terminal" in result.stderr
 
 
-def _save_npy_inputs(directory, arrays: dict) -> list[str]:
-    flags = []
-    for name in ("src", "diff_dst", "mean", "variance", "gamma"):
-        np.save(directory / f"{name}.npy", arrays[name])
-        flags += [f"--{name.replace('_', '-')}", str(directory / f"{name}.npy")]
-    return flags
-
-
-@pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True), (["--core", "numba"], False)])
+@pytest.mark.parametrize("extra, streamed", [([], True), (["--core", "numpy"], True),
+                                            pytest.param(["--core", "numba"], False, marks=pytest.mark.numba)])
 def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, extra, streamed):
     # Over STREAM_MIN_BYTES, .npy inputs are read and diff_src written by blocks of channels (the JSON says
     # so), with the same results; an explicit --core numba keeps them in memory instead of refusing.
@@ -452,7 +432,7 @@ def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, 
 
     monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 1)
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
-    flags = _save_npy_inputs(tmp_path, arrays)
+    flags = save_npy_flags(tmp_path, arrays)
     result = cli("run", *flags, "--epsilon", "1e-3", "--format", "NCHW", "-o", tmp_path / "out.npz", "--json", "-", "-q",
                  *extra)
     assert result.exit_code == 0, result.output
@@ -483,7 +463,7 @@ def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, m
     from bnbwd_cli import streaming
 
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
-    flags = _save_npy_inputs(tmp_path, arrays)
+    flags = save_npy_flags(tmp_path, arrays)
     common = ("--epsilon", "1e-3", "--format", "NCHW", "-q")
     result = cli("run", *flags, *common, "-o", tmp_path / "out.npz", "--json", tmp_path / "facts.json")
     assert result.exit_code == 0, result.output
@@ -495,6 +475,7 @@ def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, m
     expect_oracle(dict(np.load(io.BytesIO(result.stdout_bytes))), arrays)
 
 
+@pytest.mark.numba
 def test_core_numba_streams_inputs_too_large_to_load(cli, tmp_path, rng, monkeypatch):
     # Over a quarter of available memory the inputs stream by blocks of channels, which are in memory: numba runs them.
     pytest.importorskip("numba")
@@ -502,7 +483,7 @@ def test_core_numba_streams_inputs_too_large_to_load(cli, tmp_path, rng, monkeyp
 
     monkeypatch.setattr(streaming, "available_memory", lambda: 64)
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
-    flags = _save_npy_inputs(tmp_path, arrays)
+    flags = save_npy_flags(tmp_path, arrays)
     result = cli("run", *flags, "--epsilon", "1e-3", "--format", "NCHW", "-o", tmp_path / "out.npz", "--core", "numba",
                  "--json", tmp_path / "facts.json")
     assert result.exit_code == 0, result.stderr

@@ -9,6 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.conftest import INPUT_NAMES, save_bundle
+
 
 @pytest.fixture
 def outputs(rng) -> dict[str, np.ndarray]:
@@ -19,13 +21,8 @@ def outputs(rng) -> dict[str, np.ndarray]:
     }
 
 
-def save(path, arrays) -> str:
-    np.savez(path, **arrays)
-    return str(path)
-
-
 def test_exit_0_identical_outputs(cli, tmp_path, outputs):
-    path = save(tmp_path / "out.npz", outputs)
+    path = save_bundle(tmp_path / "out.npz", outputs)
     result = cli("verify", path, path)
     assert result.exit_code == 0, result.output
     assert "PASS: 3 output(s) within tolerance" in result.stdout
@@ -34,11 +31,11 @@ def test_exit_0_identical_outputs(cli, tmp_path, outputs):
 
 
 def test_exit_1_one_channel_off_points_at_channel(cli, tmp_path, outputs):
-    actual = save(tmp_path / "out.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", outputs)
     perturbed = {k: v.copy() for k, v in outputs.items()}
     perturbed["diff_src"][:, 2] += 1e-3
     perturbed["diff_src"][1, 2, 0, 2] += 0.5
-    reference = save(tmp_path / "ref.npz", perturbed)
+    reference = save_bundle(tmp_path / "ref.npz", perturbed)
     result = cli("verify", actual, reference, "--format", "NCHW")
     assert result.exit_code == 1, result.output
     assert "FAIL (exit 1): numerical mismatch in diff_src" in result.stdout
@@ -49,10 +46,10 @@ def test_exit_1_one_channel_off_points_at_channel(cli, tmp_path, outputs):
 
 
 def test_exit_1_becomes_0_with_tolerance_overrides(cli, tmp_path, outputs):
-    actual = save(tmp_path / "out.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", outputs)
     perturbed = {k: v.copy() for k, v in outputs.items()}
     perturbed["diff_gamma"][1] += 1e-3
-    reference = save(tmp_path / "ref.npz", perturbed)
+    reference = save_bundle(tmp_path / "ref.npz", perturbed)
     assert cli("verify", actual, reference).exit_code == 1
     result = cli("verify", actual, reference, "--atol", "diff_gamma=2e-3", "--rel-l2", "diff_gamma=1e-2")
     assert result.exit_code == 0, result.output
@@ -74,15 +71,15 @@ def test_exit_1_becomes_0_with_tolerance_overrides(cli, tmp_path, outputs):
     ids=["atol-nan", "rtol-negative", "max-mismatch", "map", "format", "unknown-output"],
 )
 def test_exit_2_usage(cli, tmp_path, outputs, args, message):
-    path = save(tmp_path / "out.npz", outputs)
+    path = save_bundle(tmp_path / "out.npz", outputs)
     result = cli("verify", path, path, *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr
 
 
 def test_exit_3_missing_and_extra_keys(cli, tmp_path, outputs):
-    reference = save(tmp_path / "ref.npz", outputs)
-    actual = save(tmp_path / "out.npz", {"diff_src": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"], "junk": outputs["diff_beta"]})
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", {"diff_src": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"], "junk": outputs["diff_beta"]})
     result = cli("verify", actual, reference)
     assert result.exit_code == 3, result.output
     assert "error: diff_beta: in reference, missing from actual" in result.stderr
@@ -92,8 +89,8 @@ def test_exit_3_missing_and_extra_keys(cli, tmp_path, outputs):
 
 
 def test_exit_3_shape_mismatch_names_the_transpose(cli, tmp_path, outputs):
-    reference = save(tmp_path / "ref.npz", outputs)
-    actual = save(tmp_path / "out.npz", {**outputs, "diff_src": np.moveaxis(outputs["diff_src"], 1, -1)})
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", {**outputs, "diff_src": np.moveaxis(outputs["diff_src"], 1, -1)})
     result = cli("verify", actual, reference)
     assert result.exit_code == 3
     assert (
@@ -103,7 +100,7 @@ def test_exit_3_shape_mismatch_names_the_transpose(cli, tmp_path, outputs):
 
 
 def test_exit_3_unreadable_file_and_uncomparable_dtype(cli, tmp_path, outputs):
-    good = save(tmp_path / "out.npz", outputs)
+    good = save_bundle(tmp_path / "out.npz", outputs)
     result = cli("verify", str(tmp_path / "nope.npz"), good)
     assert result.exit_code == 3 and "nope.npz" in result.stderr and result.stderr.startswith("error: ")
     ints = tmp_path / "diff_src.npy"
@@ -114,9 +111,9 @@ def test_exit_3_unreadable_file_and_uncomparable_dtype(cli, tmp_path, outputs):
 
 
 def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
-    actual = save(tmp_path / "out.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", outputs)
     perturbed = {**outputs, "diff_beta": outputs["diff_beta"] + np.float32(1.0)}
-    reference = save(tmp_path / "ref.npz", perturbed)
+    reference = save_bundle(tmp_path / "ref.npz", perturbed)
     result = cli("verify", actual, reference, "--json", "-")
     assert result.exit_code == 1
     document = json.loads(result.stdout)
@@ -125,7 +122,7 @@ def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
 
 
 def test_json_to_file_alongside_report(cli, tmp_path, outputs):
-    path = save(tmp_path / "out.npz", outputs)
+    path = save_bundle(tmp_path / "out.npz", outputs)
     target = tmp_path / "report.json"
     result = cli("verify", path, path, "--json", str(target))
     assert result.exit_code == 0 and "PASS" in result.stdout
@@ -138,7 +135,7 @@ def test_directory_of_npy_against_npz_and_bf16_from_v2(cli, tmp_path, outputs):
     bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in outputs.items()}
     for key, value in bf16.items():
         np.save(directory / f"{key}.npy", value)  # stored as |V2
-    reference = save(tmp_path / "ref.npz", outputs)
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
     result = cli("verify", str(directory), reference, "-v")
     assert result.exit_code == 0, result.output
     assert "bf16/f32" in result.stdout
@@ -147,11 +144,11 @@ def test_directory_of_npy_against_npz_and_bf16_from_v2(cli, tmp_path, outputs):
 
 def test_map_only_ignore(cli, tmp_path, outputs):
     tf_names = {"x_backprop": outputs["diff_src"], "scale_backprop": outputs["diff_gamma"], "offset_backprop": outputs["diff_beta"]}
-    actual = save(tmp_path / "tf.npz", tf_names)
-    reference = save(tmp_path / "ref.npz", outputs)
+    actual = save_bundle(tmp_path / "tf.npz", tf_names)
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
     aliases = cli("verify", actual, reference)  # TensorFlow's output names are matched without a map
     assert aliases.exit_code == 0 and "x_backprop=diff_src" in aliases.stdout, aliases.output
-    renamed = save(tmp_path / "mine.npz", {"dx": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"]})
+    renamed = save_bundle(tmp_path / "mine.npz", {"dx": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"]})
     assert cli("verify", renamed, reference, "--ignore", "diff_beta").exit_code == 3  # dx is not diff_src without a map
     assert cli("verify", renamed, reference, "--ignore", "diff_beta", "--map", "dx=diff_src").exit_code == 0
     assert cli("verify", reference, renamed, "--map", "dx=diff_src").exit_code == 0  # the same direction either side
@@ -167,7 +164,7 @@ def test_map_only_ignore(cli, tmp_path, outputs):
 
 
 def test_no_colour_when_not_a_terminal(cli, tmp_path, outputs):
-    path = save(tmp_path / "out.npz", outputs)
+    path = save_bundle(tmp_path / "out.npz", outputs)
     assert "\x1b[" not in cli("verify", path, path).stdout
 
 
@@ -184,14 +181,11 @@ def _inputs_case(tmp_path, bug=None):
     from tests import zoo
 
     problem = zoo.make_problem(np.random.default_rng(5), (4, 8, 16, 16), "NCX", np.float32, np.float32)
-    bundle = tmp_path / "inputs.npz"
-    np.savez(bundle, **{k: problem[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")},
-             epsilon=np.array(problem["epsilon"]), data_format=np.array("NCHW"))
-    ours = backward_arrays(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-                              epsilon=problem["epsilon"], data_format="NCX")
-    np.savez(tmp_path / "ref.npz", diff_src=ours.diff_src, diff_gamma=ours.diff_gamma, diff_beta=ours.diff_beta)
-    np.savez(tmp_path / "kernel.npz", **zoo.kernel(problem, bug=bug))
-    return str(bundle), str(tmp_path / "kernel.npz"), str(tmp_path / "ref.npz")
+    bundle = save_bundle(tmp_path / "inputs.npz", {k: problem[k] for k in INPUT_NAMES}, epsilon=problem["epsilon"],
+                         data_format="NCHW")
+    ours = backward_arrays(*(problem[k] for k in INPUT_NAMES), epsilon=problem["epsilon"], data_format="NCX")
+    reference = save_bundle(tmp_path / "ref.npz", {k: getattr(ours, k) for k in ("diff_src", "diff_gamma", "diff_beta")})
+    return bundle, save_bundle(tmp_path / "kernel.npz", zoo.kernel(problem, bug=bug)), reference
 
 
 def test_verify_inputs_passes_a_correct_kernel_and_says_how(cli, tmp_path):

@@ -1,0 +1,44 @@
+"""Compile every numba kernel the tests use, once: each supported dtype through each of the core's paths.
+
+The session fixture `numba_jit` (conftest.py) runs this in a background process as soon as numba tests are
+collected, so that on a cold numba cache (CI) the JIT compiles on the second core while the other tests
+run; the test process then loads the kernels from the disk cache (`cache=True`) instead of compiling them.
+
+    python -m tests.numba_warmup
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from bnbwd_cli.core import Op, Settings, backward, load_numba_core
+
+DTYPES = (np.float64, np.float32, ml_dtypes.bfloat16, np.float16)
+# The core's paths (core/numba_core.run): planes fused (C >= 2 * threads), planes in (channel, chunk) tasks
+# (few channels), and rows (short contiguous runs, e.g. NXC).
+# Read-only arrays are other types to numba: --stream hands the core read-only float32 blocks of .npy
+# inputs (diff_dst alone when src is held in memory).
+PATHS = (((2, 4, 300), "NCX", ()), ((2, 1, 300), "NCX", ()), ((50, 3), "NXC", ()),
+         ((2, 3, 4), "NCX", ("src", "diff_dst")), ((2, 3, 4), "NCX", ("diff_dst",)))
+
+
+def warm_up() -> None:
+    numba_core = load_numba_core()
+    for dtype in DTYPES:
+        if not numba_core.supports(np.dtype(dtype)):
+            continue  # float16 without hardware half conversions runs on the NumPy core
+        for shape, data_format, read_only in PATHS:
+            if read_only and dtype != np.float32:
+                continue
+            channels = shape[1] if data_format == "NCX" else shape[-1]
+            src, diff_dst = np.ones(shape, dtype), np.ones(shape, dtype)
+            src.setflags(write="src" not in read_only)
+            diff_dst.setflags(write="diff_dst" not in read_only)
+            op = Op(src, diff_dst, np.zeros(channels, np.float32), np.ones(channels, np.float32), None,
+                    epsilon=1e-5, data_format=data_format)
+            backward(op, Settings(core="numba", threads=1))
+
+
+if __name__ == "__main__":
+    warm_up()
