@@ -24,7 +24,7 @@ from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.profiles import INPUT_NAMES, OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
-from bnbwd_cli.run_summary import RunFacts, render_run, run_json
+from bnbwd_cli.run_summary import RunFacts
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
 
@@ -195,8 +195,13 @@ def run(no_param_grads: bool, **kwargs) -> None:
         stdout_busy = options.output == "-" or options.json_target == "-"
         report_console = _console(stderr=stdout_busy) if not options.quiet or options.reference else None
         if options.json_target and options.reference is None:
-            files_write.write_text(options.json_target, run_json(facts) + "\n", fsync=options.fsync)
+            from bnbwd_cli.render import json as report_json  # only --json writes JSON
+
+            files_write.write_text(options.json_target, report_json.document_text(report_json.run_document(facts)),
+                                   fsync=options.fsync)
         if not options.quiet:
+            from bnbwd_cli.render.run import render_run
+
             render_run(report_console, stderr_console, facts)
         if options.reference is not None:
             click.get_current_context().exit(_judge_reference(options, prepared, computed.arrays, report_console))
