@@ -13,7 +13,7 @@ import click
 
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, MaxMismatch, PerOutput
 from bnbwd_cli.layout import FORMAT_ALIASES
-from bnbwd_cli.profiles import OUTPUT_NAMES
+from bnbwd_cli.spec import OUTPUT_NAMES
 
 
 class ArraySource(click.ParamType):

@@ -23,7 +23,7 @@ from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.profiles import INPUT_NAMES, OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
+from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
 from bnbwd_cli.run_summary import RunFacts
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar

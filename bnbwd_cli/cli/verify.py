@@ -20,7 +20,7 @@ from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
-from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
+from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.model import BackwardInputs
