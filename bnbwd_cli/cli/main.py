@@ -13,7 +13,7 @@ import click
 
 from bnbwd_cli import __version__
 from bnbwd_cli.errors import BnbwdError, ExitCode
-from bnbwd_cli.files import read as files_read
+from bnbwd_cli.files.common import reason
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -120,7 +120,7 @@ def _stream_failed(exc: OSError) -> ExitCode:
     if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
         echo_error("error: stdout was closed before bnbwd finished writing to it (broken pipe)")
     else:
-        echo_error(f"error: cannot write to stdout or stderr ({files_read.reason(exc)})")
+        echo_error(f"error: cannot write to stdout or stderr ({reason(exc)})")
     return ExitCode.INPUT
 
 

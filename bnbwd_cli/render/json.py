@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bnbwd_cli.files.read import dtype_name
+from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES
 from bnbwd_cli.layout import coordinates
 
@@ -165,7 +165,7 @@ def run_document(facts: RunFacts) -> dict[str, Any]:
 
 
 def _describe(array: np.ndarray) -> dict:
-    return {"shape": list(array.shape), "dtype": dtype_name(array.dtype)}
+    return {"shape": list(array.shape), "dtype": dtype_label(array.dtype)}
 
 
 def document_text(document: dict[str, Any]) -> str:

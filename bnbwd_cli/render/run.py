@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bnbwd_cli.files.read import dtype_name
+from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.run_summary import RunFacts
 
 if TYPE_CHECKING:
@@ -49,13 +49,13 @@ def render_run(console: Console, error_console: Console, facts: RunFacts) -> Non
         table.add_column(column, justify="left" if column in ("output", "dtype") else "right")
     for name, array in facts.outputs.items():
         stats = facts.stats[name]
-        table.add_row(name, str(array.shape), dtype_name(array.dtype), f"{stats.minimum:.6g}", f"{stats.maximum:.6g}",
+        table.add_row(name, str(array.shape), dtype_label(array.dtype), f"{stats.minimum:.6g}", f"{stats.maximum:.6g}",
                       str(stats.nonfinite))
     src = facts.inputs["src"]
     mode = "training" if facts.training else "inference"
     epsilon = "n/a (variance is invstd)" if facts.epsilon is None else f"{facts.epsilon:g}"
     console.print(
-        f"bnbwd run: src {src.shape} {dtype_name(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
+        f"bnbwd run: src {src.shape} {dtype_label(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
         f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.core} core{', streamed' if facts.stream else ''}, "
         f"{facts.elapsed_s * 1e3:.1f} ms",
         markup=False,
