@@ -204,7 +204,7 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
 
     With ``with_json`` the command also receives ``json_target`` (str or None). Use bare
     (``@comparison_options``) or with arguments (``@comparison_options(with_format=False)``
-    when the command has its own ``--format``; set it with ``report_comparison(data_format=...)``).
+    when the command has its own ``--format``; run sets its own: ``replace(comparison, data_format=...)``).
     """
 
     def decorate(f: Callable) -> Callable:

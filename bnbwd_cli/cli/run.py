@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -17,7 +17,7 @@ from bnbwd_cli.case import read_inputs
 from bnbwd_cli.cli.main import CONTEXT, echo_error
 from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList,
                                   comparison_options, fsync_option)
-from bnbwd_cli.cli.verify import report_comparison
+from bnbwd_cli.cli.verify import TensorSets, report_comparison
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
@@ -186,14 +186,12 @@ def run(no_param_grads: bool, **kwargs) -> None:
         stderr_console = None if options.quiet else _console(stderr=True)
         computed = _compute(options, prepared, stack, stderr_console)
         written = [str(p) for p in destinations] or (["-"] if options.output == "-" else [])
-        facts = RunFacts(spec=options.spec, data_format=prepared.data_format.upper(),
-                         canonical_format=prepared.canonical,
-                         epsilon=None if options.variance_is_invstd else prepared.epsilon,
-                         training=not options.inference, inputs=prepared.inputs, outputs=computed.arrays,
-                         written=written, elapsed_s=computed.elapsed_s, core=computed.core, stream=prepared.stream,
-                         stats=computed.stats)
+        facts = RunFacts(spec=options.spec, data_format=prepared.data_format.upper(), canonical_format=prepared.canonical,
+                         epsilon=None if options.variance_is_invstd else prepared.epsilon, training=not options.inference,
+                         inputs=prepared.inputs, outputs=computed.arrays, written=written, elapsed_s=computed.elapsed_s,
+                         core=computed.core, stream=prepared.stream, stats=computed.stats)
         stdout_busy = options.output == "-" or options.json_target == "-"
-        report_console = _console(stderr=stdout_busy) if not options.quiet or options.reference else None
+        report_console = _console(stderr=stdout_busy) if not options.quiet or options.reference is not None else None
         if options.json_target and options.reference is None:
             from bnbwd_cli.render import json as report_json  # only --json writes JSON
 
@@ -295,10 +293,8 @@ def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
 
 def _compute(options: RunOptions, prepared: Prepared, stack: contextlib.ExitStack, stderr_console) -> Computed:  # noqa: ANN001
     """Run the backward pass once (in memory, or streamed through the output file) and write the outputs."""
-    show_bar = (stderr_console is not None and stderr_console.is_terminal
-                and prepared.inputs["src"].nbytes >= PROGRESS_MIN_BYTES)
     progress_bar, on_progress = None, None
-    if show_bar:
+    if stderr_console is not None and stderr_console.is_terminal and prepared.inputs["src"].nbytes >= PROGRESS_MIN_BYTES:
         from bnbwd_cli.render.run import progress_bar as make_bar  # rich: only when a bar shows
 
         progress_bar, on_progress = make_bar(stderr_console)
@@ -333,9 +329,9 @@ def _judge_reference(options: RunOptions, prepared: Prepared, arrays: dict, cons
     kernel = read_tensor_set(options.reference)
     check_found(options.bf16_outputs, reinterpret_bf16(options.bf16_outputs, {options.reference: kernel}),
                 options.reference)
-    return report_comparison(kernel, arrays, options.comparison, console, options.json_target,
-                             actual_label=options.reference, reference_label="bnbwd run",
-                             data_format=prepared.canonical, inputs=problem, fsync=options.fsync)
+    sets = TensorSets(kernel, arrays, actual_label=options.reference, reference_label="bnbwd run", inputs=problem)
+    comparison = replace(options.comparison, data_format=prepared.canonical)  # run's --format names the axes
+    return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync)
 
 
 def _write_outputs(arrays: dict[str, np.ndarray], options: RunOptions) -> None:

@@ -6,7 +6,7 @@ Click parses (params.py: custom ParamTypes fail with exit 2), judge/ computes, r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,45 +37,42 @@ def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any],
             raise click.UsageError(f"{flag} names {', '.join(unknown)}, which is not an output (outputs: {', '.join(sorted(known))})")
 
 
-def report_comparison(
-    actual: Mapping[str, np.ndarray],
-    reference: Mapping[str, np.ndarray],
-    options: ComparisonOptions,
-    stdout_console,
-    json_target: str | None,
-    *,
-    actual_label: str = "actual",
-    reference_label: str = "reference",
-    data_format: str | None = None,
-    inputs: BackwardInputs | None = None,
-    fsync: bool = False,
-) -> ExitCode:
+@dataclass(frozen=True)
+class TensorSets:
+    """What a comparison judges: the kernel's outputs (actual) and the reference, their names in the report,
+    and the op's inputs when known (then the outputs are judged by the error model)."""
+
+    actual: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+    actual_label: str = "actual"
+    reference_label: str = "reference"
+    inputs: BackwardInputs | None = None
+
+
+def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,  # noqa: ANN001
+                      fsync: bool = False) -> ExitCode:
     """Compare two tensor sets, print the report (and JSON), return the exit code.
 
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
-    ``data_format`` overrides ``options.data_format`` (for ``run``, whose --format it is).
-    ``inputs``: the op's inputs, when known: the outputs are judged by the error model.
     Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
     """
     from bnbwd_cli.judge.sets import compare_sets
     from bnbwd_cli.render import json as report_json
     from bnbwd_cli.render import text as report
 
-    _check_override_names(options, actual, reference)
-    if data_format is not None:
-        options = replace(options, data_format=data_format)
+    _check_override_names(options, sets.actual, sets.reference)
     result = compare_sets(
-        actual,
-        reference,
+        sets.actual,
+        sets.reference,
         options.settings,
         key_map=options.key_map,
         only=options.only,
         ignore=options.ignore,
         data_format=options.data_format,
         top_k=options.top,
-        inputs=inputs,
+        inputs=sets.inputs,
     )
-    labels = {"actual_label": actual_label, "reference_label": reference_label}
+    labels = {"actual_label": sets.actual_label, "reference_label": sets.reference_label}
     if json_target != "-":
         report.render_report(stdout_console, result, verbose=options.verbose, brief=options.brief, **labels)
     if json_target is not None:
@@ -154,29 +151,46 @@ def _input_files(source: str) -> list[Path]:
     return sorted(path.glob("*.npy")) if path.is_dir() else [path]
 
 
-def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | None, *, training: bool,
-                      variance_is_invstd: bool, key_map: Mapping[str, str], bf16: tuple[str, ...] = ()) -> BackwardInputs:
-    """The op's inputs from a bundle (names, --map and attributes as for `bnbwd run`), checked like run checks them.
-    Inputs named in `bf16` (canonical names) holding int16/uint16 bits are read as bfloat16."""
+@dataclass(frozen=True)
+class VerifyOptions:
+    """verify's command line, parsed: one field per click parameter."""
+
+    actual: str
+    reference: str
+    inputs_bundle: str | None
+    epsilon: float | None
+    inference: bool
+    variance_is_invstd: bool
+    bf16_keys: tuple[str, ...]
+    fsync: bool
+    comparison: ComparisonOptions
+    json_target: str | None
+
+
+def read_judge_inputs(options: VerifyOptions) -> BackwardInputs:
+    """The op's inputs from --inputs (names, --map and attributes as for `bnbwd run`), checked like run checks them.
+    Inputs named in --bf16 (canonical names) holding int16/uint16 bits are read as bfloat16."""
     from bnbwd_cli.judge.model import BackwardInputs
 
-    label = f"--inputs ({bundle})"
-    split = read_inputs(bundle, key_map, "--inputs")
+    label = f"--inputs ({options.inputs_bundle})"
+    split = read_inputs(options.inputs_bundle, options.comparison.key_map, "--inputs")
     inputs, attributes = split.inputs, split.attributes
-    reinterpret_bf16(bf16, {label: inputs})
+    reinterpret_bf16(options.bf16_keys, {label: inputs})
     if split.note():
         click.echo(f"note: {label}: {split.note()}", err=True)
     profile = PROFILES["generic"]
-    data_format = data_format or attributes.get("data_format") or profile.default_format
-    epsilon = epsilon if epsilon is not None else attributes.get("epsilon")
+    data_format = options.comparison.data_format or attributes.get("data_format") or profile.default_format
+    epsilon = options.epsilon if options.epsilon is not None else attributes.get("epsilon")
     if epsilon is None:
-        if not variance_is_invstd:
+        if not options.variance_is_invstd:
             raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
         epsilon = 1.0  # unused: the variance input already is 1/sqrt(var + eps)
     epsilon = check_epsilon(epsilon, profile)
-    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=variance_is_invstd, outputs=OUTPUT_NAMES)
+    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
+                                outputs=OUTPUT_NAMES)
     return BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-                          epsilon=epsilon, data_format=canonical, training=training, variance_is_invstd=variance_is_invstd)
+                          epsilon=epsilon, data_format=canonical, training=not options.inference,
+                          variance_is_invstd=options.variance_is_invstd)
 
 
 @click.command("verify", help=_HELP, epilog=_EPILOG)
@@ -191,34 +205,26 @@ def read_judge_inputs(bundle: str, epsilon: float | None, data_format: str | Non
               "bits, as PyTorch bf16 tensors are often dumped) as bfloat16, in ACTUAL, REFERENCE and --inputs. Repeatable.")
 @fsync_option
 @comparison_options
-def verify(actual: str, reference: str, inputs_bundle: str | None, epsilon: float | None, inference: bool,
-           variance_is_invstd: bool, bf16_keys: tuple[str, ...], fsync: bool, comparison: ComparisonOptions,
-           json_target: str | None) -> None:
-    if inputs_bundle is None and (epsilon is not None or inference or variance_is_invstd):
+def verify(**kwargs) -> None:
+    options = VerifyOptions(**kwargs)
+    if options.inputs_bundle is None and (options.epsilon is not None or options.inference or options.variance_is_invstd):
         raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
+    json_target = options.json_target
     if json_target is not None and json_target != "-":
-        sources = _input_files(actual) + _input_files(reference) + ([Path(inputs_bundle)] if inputs_bundle else [])
-        files_write.vet_destination(json_target, sources, "--json")
+        bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
+        files_write.vet_destination(json_target, _input_files(options.actual) + _input_files(options.reference) + bundle,
+                                    "--json")
     from bnbwd_cli.render.text import make_console
 
-    actual_set = read_tensor_set(actual)
-    reference_set = read_tensor_set(reference)
-    found = reinterpret_bf16(bf16_keys, {actual: actual_set, reference: reference_set})
+    actual_set = read_tensor_set(options.actual)
+    reference_set = read_tensor_set(options.reference)
+    bf16_keys = options.bf16_keys
+    found = reinterpret_bf16(bf16_keys, {options.actual: actual_set, options.reference: reference_set})
     inputs = None
-    if inputs_bundle is not None:
-        inputs = read_judge_inputs(inputs_bundle, epsilon, comparison.data_format, training=not inference,
-                                   variance_is_invstd=variance_is_invstd, key_map=comparison.key_map, bf16=bf16_keys)
+    if options.inputs_bundle is not None:
+        inputs = read_judge_inputs(options)
         found |= {key for key in bf16_keys if key in BACKWARD_INPUTS and getattr(inputs, key) is not None}
-    check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if inputs_bundle else ""))
-    code = report_comparison(
-        actual_set,
-        reference_set,
-        comparison,
-        make_console(),
-        json_target,
-        actual_label=actual,
-        reference_label=reference,
-        inputs=inputs,
-        fsync=fsync,
-    )
+    check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if options.inputs_bundle else ""))
+    sets = TensorSets(actual_set, reference_set, options.actual, options.reference, inputs)
+    code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
     click.get_current_context().exit(code)
