@@ -20,7 +20,7 @@ from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import CompareSettings
-from bnbwd_cli.profiles import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
+from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.model import BackwardInputs
@@ -121,7 +121,7 @@ def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -
 
 @dataclass(frozen=True)
 class Judging:
-    """How outputs are compared (verify_cli.ComparisonOptions carries the same fields)."""
+    """How outputs are compared (cli.params.ComparisonOptions carries the same fields)."""
 
     settings: CompareSettings = field(default_factory=CompareSettings)
     key_map: Mapping[str, str] = field(default_factory=dict)

@@ -47,6 +47,11 @@ def dtype_name(dtype: np.dtype) -> str | None:
     return SHORT_NAMES.get(dtype) or ("bf16" if is_bfloat16(dtype) else None)
 
 
+def dtype_label(dtype: np.dtype) -> str:
+    """dtype_name for messages and reports: the short name of a float dtype, numpy's own name for the others."""
+    return dtype_name(dtype) or np.dtype(dtype).name
+
+
 def to_float64(array: np.ndarray) -> np.ndarray:
     """Upcast to float64; bfloat16 goes through float32 (NumPy's bf16 promotion is unreliable)."""
     if is_bfloat16(array.dtype):

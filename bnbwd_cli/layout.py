@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -70,3 +71,12 @@ def view3(array: np.ndarray, data_format: str) -> np.ndarray:
     if canonical_format(data_format) == "NCX":
         return array.reshape(array.shape[0], array.shape[1], math.prod(array.shape[2:]))
     return array.reshape(math.prod(array.shape[:-1]), array.shape[-1], 1)
+
+
+def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -> str:
+    """``n=3 c=17 h=5 w=9`` in the tensor's own layout, or ``(3, 17, 5, 9)`` without one."""
+    if index is None:
+        return "-"
+    if axis_names is not None and len(axis_names) == len(index):
+        return " ".join(f"{name}={i}" for name, i in zip(axis_names, index))
+    return "(" + ", ".join(str(i) for i in index) + ")"

@@ -588,7 +588,7 @@ def test_declared_size_beyond_deflate_ratio_is_refused_before_inflating(ws: Work
 
 @pytest.mark.parametrize("mode", ["bundle", "stdin"])
 def test_declared_sizes_over_available_memory_fail_before_reading(ws: Workspace, monkeypatch, mode: str) -> None:
-    from bnbwd_cli.files import read as files_read
+    from bnbwd_cli.files import common as files_read  # every reader asks common.memory_cap
 
     monkeypatch.setattr(files_read, "memory_cap", lambda: 1000 if mode == "bundle" else 5000)  # bundle: 1032 bytes
     if mode == "bundle":

@@ -204,7 +204,7 @@ def numba_cache_dir() -> Path:
 
 def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:
     """Batch-norm training backward: diff_src (T1, src's shape) and diff_gamma, diff_beta (T2, the dtype of mean)
-    for the names in settings.outputs. Inputs are assumed validated (profiles.validate_inputs); this checks only
+    for the names in settings.outputs. Inputs are assumed validated (spec.validate_inputs); this checks only
     that the arrays fit together. Every output is computed in float64 and rounded once."""
     _check(op, settings)
     want_diff_src = "diff_src" in settings.outputs

@@ -15,7 +15,8 @@ import numpy as np
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
 from bnbwd_cli.files.common import reason
-from bnbwd_cli.files.read import as_bfloat16_if_void, as_native, has_key, read_npy_header
+from bnbwd_cli.files.npy import as_bfloat16_if_void, as_native, read_npy_header
+from bnbwd_cli.files.read import has_key
 
 
 class NpyBlocks:

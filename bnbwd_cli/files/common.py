@@ -1,6 +1,19 @@
-"""What every reader shares: short error reasons and the memory a single read may use."""
+"""What every reader shares: the errors malformed bytes raise, short error reasons, the memory a read may use."""
 
 from __future__ import annotations
+
+import lzma
+import tokenize
+import zipfile
+import zlib
+
+# Errors numpy and zipfile raise on malformed bytes; anything else is a bug and keeps its traceback.
+# (tokenize.TokenError: NumPy tokenizes some headers; zlib/lzma errors: corrupt compressed .npz members;
+# TypeError/OverflowError: header values of the wrong type, e.g. a float in the shape tuple.)
+READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, SyntaxError,
+               tokenize.TokenError, zlib.error, lzma.LZMAError, TypeError, OverflowError)
+# zipfile also raises RuntimeError (encrypted member) and NotImplementedError (unknown method or zip version).
+ZIP_ERRORS = (*READ_ERRORS, RuntimeError, NotImplementedError)
 
 
 def reason(exc: BaseException) -> str:

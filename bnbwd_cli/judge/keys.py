@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name
-from bnbwd_cli.profiles import is_input_key
+from bnbwd_cli.spec import is_input_key
 
 
 @dataclass(frozen=True)

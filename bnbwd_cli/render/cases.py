@@ -10,8 +10,6 @@ from bnbwd_cli.judge import OutputResult
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render.text import fmt_ulp
 
-SCHEMA_VERSION = 1
-
 
 def _output_cell(output: OutputResult) -> str:
     """An output in a few characters: the number that decided it."""
@@ -68,7 +66,7 @@ def cases_document(outcomes: Sequence[CaseOutcome]) -> str:
         cases.append({"case": outcome.path, "status": outcome.status, "exit_code": outcome.exit_code,
                       "error": outcome.error, "notes": list(outcome.notes), "report": report})
     code = exit_code(outcomes)
-    document = {"schema_version": SCHEMA_VERSION, "tool": "bnbwd check",
+    document = {"schema_version": report_json.CHECK_SCHEMA_VERSION, "tool": "bnbwd check",
                 "status": {0: "pass", 1: "mismatch", 3: "error"}[code], "exit_code": code,
                 "summary": summary_line(outcomes), "cases": cases}
     return report_json.document_text(document)

@@ -1,4 +1,8 @@
-"""The comparison as one JSON document (schema_version 2): the same facts as the text report.
+"""Every JSON document bnbwd writes, their schema versions, and the one writer (document_text).
+
+`run --json`: the run's facts (RUN_SCHEMA_VERSION). `verify --json`, `run --reference --json`: the comparison,
+the same facts as the text report (SCHEMA_VERSION). `check --json` (render/cases.py builds it): one comparison
+per case (CHECK_SCHEMA_VERSION).
 
 JSON has no NaN or infinity. Statistics that are undefined are null; an infinite statistic
 (e.g. a relative error against a zero reference) is the string "inf" or "-inf". The minimum
@@ -13,14 +17,22 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bnbwd_cli.judge import SetComparison
-from bnbwd_cli.judge.stats import Bias, Comparison, Located
+import numpy as np
+
+from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES
-from bnbwd_cli.render.text import coordinates
+from bnbwd_cli.layout import coordinates
 
-SCHEMA_VERSION = 2
+if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
+    from bnbwd_cli.judge import SetComparison
+    from bnbwd_cli.judge.stats import Bias, Comparison, Located
+    from bnbwd_cli.run_summary import RunFacts
+
+SCHEMA_VERSION = 2  # the comparison report (verify, run --reference)
+RUN_SCHEMA_VERSION = 1  # run --json
+CHECK_SCHEMA_VERSION = 1  # check --json
 
 
 def _number(value: float | None) -> float | str | None:
@@ -127,6 +139,33 @@ def report_document(result: SetComparison, *, actual_label: str, reference_label
             for o in result.outputs
         ],
     }
+
+
+def run_document(facts: RunFacts) -> dict[str, Any]:
+    """The facts of one run: what it read, what it wrote, each output's range and NaN/Inf count."""
+    return {
+        "schema_version": RUN_SCHEMA_VERSION,
+        "command": "run",
+        "spec": facts.spec,
+        "data_format": facts.data_format,
+        "canonical_format": facts.canonical_format,
+        "epsilon": facts.epsilon,
+        "training": facts.training,
+        "elapsed_s": facts.elapsed_s,
+        "core": facts.core,
+        "stream": facts.stream,
+        "inputs": {name: _describe(array) for name, array in facts.inputs.items()},
+        "outputs": {
+            name: {**_describe(array), "min": _finite(facts.stats[name].minimum),
+                   "max": _finite(facts.stats[name].maximum), "nonfinite": facts.stats[name].nonfinite}
+            for name, array in facts.outputs.items()
+        },
+        "written": facts.written,
+    }
+
+
+def _describe(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape), "dtype": dtype_label(array.dtype)}
 
 
 def document_text(document: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from bnbwd_cli.layout import coordinates
 from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
@@ -60,15 +61,6 @@ def fmt_ulp(value: float | None) -> str:
     if math.isinf(value):
         return "inf"
     return f"{value:.3g}" if value < 1e4 else f"{value:.0e}"
-
-
-def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -> str:
-    """``n=3 c=17 h=5 w=9`` in the tensor's own layout, or ``(3, 17, 5, 9)`` without one."""
-    if index is None:
-        return "-"
-    if axis_names is not None and len(axis_names) == len(index):
-        return " ".join(f"{name}={i}" for name, i in zip(axis_names, index))
-    return "(" + ", ".join(str(i) for i in index) + ")"
 
 
 def _status_text(status: str) -> Text:

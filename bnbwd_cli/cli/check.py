@@ -13,7 +13,7 @@ import click
 
 from bnbwd_cli import case
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.verify_cli import ComparisonOptions, comparison_options, fsync_option
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
 
 # The reports (render/, rich) are imported when a check runs: `bnbwd run` imports this module for its
 # command only (tests/test_startup.py).

@@ -12,8 +12,8 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, other_format, resolve_format
-from bnbwd_cli.dtypes import dtype_name as float_name
-from bnbwd_cli.files.read import dtype_name
+from bnbwd_cli.dtypes import dtype_label
+from bnbwd_cli.dtypes import dtype_name as float_name  # None for dtypes that are not floats
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
@@ -192,7 +192,7 @@ def validate_inputs(
     if diff_dst.shape != src.shape:
         raise BnbwdError(f"diff_dst has shape {diff_dst.shape}, expected {src.shape} = shape of src")
     if diff_dst.dtype != src.dtype:
-        raise BnbwdError(f"diff_dst has dtype {dtype_name(diff_dst.dtype)}, expected {dtype_name(src.dtype)} = dtype of src")
+        raise BnbwdError(f"diff_dst has dtype {dtype_label(diff_dst.dtype)}, expected {dtype_label(src.dtype)} = dtype of src")
     channels = src.shape[channel_axis(canonical, src.ndim)]
     for name in PARAM_NAMES:
         if name in inputs and inputs[name].shape != (channels,):
@@ -224,12 +224,12 @@ def _check_types(inputs: dict[str, np.ndarray], profile: SpecProfile) -> None:
     for name in must_match:
         if inputs[name].dtype != t2:
             raise BnbwdError(
-                f"{name} has dtype {dtype_name(inputs[name].dtype)}, expected {dtype_name(t2)} = dtype of mean "
+                f"{name} has dtype {dtype_label(inputs[name].dtype)}, expected {dtype_label(t2)} = dtype of mean "
                 f"(spec {profile.name})"
             )
     if not profile.allows_types(t1, t2):
         raise BnbwdError(
-            f"spec {profile.name} does not allow src {dtype_name(t1)} with mean/variance {dtype_name(t2)} "
+            f"spec {profile.name} does not allow src {dtype_label(t1)} with mean/variance {dtype_label(t2)} "
             f"(allowed src/stats: {profile.describe_types()})"
         )
 

@@ -1,0 +1,157 @@
+"""The click group: exit-code mapping, SIGTERM and Ctrl-C, one-line errors (the commands are in run/verify/check)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import warnings
+from traceback import format_exc
+
+import click
+
+from bnbwd_cli import __version__
+from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli.files.common import reason
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that the same cleanup as for Ctrl-C runs."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal's signature
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception():
+    """SIGTERM -> Terminated for the duration (main thread only; elsewhere the default stays)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def echo_error(text: str) -> None:
+    """One line on stderr; a failing stderr cannot change the exit code."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(text, err=True)
+
+
+def _show_error(exc: click.ClickException) -> None:
+    """Every error is one `error: ...` line on stderr; a usage error also names the --help to read.
+
+    click's own block (Usage:, Try ..., Error: ...) spans three lines; `bnbwd` alone still prints the help.
+    """
+    if not isinstance(exc, click.UsageError) or isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        exc.show()
+        return
+    text = " ".join(exc.format_message().split())
+    if exc.ctx is not None:
+        text += f" (see '{exc.ctx.command_path} --help')"
+    click.echo(f"error: {text}", err=True)
+
+
+class BnbwdGroup(click.Group):
+    """Maps failures that are not user errors to one line and a stable exit code."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
+        """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        with _sigterm_as_exception():
+            try:
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                code = code if isinstance(code, int) else ExitCode.OK
+                _flush_stdout()
+            except click.exceptions.Exit as exc:
+                code = exc.exit_code
+            except click.ClickException as exc:
+                with contextlib.suppress(OSError, ValueError):
+                    _show_error(exc)
+                code = exc.exit_code
+            except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Ctrl-C while parsing the command line
+                code = _interrupted(exc.__context__ if isinstance(exc, click.exceptions.Abort) else exc)
+            except OSError as exc:  # stdout failed at the final flush
+                code = _stream_failed(exc)
+        sys.exit(code)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            with warnings.catch_warnings():
+                # NumPy's "invalid value encountered" lines are noise: a run counts and reports NaN/Inf itself.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return super().invoke(ctx)
+        except MemoryError:
+            raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
+        except KeyboardInterrupt as exc:
+            ctx.exit(_interrupted(exc))
+        except OSError as exc:  # writing the report to stdout or stderr failed (closed, full device)
+            ctx.exit(_stream_failed(exc))
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
+            if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
+                echo_error(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
+            else:
+                echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
+            ctx.exit(ExitCode.INTERNAL)
+
+
+def _interrupted(exc: BaseException | None) -> ExitCode:
+    if isinstance(exc, Terminated):
+        echo_error("error: terminated (SIGTERM); no partial output file is left")
+        return ExitCode.TERMINATED
+    echo_error("error: interrupted; no partial output file is left")
+    return ExitCode.INTERRUPTED
+
+
+def _stream_failed(exc: OSError) -> ExitCode:
+    """stdout or stderr failed: exit 3 (an output that cannot be written), never 1 or 4."""
+    _silence_stdout()
+    if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
+        echo_error("error: stdout was closed before bnbwd finished writing to it (broken pipe)")
+    else:
+        echo_error(f"error: cannot write to stdout or stderr ({reason(exc)})")
+    return ExitCode.INPUT
+
+
+def _flush_stdout() -> None:
+    stream = sys.stdout
+    if stream is not None:
+        stream.flush()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. under CliRunner)
+        pass
+
+
+@click.group(cls=BnbwdGroup, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="bnbwd")
+@click.option("--traceback", is_flag=True, help="Show a Python traceback on internal errors.")
+def main(traceback: bool) -> None:
+    """Batch-normalization training backward pass, from tensors on disk.
+
+    \b
+    Exit codes: 0 ok, 1 verification mismatch, 2 usage error,
+                3 input error (unreadable, malformed or inconsistent input,
+                  or an output that cannot be written),
+                4 internal error (a bug: rerun with --traceback),
+                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+
+    \b
+    Start with:  bnbwd run --help,  bnbwd verify --help  and  bnbwd check --help
+    """

@@ -1,0 +1,246 @@
+"""Every click ParamType and the option decorators commands share: validation at the edge gives exit 2."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, MaxMismatch, PerOutput
+from bnbwd_cli.layout import FORMAT_ALIASES
+from bnbwd_cli.spec import OUTPUT_NAMES
+
+
+class ArraySource(click.ParamType):
+    """FILE.npy, FILE.npz:key, FILE.npz (one array), FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE or '-' for stdin."""
+
+    name = "PATH"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        if not isinstance(value, str) or not value:
+            self.fail("expected FILE.npy, FILE.npz:key, FILE.safetensors:key, raw:DTYPE:SHAPE:FILE or -", param, ctx)
+        return value
+
+
+# Tiles under this budget cost more in per-call overhead than they gain (`--block-size 1` took minutes for a
+# 2 MB problem): smaller values are raised to it.
+MIN_BLOCK_BYTES = 64 << 10
+
+
+class ByteSize(click.ParamType):
+    """A size such as 4096, 512K, 8M or 1G; values under `minimum` are raised to it."""
+
+    name = "SIZE"
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+    def __init__(self, minimum: int = 1) -> None:
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):  # noqa: ANN001
+        if isinstance(value, int):
+            return max(value, self.minimum)
+        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(I?B)?\s*", str(value).upper())
+        if not match or int(match.group(1)) <= 0:
+            self.fail(f"{value!r} is not a size such as 4096, 512K or 8M", param, ctx)
+        return max(int(match.group(1)) * self.units[match.group(2)], self.minimum)
+
+
+class OutputList(click.ParamType):
+    """Comma-separated output names, e.g. diff_src,diff_gamma."""
+
+    name = "NAMES"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001
+        if isinstance(value, tuple):
+            return value
+        names = tuple(part.strip() for part in str(value).split(",") if part.strip())
+        unknown = [name for name in names if name not in OUTPUT_NAMES]
+        if unknown or not names:
+            self.fail(f"{value!r}: expected a comma-separated subset of {', '.join(OUTPUT_NAMES)}", param, ctx)
+        return tuple(name for name in OUTPUT_NAMES if name in names)
+
+
+FORMAT_CHOICE = click.Choice(list(FORMAT_ALIASES), case_sensitive=False)
+
+
+class ToleranceValue(click.ParamType):
+    """``VALUE`` (all outputs) or ``NAME=VALUE`` (one output); VALUE a finite number >= 0."""
+
+    name = "[NAME=]VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str | None, float]:
+        if isinstance(value, tuple):
+            return value
+        name, _, number = _split_name(self, value, param, ctx)
+        try:
+            parsed = float(number)
+        except ValueError:
+            self.fail(f"{value!r}: {number!r} is not a number (expected VALUE or NAME=VALUE)", param, ctx)
+        if not math.isfinite(parsed) or parsed < 0:
+            self.fail(f"{value!r}: must be a finite number >= 0", param, ctx)
+        return name, parsed
+
+
+class MismatchValue(click.ParamType):
+    """``N`` elements or ``P%`` of each output, optionally as ``NAME=N`` / ``NAME=P%``."""
+
+    name = "[NAME=]N|P%"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str | None, MaxMismatch]:
+        if isinstance(value, tuple):
+            return value
+        name, _, number = _split_name(self, value, param, ctx)
+        percent = number.endswith("%")
+        text = number[:-1] if percent else number
+        try:
+            parsed = float(text) if percent else int(text)
+        except ValueError:
+            self.fail(f"{value!r}: expected a count (e.g. 5) or a percentage (e.g. 0.01%)", param, ctx)
+        if not 0 <= parsed <= (100 if percent else math.inf) or not math.isfinite(parsed):
+            self.fail(f"{value!r}: a count must be >= 0, a percentage in [0, 100]", param, ctx)
+        return name, MaxMismatch(float(parsed), percent)
+
+
+class KeyPair(click.ParamType):
+    """``THEIRS=OURS``: a file's key and the name bnbwd gives it (in every file a command reads)."""
+
+    name = "THEIRS=OURS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        actual, sep, reference = value.partition("=")
+        if not sep or not actual or not reference:
+            self.fail(f"{value!r}: expected THEIRS=OURS, e.g. dx=diff_src or dy=diff_dst", param, ctx)
+        return actual, reference
+
+
+def _split_name(ptype: click.ParamType, value: str, param, ctx) -> tuple[str | None, str, str]:
+    name, sep, number = str(value).rpartition("=")
+    if sep and not name:
+        ptype.fail(f"{value!r}: empty output name before '='", param, ctx)
+    return (name or None), sep, number
+
+
+def _per_output(values: tuple[tuple[str | None, Any], ...]) -> PerOutput:
+    """Repeated ``[NAME=]VALUE`` options: the last global and the last per name win."""
+    default, by_name = None, {}
+    for name, value in values:
+        if name is None:
+            default = value
+        else:
+            by_name[name] = value
+    return PerOutput(default, by_name)
+
+
+def _names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--only/--ignore accept repeats and comma-separated lists."""
+    return tuple(n.strip() for v in values for n in v.split(",") if n.strip())
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class ComparisonOptions:
+    """Everything the comparison options hold, parsed."""
+
+    settings: CompareSettings = field(default_factory=CompareSettings)
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    only: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    data_format: str | None = None
+    verbose: bool = False
+    brief: bool = False
+    top: int = 10
+
+
+_OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",
+                "ignore", "verbose", "brief", "top")
+
+
+def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
+    tolerance = ToleranceValue()
+    options = [
+        click.option("--atol", type=tolerance, multiple=True, help="Absolute tolerance (not scaled by magnitude); VALUE for all outputs or NAME=VALUE for one. Repeatable."),
+        click.option("--rtol", type=tolerance, multiple=True, help="Relative tolerance, times |reference|; VALUE or NAME=VALUE. Repeatable."),
+        click.option("--ulp", type=tolerance, multiple=True, help="An element also passes within this many ULPs of the output dtype at the reference; VALUE or NAME=VALUE. 0 turns it off."),
+        click.option("--rel-l2", "rel_l2", type=tolerance, multiple=True, help="Bound on ||a-r||2/||r||2 per output; VALUE or NAME=VALUE."),
+        click.option("--max-mismatch", type=MismatchValue(), multiple=True, help="Failing elements tolerated per output: N or P% (e.g. 0.01%); NAME=... for one output. Default 0."),
+        click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use; VALUE or NAME=VALUE. Default {DEFAULT_MAX_UNITS:g}."),
+        click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
+        click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
+        click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Read a file's key THEIRS as OURS (e.g. dx=diff_src, dy=diff_dst), in every file the command reads, inputs and outputs alike; the specs' names (x_backprop...) need none. Repeatable."),
+        click.option("--only", multiple=True, metavar="KEY[,KEY]", help="Compare only these keys (either side's name)."),
+        click.option("--ignore", multiple=True, metavar="KEY[,KEY]", help="Leave these keys out (either side's name)."),
+    ]
+    if with_format:
+        options.append(
+            click.option(
+                "--format",
+                "data_format",
+                type=FORMAT_CHOICE,
+                default=None,
+                help="Layout of the tensors: coordinates read n=.. c=.. h=.. w=.. and a per-channel table is shown. Default: plain indices.",
+            )
+        )
+    options += [
+        click.option("-v", "--verbose", is_flag=True, help="Details for every output, not only failing ones."),
+        click.option("--brief", is_flag=True, help="One line per output and the verdict."),
+        click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="Worst elements (and channels) listed per output."),
+    ]
+    if with_json:
+        options.append(click.option("--json", "json_target", metavar="PATH|-", default=None, help="Also write the facts as JSON to PATH; '-' writes only JSON to stdout. Exit code unchanged."))
+    return options
+
+
+def comparison_options(func: Callable | None = None, *, with_format: bool = True, with_json: bool = True) -> Callable:
+    """Add the comparison options to a click command; it receives ``comparison: ComparisonOptions``.
+
+    With ``with_json`` the command also receives ``json_target`` (str or None). Use bare
+    (``@comparison_options``) or with arguments (``@comparison_options(with_format=False)``
+    when the command has its own ``--format``; run sets its own: ``replace(comparison, data_format=...)``).
+    """
+
+    def decorate(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {key: kwargs.pop(key) for key in _OPTION_KEYS}
+            data_format = kwargs.pop("data_format") if with_format else None
+            kwargs["comparison"] = ComparisonOptions(
+                settings=CompareSettings(
+                    atol=_per_output(values["atol"]),
+                    rtol=_per_output(values["rtol"]),
+                    ulp=_per_output(values["ulp"]),
+                    rel_l2=_per_output(values["rel_l2"]),
+                    max_mismatch=_per_output(values["max_mismatch"]),
+                    max_units=_per_output(values["max_units"]),
+                    equal_nan=values["equal_nan"],
+                    bias_check=values["bias_check"],
+                ),
+                key_map=dict(values["key_map"]),
+                only=_names(values["only"]),
+                ignore=_names(values["ignore"]),
+                data_format=data_format,
+                verbose=values["verbose"],
+                brief=values["brief"],
+                top=values["top"],
+            )
+            return f(*args, **kwargs)
+
+        for option in reversed(_option_list(with_format, with_json)):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate(func) if func is not None else decorate
+
+
+fsync_option = click.option(
+    "--fsync", is_flag=True,
+    help="fsync each output file and its directory before the command ends (survives a power loss; slower). "
+    "Without it outputs are still atomic: complete under their name, or absent.")

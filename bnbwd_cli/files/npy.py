@@ -1,0 +1,141 @@
+""".npy data: vetted headers (bounds before work) and streams read exactly as far as their header declares.
+
+Nothing is memory-mapped and nothing unpickled; raw 2-byte void (`|V2`, how np.save stores ml_dtypes.bfloat16)
+is read back as bfloat16, big-endian data converted once to native order.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from bnbwd_cli import dtypes
+from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import common
+from bnbwd_cli.files.common import READ_ERRORS, reason
+
+
+def read_exactly(stream: BinaryIO, size: int) -> bytes:
+    """Up to `size` bytes (fewer only at the end of the stream)."""
+    parts, got = [], 0
+    while got < size:
+        part = stream.read(size - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def read_capped(stream: BinaryIO, cap: int, what: str) -> bytes:
+    """The whole stream, refusing one longer than `cap` bytes (an endless pipe fails, not memory)."""
+    data = read_exactly(stream, cap + 1)
+    if len(data) > cap:
+        raise BnbwdError(f"{what}: more than {cap} bytes (the memory available); refusing to read further")
+    return data
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """A vetted .npy header: where the data starts and what it holds."""
+
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype  # as stored (byte order included)
+    offset: int  # bytes from the start of the .npy to its data
+    nbytes: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def logical_dtype(self) -> np.dtype:
+        """The dtype arrays read from it get: native byte order, |V2 as bfloat16."""
+        if self.dtype.kind == "V" and self.dtype.itemsize == 2 and self.dtype.names is None:
+            return dtypes.BFLOAT16
+        return self.dtype.newbyteorder("=") if self.dtype.byteorder not in ("=", "|") else self.dtype
+
+
+def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -> NpyHeader:
+    """Parse and vet a .npy header at the stream's position. Reads no data."""
+    start = _tell(stream)
+    try:
+        with warnings.catch_warnings():  # NumPy warns (several lines) about Python-2-style headers; we vet them anyway
+            warnings.simplefilter("ignore")
+            version = npy_format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
+            else:  # 2.0 and 3.0 share the 4-byte header length
+                shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
+    except READ_ERRORS as exc:
+        raise BnbwdError(f"{what}: not a valid .npy file ({reason(exc)})") from None
+    if not isinstance(shape, tuple) or not all(type(dim) is int for dim in shape):
+        raise BnbwdError(f"{what}: not a valid .npy file (shape {shape!r} is not a tuple of integers)")
+    if dtype.hasobject:
+        raise BnbwdError(f"{what}: holds Python objects (dtype {dtype}); refusing to unpickle")
+    if dtype.names is not None:
+        raise BnbwdError(f"{what}: has a structured dtype {dtype}, expected a plain float array")
+    if dtype.itemsize == 0:
+        raise BnbwdError(f"{what}: has a zero-size dtype {dtype}, expected a plain float array")
+    if any(dim < 0 for dim in shape):
+        raise BnbwdError(f"{what}: header declares shape {tuple(shape)} with a negative dimension")
+    needed = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot wrap around to 0
+    offset = _tell(stream) - start if start is not None else 0
+    if available_bytes is not None and needed > available_bytes - offset:
+        raise BnbwdError(
+            f"{what}: header declares shape {tuple(shape)} {dtype} ({needed} bytes) "
+            f"but the file holds {max(available_bytes - offset, 0)} bytes of data"
+        )
+    return NpyHeader(tuple(shape), bool(fortran_order), dtype, offset, needed)
+
+
+def _tell(stream: BinaryIO) -> int | None:
+    try:
+        return stream.tell()
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _array_from_bytes(data: bytes | bytearray, header: NpyHeader, what: str) -> np.ndarray:
+    try:
+        array = np.frombuffer(data, dtype=header.dtype).reshape(header.shape, order="F" if header.fortran_order else "C")
+    except ValueError as exc:
+        raise BnbwdError(f"{what}: cannot use the data as shape {header.shape} {header.dtype} ({reason(exc)})") from None
+    return as_native(as_bfloat16_if_void(array))
+
+
+def read_npy_stream(stream: BinaryIO, available_bytes: int | None, what: str) -> np.ndarray:
+    """One .npy from `stream`: the header is vetted, then exactly its declared data is read, no more."""
+    header = read_npy_header(stream, available_bytes, what)
+    if available_bytes is None and header.nbytes > common.memory_cap():
+        raise BnbwdError(f"{what}: header declares shape {header.shape} {header.dtype} ({header.nbytes} bytes), "
+                         "more than the memory available")
+    data = read_exactly(stream, header.nbytes)
+    if len(data) != header.nbytes:
+        raise BnbwdError(f"{what}: header declares shape {header.shape} {header.dtype} ({header.nbytes} bytes) "
+                         f"but the data ends after {len(data)} bytes (truncated)")
+    return _array_from_bytes(data, header, what)
+
+
+def as_bfloat16_if_void(array: np.ndarray) -> np.ndarray:
+    """np.save writes bfloat16 as raw |V2: view it back as bfloat16."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
+        return array.view(dtypes.BFLOAT16)
+    return array
+
+
+def as_native(array: np.ndarray) -> np.ndarray:
+    """Big-endian data is valid input: convert it once to native byte order."""
+    if array.dtype.byteorder not in ("=", "|") and not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array

@@ -1,0 +1,66 @@
+"""What `bnbwd run` shows a person: the summary table, the non-finite warning, the progress bar.
+
+rich is imported where a function uses it: `run -q` renders nothing and never loads it (tests/test_startup.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bnbwd_cli.dtypes import dtype_label
+from bnbwd_cli.run_summary import RunFacts
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+
+def progress_bar(console):  # noqa: ANN001 - a rich Console
+    """A transient rich progress bar on `console` and the callback (done, total) that moves it."""
+    from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
+                   TimeRemainingColumn(), console=console, transient=True)
+    task = bar.add_task("backward", total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+def nonfinite_warning(facts: RunFacts) -> str | None:
+    bad = {name: s.nonfinite for name, s in facts.stats.items() if s.nonfinite}
+    if not bad:
+        return None
+    listing = ", ".join(f"{name} {count}" for name, count in bad.items())
+    return (f"warning: non-finite outputs ({listing} NaN/Inf values): NaN/Inf in an input propagate "
+            "through its channel's sums into every output of that channel, as in the frameworks")
+
+
+def render_run(console: Console, error_console: Console, facts: RunFacts) -> None:
+    from rich.table import Table
+
+    warning = nonfinite_warning(facts)
+    if warning:
+        error_console.print(warning, style="yellow", markup=False, soft_wrap=True)  # one line: log greps
+    table = Table(title=None, show_edge=False, header_style="bold")
+    for column in ("output", "shape", "dtype", "min", "max", "NaN/Inf"):
+        table.add_column(column, justify="left" if column in ("output", "dtype") else "right")
+    for name, array in facts.outputs.items():
+        stats = facts.stats[name]
+        table.add_row(name, str(array.shape), dtype_label(array.dtype), f"{stats.minimum:.6g}", f"{stats.maximum:.6g}",
+                      str(stats.nonfinite))
+    src = facts.inputs["src"]
+    mode = "training" if facts.training else "inference"
+    epsilon = "n/a (variance is invstd)" if facts.epsilon is None else f"{facts.epsilon:g}"
+    console.print(
+        f"bnbwd run: src {src.shape} {dtype_label(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
+        f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.core} core{', streamed' if facts.stream else ''}, "
+        f"{facts.elapsed_s * 1e3:.1f} ms",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(table)
+    if facts.written:
+        console.print("wrote " + ", ".join(facts.written), markup=False)
