@@ -88,6 +88,11 @@ class Worker:
         return json.loads(self.process.stdout.readline())
 
 
+def resolve(version: str) -> str:
+    tree, at, budget = version.partition("@")
+    return (tree if tree == "naive" else str(Path(tree).resolve())) + at + budget
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", help="name=tree")
@@ -104,7 +109,8 @@ def main() -> None:
     if args.worker:
         return worker(args.worker)
     names = [v.split("=", 1)[0] for v in args.versions]
-    workers = [Worker(v.split("=", 1)[1]) for v in args.versions]
+    # trees resolved here: the workers run in / (a relative tree such as "." would import the installed package)
+    workers = [Worker(resolve(v.split("=", 1)[1])) for v in args.versions]
     print("| core | layout | dtype | " + " | ".join(f"{n} ms" for n in names) + " | "
           + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
     print("|---" * (3 + 2 * len(names) - 1) + "|")

@@ -28,20 +28,24 @@ def cache_sizes() -> dict[int, int]:
 
 
 def default_block_bytes(threads: int) -> int:
-    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count): a quarter of the
-    thread's share of the last-level cache, but never under MIN_BLOCK_BYTES nor over MAX_BLOCK_BYTES.
+    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count): half the thread's
+    share of the last-level cache, but never under MIN_BLOCK_BYTES nor over MAX_BLOCK_BYTES.
+
+    Re-measured after the lane sums became one call (ab_core, CPU time, 2 threads, 32 MiB L3): 8 MiB holds a
+    whole f32 (64, ., 56, 56) channel plane with its float64 scratch, so both passes fuse (3 tensor passes
+    of memory traffic, not 5): NCX f32 261 -> 193 ms, NXC 236 -> 211 ms against 4 MiB. Before that change:
 
     Small tiles cost per-call overhead (a tile is ~20 NumPy calls), big ones fall out of cache between the
     reduce and the write pass. Measured, f32 and f16 (64,128,56,56) both layouts, 2 threads (bench/ab_core.py,
     tables in bench/RESULTS.md): on a 32 MiB-L3 EPYC 4 MiB was best or tied in every cell (0.42-0.90x naive
     NumPy), 1-2 MiB up to 1.4x naive for f16, 16 MiB 0.6-0.7x; on an 8 MiB-L3 machine (issue 15) the old
-    rule's 2 MiB was no faster than naive NumPy and 4-8 MiB were best. Both give 4 MiB under this rule.
+    rule's 2 MiB was no faster than naive NumPy and 4-8 MiB were best. This rule gives 8 MiB and 4 MiB there.
     """
     sizes = cache_sizes()
     last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8
     shared = max(sizes, default=0) >= 3  # an L3 is shared by the cores; L1/L2 are per core
     share = last_level // max(threads, 1) if shared else last_level
-    return int(min(max(share // 4, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
+    return int(min(max(share // 2, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
 
 
 def usable_cores() -> int:

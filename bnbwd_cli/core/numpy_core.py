@@ -17,6 +17,7 @@ BLAS-backed calls (matmul, vecdot) were measured not to run concurrently from tw
 
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -52,7 +53,7 @@ class _Kernel:
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(problem.geometry.c)
         self.k = np.zeros(problem.geometry.c)
-        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written tile's float64 values
+        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written tile (rounding.store's values)
 
     def _widen(self, wide: np.ndarray, values: np.ndarray) -> np.ndarray:
         """wide (float64) = values, exactly."""
@@ -100,14 +101,21 @@ class _Kernel:
         rows, rest = values.shape[1], values.shape[2:]
         full = rows // step
         acc = self.scratch.get("acc", (2, -(-rows // step), r0, *rest), FLOAT64)
-        acc.fill(0.0)
         if full:
             grouped = values[:, : full * step].reshape(2, full, groups, r0, *rest)
             head = acc[:, :full]
-            for k in range(groups):
-                head += grouped[:, :, k]
+            if r0 * math.prod(rest) > 1:
+                # One call, and the same order: summing over an axis that is not the innermost, NumPy adds whole
+                # rows in turn (acc = ((0.0 + v0) + v1) + ...), elementwise; pairwise summation is used only
+                # along the innermost axis, which is what a single lane (r0·channels·lanes == 1) would become.
+                np.add.reduce(grouped, axis=2, out=head, initial=0.0)
+            else:
+                head.fill(0.0)
+                for k in range(groups):
+                    head += grouped[:, :, k]
         if rows > full * step:  # the last chunk of the tensor, short
             last = acc[:, full]
+            last.fill(0.0)
             for q0 in range(full * step, rows, r0):
                 part = values[:, q0 : q0 + r0]
                 last[:, : part.shape[1]] += part
@@ -150,9 +158,10 @@ class _Kernel:
             result *= problem.scale[None, :, None][channels]
             if problem.scale_exp is not None:
                 np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
-            # the summary's extremes while the tile is in cache (core/stats.py; NaN propagates)
-            self.extremes.append((np.min(result), np.max(result)))
-        store(result, out, self.scratch)
+        rounded = store(result, out, self.scratch)
+        # the summary's extremes while the tile is in cache (core/stats.py; NaN propagates), from the float32
+        # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
+        self.extremes.append((np.min(rounded), np.max(rounded)))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""
@@ -200,7 +209,7 @@ class _Progress:
 
 def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarray, tuple[float, float] | None]:
     """The sums [Σdy, Σdy·(src - mean)] per channel (2, C) float64, and when problem.out3 is given (then
-    written) the min and max of its float64 values before rounding (core/stats.py).
+    written) the min and max of its values as rounded (through float32 for f16/bf16; core/stats.py).
 
     budget: bytes of working set a tile; threads: worker threads; progress: None or f(done, total) elements.
     """

@@ -97,8 +97,12 @@ def round_to_odd_float32(values: np.ndarray, out: np.ndarray) -> None:
     np.bitwise_or(bits, inexact, out=bits, casting="unsafe")
 
 
-def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -> None:
-    """out (T1) = values (float64), rounded once (NaN stays NaN)."""
+def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+    """out (T1) = values (float64), rounded once (NaN stays NaN).
+
+    Returns the float32/float64 array the values were rounded through (out itself, or for f16/bf16 the
+    rounded-to-odd float32 copy): each step is monotone, so its min and max round to out's extremes.
+    """
     if out.dtype == np.float16 or is_bfloat16(out.dtype):
         scratch = scratch or Scratch()
         odd = scratch.get("odd32", values.shape, np.dtype(np.float32))
@@ -108,9 +112,10 @@ def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -
         else:
             float_to_half(odd, out, scratch.get("u32a", values.shape, np.dtype(np.uint32)),
                           scratch.get("u32b", values.shape, np.dtype(np.uint32)))
-        return
+        return odd
     with np.errstate(over="ignore"):
         np.copyto(out, values, casting="unsafe")
+    return out
 
 
 def round_to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Summary statistics of an output: min and max over its finite values, and its count of NaN/Inf.
 
 The cores gather them in their write pass, where each block of diff_src is still in cache: per block the
-min and max of the float64 values before rounding (NaN propagating). Rounding is monotone, so when no
+min and max of the float64 values before rounding (numba), or of the float32/float64 values they were
+rounded to or through (NumPy: half the bytes to read; NaN propagating). Rounding is monotone, so when no
 block saw a NaN and the rounded extremes are finite, every rounded element is finite and the rounded
 extremes are the output's extremes. Otherwise (NaN/Inf outputs, rare) the output is scanned (`scan`).
 """
