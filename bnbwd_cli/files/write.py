@@ -191,7 +191,7 @@ class OutputSet:
             self._entries.append((path, None, stream))
             return stream
         fd, temp = create_temp(path)
-        stream = os.fdopen(fd, "wb+")
+        stream = os.fdopen(fd, "wb")  # a BufferedWriter: np.save then writes with tofile (BufferedRandom is copied in chunks)
         self._entries.append((path, temp, stream))
         return stream
 
