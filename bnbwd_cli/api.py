@@ -59,8 +59,8 @@ class Report:
     def text(self) -> str:
         buffer = io.StringIO()
         console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False)
-        report_text.render_report(console, self.result, actual_label=self.actual_label, reference_label=REFERENCE_LABEL,
-                                  problems_inline=True)
+        report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL),
+                                  report_text.ReportStyle(problems_inline=True))
         return buffer.getvalue()
 
     def to_json(self) -> str:

@@ -10,7 +10,7 @@ is a BnbwdError (one line, exit 3 on the command line).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,7 +19,7 @@ from bnbwd_cli import core as compute_core
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.judge.tolerance import CompareSettings
+from bnbwd_cli.judge.tolerance import Judging
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
 
 if TYPE_CHECKING:
@@ -119,17 +119,6 @@ def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -
                           variance_is_invstd=op.variance_is_invstd)
 
 
-@dataclass(frozen=True)
-class Judging:
-    """How outputs are compared (cli.params.ComparisonOptions carries the same fields)."""
-
-    settings: CompareSettings = field(default_factory=CompareSettings)
-    key_map: Mapping[str, str] = field(default_factory=dict)
-    only: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    top: int = 10
-
-
 def reference_outputs(problem: BackwardInputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """bnbwd's outputs for these names (canonical), from the checked inputs."""
     op = compute_core.Op(problem.src, problem.diff_dst, problem.mean, problem.variance, problem.gamma,
@@ -150,8 +139,7 @@ def judge(problem: BackwardInputs, actual: Mapping[str, np.ndarray], judging: Ju
     if not names:
         raise BnbwdError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
                          "(or a spec's name for them, or --map THEIRS=OURS)")
-    return compare_sets(actual, reference_outputs(problem, names), judging.settings, key_map=judging.key_map,
-                        only=judging.only, ignore=judging.ignore, top_k=judging.top, inputs=problem)
+    return compare_sets(actual, reference_outputs(problem, names), judging, inputs=problem)
 
 
 @dataclass(frozen=True)

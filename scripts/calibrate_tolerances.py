@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff  # noqa: E402
-from bnbwd_cli.judge import CompareSettings, compare_sets  # noqa: E402
+from bnbwd_cli.judge import Judging, compare_sets  # noqa: E402
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS  # noqa: E402
 from bnbwd_cli.core import Op, Settings, backward  # noqa: E402
 from tests import zoo  # noqa: E402
@@ -144,7 +144,7 @@ def truth_of(problem: dict) -> dict:
 
 
 def judge(problem: dict, outs: dict, truth: dict) -> dict[str, OutputRow]:
-    result = compare_sets(outs, truth, CompareSettings(), inputs=zoo.inputs_of(problem))
+    result = compare_sets(outs, truth, Judging(), inputs=zoo.inputs_of(problem))
     rows = {}
     for out in result.outputs:
         if out.comparison is None:  # a structural problem (shape/dtype/missing): a harness error

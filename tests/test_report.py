@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bnbwd_cli.judge import CompareSettings, SetComparison, compare_sets
+from bnbwd_cli.judge import CompareSettings, Judging, SetComparison, compare_sets
 from bnbwd_cli.judge.tolerance import PerOutput
 from bnbwd_cli.files.write import write_text
 from bnbwd_cli.render.json import SCHEMA_VERSION, document_text, report_document
-from bnbwd_cli.render.text import coordinates, fmt, render_report
+from bnbwd_cli.render.text import Labels, ReportStyle, coordinates, fmt, render_report
 
 
 def render(result: SetComparison, verbose: bool = False) -> str:
     console = Console(file=io.StringIO(), width=100, color_system=None)
-    render_report(console, result, actual_label="actual.npz", reference_label="reference.npz", verbose=verbose)
+    render_report(console, result, Labels("actual.npz", "reference.npz"), ReportStyle(verbose=verbose))
     # rich pads table titles with spaces; editors strip trailing blanks from the golden text
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"
 
@@ -35,13 +35,13 @@ def mismatch_case() -> SetComparison:
     actual["diff_src"][0, 1, 0, 1] = -1.0001
     actual["diff_gamma"][1] = np.float32(-2.0) + np.float32(2**-22)
     settings = CompareSettings(atol=PerOutput(by_name={"diff_gamma": 1e-4}))
-    return compare_sets(actual, reference, settings, data_format="NCHW", top_k=3)
+    return compare_sets(actual, reference, Judging(settings, top=3), data_format="NCHW")
 
 
 def structural_case() -> SetComparison:
     reference = {"diff_src": np.zeros((2, 3, 4, 4), np.float32), "diff_gamma": np.ones(3, np.float32), "diff_beta": np.ones(3, np.float32)}
     actual = {"diff_src": np.zeros((2, 4, 4, 3), np.float32), "diff_gamma": np.ones(3, np.float32), "junk": np.ones(3, np.float32)}
-    return compare_sets(actual, reference, CompareSettings(), data_format="NCHW")
+    return compare_sets(actual, reference, Judging(), data_format="NCHW")
 
 
 GOLDEN_VERBOSE = '''\
@@ -144,7 +144,7 @@ def test_mostly_zeros_warning_and_nan_counts_rendered():
     reference = {"diff_src": np.arange(1.0, 9.0, dtype=np.float32).reshape(1, 2, 2, 2)}
     actual = {"diff_src": np.zeros((1, 2, 2, 2), np.float32)}
     actual["diff_src"][0, 0, 0, 0] = np.nan
-    text = render(compare_sets(actual, reference, CompareSettings(), data_format="NHWC"))
+    text = render(compare_sets(actual, reference, Judging(), data_format="NHWC"))
     assert "warning: actual is 87.5% exact zeros, reference 0%: was the output written at all?" in text
     assert "NaN: actual 1, reference 0, mismatched 1; Inf: actual 0, reference 0, mismatched 0" in text
     assert "n=0 h=0 w=0 c=0" in text  # NHWC coordinates
@@ -245,7 +245,7 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     ]
     assert [p["kind"] for p in document["problems"]] == ["shape", "missing"]
     assert document["notes"] == ["not compared: junk (only in actual)"]
-    nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, CompareSettings())
+    nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, Judging())
     path = tmp_path / "r.json"
     write_text(str(path), document_text(report_document(nan_case, actual_label="a", reference_label="r")))
     loaded = json.loads(path.read_text())["outputs"][0]["comparison"]

@@ -55,8 +55,7 @@ def test_verdict_pass_and_detailed_pass_agree(rng, dtype, tolerance):
     assert fast.passed == full.passed and fast.max_abs == full.max_abs and fast.max_ulp == full.max_ulp
     assert full.mismatches > 0 and full.max_abs.value > 0  # the case is not trivial
     # compare_arrays: the verdict pass, with the details computed on first use by the detailed pass.
-    lazy = compare_arrays(actual, reference, tolerance, max_mismatch=MaxMismatch(3), equal_nan=True, dtype=name,
-                          axis_names=("n", "c", "w"), channel_axis=1, top_k=5)
+    lazy = compare_arrays(actual, reference, tolerance, setup)
     assert _summary(lazy) == _summary(full)
     assert repr(lazy.details) == repr(full.details) and len(lazy.worst) == 5 and lazy.channels is not None
 

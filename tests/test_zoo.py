@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
-from bnbwd_cli.judge import CompareSettings, compare_sets
+from bnbwd_cli.judge import Judging, compare_sets
 from tests.oracle import backward_arrays
 from tests import zoo
 
@@ -38,7 +38,7 @@ def _truth(problem: dict) -> dict:
 
 
 def _judge(problem: dict, outputs: dict, truth: dict | None = None):
-    return compare_sets(outputs, truth or _truth(problem), CompareSettings(), inputs=zoo.inputs_of(problem))
+    return compare_sets(outputs, truth or _truth(problem), Judging(), inputs=zoo.inputs_of(problem))
 
 
 GRID = [(m, fmt, types) for m in (1, 7, 1000, 100_000) for fmt in ("NCX", "NXC") for types in TYPES]

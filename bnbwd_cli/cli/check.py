@@ -79,7 +79,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     console = report_text.make_console(stderr=json_target == "-")
     outcomes = []
     for path in cases:
-        outcome = case.judge_file(path, op, comparison, bf16=op_options["bf16_inputs"])
+        outcome = case.judge_file(path, op, comparison.judging(), bf16=op_options["bf16_inputs"])
         outcomes.append(outcome)
         _print_case(console, outcome, comparison)
     console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
@@ -94,6 +94,6 @@ def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOption
 
     console.print(report_cases.case_line(outcome), highlight=False, soft_wrap=True)
     if comparison.verbose and outcome.result is not None:
-        report_text.render_report(console, outcome.result, actual_label=outcome.path, reference_label="bnbwd",
-                                  verbose=False, brief=comparison.brief)
+        report_text.render_report(console, outcome.result, report_text.Labels(outcome.path, "bnbwd"),
+                                  report_text.ReportStyle(verbose=False, brief=comparison.brief))
         console.print()

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, MaxMismatch, PerOutput
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, Judging, MaxMismatch, PerOutput
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES
 
@@ -158,6 +158,10 @@ class ComparisonOptions:
     verbose: bool = False
     brief: bool = False
     top: int = 10
+
+    def judging(self) -> Judging:
+        """The fields the comparison itself takes (the rest say how the report looks)."""
+        return Judging(self.settings, self.key_map, self.only, self.ignore, self.top)
 
 
 _OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",

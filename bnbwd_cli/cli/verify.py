@@ -61,23 +61,14 @@ def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_conso
     from bnbwd_cli.render import text as report
 
     _check_override_names(options, sets.actual, sets.reference)
-    result = compare_sets(
-        sets.actual,
-        sets.reference,
-        options.settings,
-        key_map=options.key_map,
-        only=options.only,
-        ignore=options.ignore,
-        data_format=options.data_format,
-        top_k=options.top,
-        inputs=sets.inputs,
-    )
-    labels = {"actual_label": sets.actual_label, "reference_label": sets.reference_label}
+    result = compare_sets(sets.actual, sets.reference, options.judging(), data_format=options.data_format,
+                          inputs=sets.inputs)
     if json_target != "-":
-        report.render_report(stdout_console, result, verbose=options.verbose, brief=options.brief, **labels)
+        report.render_report(stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
+                             report.ReportStyle(verbose=options.verbose, brief=options.brief))
     if json_target is not None:
-        files_write.write_text(json_target, report_json.document_text(report_json.report_document(result, **labels)),
-                               fsync=fsync)
+        document = report_json.report_document(result, actual_label=sets.actual_label, reference_label=sets.reference_label)
+        files_write.write_text(json_target, report_json.document_text(document), fsync=fsync)
     report.print_problems(result)
     return result.exit_code
 

@@ -14,6 +14,7 @@ import importlib
 _LAZY = {
     "BackwardInputs": "model",
     "CompareSettings": "tolerance",
+    "Judging": "tolerance",
     "Comparison": "stats",
     "compare_arrays": "stats",
     "OutputResult": "sets",

@@ -9,7 +9,7 @@ and outputs with explicit --atol/--rtol/--ulp, use fixed dtype tolerances (judge
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,7 +23,7 @@ from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural
 from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Setup, compare_arrays
-from bnbwd_cli.judge.tolerance import CompareSettings, comparison_dtype
+from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 
 
 @dataclass(frozen=True)
@@ -89,17 +89,19 @@ class _Job:
     top_k: int
 
 
-def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
+def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
     dtype = comparison_dtype(a.dtype, r.dtype)
-    return compare_arrays(a, r, job.settings.tolerance_for(job.names, dtype), max_mismatch=job.settings.max_mismatch_for(job.names),
-                          equal_nan=job.settings.equal_nan, dtype=dtype, axis_names=job.layout.axis_names,
-                          channel_axis=job.layout.channel_axis, top_k=job.top_k)
+    return Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+
+
+def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
+    setup = _setup(a, r, job)
+    return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup)
 
 
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs) -> Accumulator:
-    dtype = comparison_dtype(a.dtype, r.dtype)
-    rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(dtype)))
-    setup = Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+    setup = _setup(a, r, job)
+    rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(setup.dtype)))
     return Accumulator(a, r, rule, setup)
 
 
@@ -151,17 +153,15 @@ def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInput
 def compare_sets(
     actual: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
-    settings: CompareSettings,
+    judging: Judging,
     *,
-    key_map: Mapping[str, str] | None = None,
-    only: Iterable[str] = (),
-    ignore: Iterable[str] = (),
     data_format: str | None = None,
-    top_k: int = 10,
     inputs: BackwardInputs | None = None,
 ) -> SetComparison:
     """Match keys, then compare each pair; structural failures become rows, never skips.
 
+    ``judging``: the settings, the key selection (--map, --only, --ignore) and how many worst elements to keep.
+    ``data_format``: the outputs' layout, for coordinates and per-channel tables (default: the inputs').
     With ``inputs`` (the op's inputs the kernel saw), the op's outputs are judged by the error model.
     """
     if inputs is not None and data_format is None:
@@ -173,14 +173,14 @@ def compare_sets(
             cache["facts"] = channel_facts(inputs)
         return cache["facts"]
 
-    match = match_keys(list(actual), list(reference), key_map, only, ignore)
+    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore)
     outputs: list[OutputResult] = []
     for pair in match.pairs:
         a, r = actual[pair.actual_key], reference[pair.reference_key]
         problem = structural_problem(pair.name, a, r)
         comparison = None
         if problem is None:
-            job = _Job(pair.names, settings, tensor_layout(data_format, r.ndim), top_k)
+            job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top)
             comparison = _compare_pair(a, r, job, inputs, facts)
             comparison = replace(comparison, hints=comparison.hints + hint_rules.precision_hints(comparison, a))
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
@@ -193,4 +193,4 @@ def compare_sets(
             )
         else:
             key_problems.append(problem)
-    return SetComparison(tuple(outputs), tuple(key_problems), settings, inputs is not None, match.notes)
+    return SetComparison(tuple(outputs), tuple(key_problems), judging.settings, inputs is not None, match.notes)

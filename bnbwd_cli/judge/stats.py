@@ -154,14 +154,21 @@ class Layout:
 
 @dataclass(frozen=True)
 class Setup:
-    """How one output is judged, besides its rule. ``detailed``: gather the details in the same pass."""
+    """How one output is judged, besides its rule. ``detailed``: gather the details in the same pass.
+    ``dtype``: the dtype whose ULP grid applies; None: the coarser side's (``resolved``)."""
 
-    dtype: str
+    dtype: str | None = None
     max_mismatch: MaxMismatch = MaxMismatch()
     equal_nan: bool = False
     layout: Layout = Layout()
     top_k: int = 10
     detailed: bool = True
+
+    def resolved(self, actual: np.ndarray, reference: np.ndarray) -> Setup:
+        """This setup with its dtype settled (None: the coarser of the two sides)."""
+        if self.dtype is not None:
+            return self
+        return replace(self, dtype=comparison_dtype(actual.dtype, reference.dtype))
 
     def channel_axis(self, ndim: int) -> int | None:
         """The axis of the per-channel table; None without one (no channel axis, or a 1-D output)."""
@@ -223,6 +230,7 @@ class Accumulator:
     def __init__(self, actual: np.ndarray, reference: np.ndarray, rule: FixedRule | ScaledRule, setup: Setup) -> None:
         if actual.shape != reference.shape:
             raise ValueError(f"shapes differ: {actual.shape} vs {reference.shape}")
+        setup = setup.resolved(actual, reference)
         self.actual, self.reference, self.rule, self.setup = actual, reference, rule, setup
         self.dtype = setup.dtype
         self.shape = tuple(int(s) for s in reference.shape)
@@ -325,29 +333,17 @@ def _upcast(chunk: np.ndarray, buffer: np.ndarray) -> np.ndarray:
     return buffer
 
 
-def compare_arrays(
-    actual: np.ndarray,
-    reference: np.ndarray,
-    tolerance: Tolerance,
-    *,
-    max_mismatch: MaxMismatch = MaxMismatch(),
-    equal_nan: bool = False,
-    dtype: str | None = None,
-    axis_names: tuple[str, ...] | None = None,
-    channel_axis: int | None = None,
-    top_k: int = 10,
-) -> Comparison:
+def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup = Setup()) -> Comparison:
     """Compare two arrays of the same shape under fixed tolerances, element by element and as a whole.
 
     ``actual`` and ``reference``: same shape, floating dtypes (f64, f32, f16, bf16).
-    ``dtype``: the dtype whose ULP grid applies (default: the coarser side's).
-    ``axis_names``/``channel_axis``: the tensor's layout, for coordinates and the
-    per-channel table (None: plain indices, no per-channel table).
+    ``setup``: the mismatch allowance, NaN handling, the dtype whose ULP grid applies (default: the
+    coarser side's), the tensor's layout (for coordinates and the per-channel table; default: plain
+    indices, no per-channel table) and how many worst elements to keep. Its ``detailed`` is not used:
+    the details are computed on first use by a second pass (the Comparison keeps both arrays).
     Works in chunks of the flattened tensors, so memory stays bounded for large outputs.
-    The details are computed on first use by a second pass (the Comparison keeps both arrays).
     """
-    setup = Setup(dtype or comparison_dtype(actual.dtype, reference.dtype), max_mismatch, equal_nan,
-                  Layout(axis_names, channel_axis), top_k, detailed=False)
+    setup = replace(setup.resolved(actual, reference), detailed=False)
     detailed = replace(setup, detailed=True)
     details_of = _Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
     return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of)

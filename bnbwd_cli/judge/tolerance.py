@@ -156,3 +156,16 @@ class CompareSettings:
             for attr in ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units")
             if getattr(self, attr).by_name
         }
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a set of outputs is compared: the user's overrides, which keys (--map THEIRS=OURS, --only,
+    --ignore) and how many worst elements each report lists. cli.params.ComparisonOptions carries the same
+    fields and the report's; here, not in judge/sets.py, so that case.py need not load the comparison."""
+
+    settings: CompareSettings = field(default_factory=CompareSettings)
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    only: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    top: int = 10

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from rich import box
@@ -90,26 +91,42 @@ def _print_table(console: Console, table: Table) -> None:
 # --------------------------------------------------------------------------- the report
 
 
-def render_report(console: Console, result: SetComparison, *, actual_label: str, reference_label: str,
-                  verbose: bool = False, brief: bool = False, problems_inline: bool = False) -> None:
-    """The whole report: what was compared and how, one row per output, details of failures, the verdict.
+@dataclass(frozen=True)
+class Labels:
+    """What the report calls the two sides (file names, or the API's names)."""
+
+    actual: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class ReportStyle:
+    """How much the report says. verbose: every output's details; brief: one line per output;
     problems_inline: the structural problems are printed in the report (the Python API's text has no stderr)."""
-    console.print(Text(f"Comparison: actual {actual_label} vs reference {reference_label}", style="bold"), soft_wrap=True)
+
+    verbose: bool = False
+    brief: bool = False
+    problems_inline: bool = False
+
+
+def render_report(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
+    """The whole report: what was compared and how, one row per output, details of failures, the verdict."""
+    console.print(Text(f"Comparison: actual {labels.actual} vs reference {labels.reference}", style="bold"), soft_wrap=True)
     _render_rules(console, result)
-    if brief:
+    if style.brief:
         for output in result.outputs:
             console.print(brief_line(output), highlight=False, soft_wrap=True)
     else:
         _render_summary(console, result)
     # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
-    if not brief:
+    if not style.brief:
         for output in result.outputs:
-            if output.comparison is not None and (verbose or not output.comparison.passed):
-                _render_details(console, output, verbose)
-    if problems_inline:
+            if output.comparison is not None and (style.verbose or not output.comparison.passed):
+                _render_details(console, output, style.verbose)
+    if style.problems_inline:
         for problem in result.all_problems:
             console.print(Text(f"error: {problem.message}"), soft_wrap=True)
-    _render_verdict(console, result, where="listed above" if problems_inline else "each named on stderr")
+    _render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
 
 
 def _render_rules(console: Console, result: SetComparison) -> None:
