@@ -20,12 +20,16 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
-from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
+from bnbwd_cli.judge.model import CHUNK, BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 
-BLOCK = 1 << 16  # diff_src elements per block: the pass's float64 temporaries (512 KiB each) stay in cache
+# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
+# 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
+# on badly wrong outputs its reported scale and z moved by up to 3x with them
+# (scripts/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
+BLOCK = CHUNK
 
 
 @dataclass(frozen=True)
