@@ -69,19 +69,27 @@ class ChannelRegression:
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        w = usable.astype(np.float64)
-        basis = (w, np.where(usable, xhat, 0.0), np.where(usable, reference, 0.0))
-        d = np.where(usable, actual - reference, 0.0)
-        c = basis[0].shape[1]
-        products = [(basis[i] * basis[j]).reshape(-1) for i, j in _PAIRS] + [(b * d).reshape(-1) for b in basis]
+        if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
+            w, x, r, d = None, xhat.reshape(-1), reference.reshape(-1), (actual - reference).reshape(-1)
+        else:
+            w = usable.reshape(-1).astype(np.float64)
+            x, r, d = (np.where(usable, v, 0.0).reshape(-1) for v in (xhat, reference, actual - reference))
+        # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
+        # are 0 wherever w is), so only five products are formed.
+        products = (w, x, r, x * x, x * r, r * r, d, x * d, r * d)
+        c = xhat.shape[1]
         first = np.arange(c)[None, :, None] * CLUSTERS
         for clustering, key in enumerate((diff_dst, reference)):
-            ids = (first + cluster_of(key)).reshape(-1)
+            ids = cluster_of(key)
+            ids += first
+            ids = ids.reshape(-1)
             for k, values in enumerate(products):
-                sums = np.bincount(ids, values, c * CLUSTERS).reshape(c, CLUSTERS)
-                self.cross[clustering, channels, :, k] += sums
-        self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
-        spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+                sums = np.bincount(ids, values, c * CLUSTERS)  # values None: counts, the sums of w = 1
+                self.cross[clustering, channels, :, k] += sums.reshape(c, CLUSTERS)
+        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
+        spacing = ulp_spacing(actual if w is None else np.where(usable, actual, 0.0), self.dtype)
+        if w is not None:
+            spacing = np.where(usable, spacing, 0.0)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
     def fit(self) -> ChannelFit:
@@ -161,8 +169,9 @@ def _symmetric(entries: np.ndarray) -> np.ndarray:
 
 def cluster_of(key: np.ndarray) -> np.ndarray:
     """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing)."""
-    bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64)
-    return ((bits * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - CLUSTER_BITS)).astype(np.intp)
+    bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    bits >>= np.uint64(64 - CLUSTER_BITS)
+    return bits.view(np.intp)  # < CLUSTERS: the same value read as a signed integer, no copy
 
 
 def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | None:

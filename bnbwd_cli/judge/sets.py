@@ -20,10 +20,16 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
-from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
+from bnbwd_cli.judge.model import CHUNK, BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
-from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Setup, compare_arrays
+from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
+
+# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
+# 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
+# on badly wrong outputs its reported scale and z moved by up to 3x with them
+# (scripts/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
+BLOCK = CHUNK
 
 
 @dataclass(frozen=True)
@@ -99,28 +105,51 @@ def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup)
 
 
-def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs) -> Accumulator:
-    setup = _setup(a, r, job)
+def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, detailed: bool = True) -> Accumulator:
+    setup = replace(_setup(a, r, job), detailed=detailed)
     rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(setup.dtype)))
     return Accumulator(a, r, rule, setup)
 
 
-def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts) -> Comparison:
-    state = _accumulator(a, r, job, inputs)
-    scaled = state.rule.scaled
-    model = diff_src_scale(facts, scaled.unit, inputs.training)
-    a3, r3, dy3 = (layout.view3(x, inputs.data_format) for x in (a, r, inputs.diff_dst))
-    regression = ChannelRegression(a3.shape[1], state.dtype)
+@dataclass(frozen=True)
+class _DiffSrc:
+    """diff_src's pair and what its error scale is built from."""
+
+    a: np.ndarray
+    r: np.ndarray
+    job: _Job
+    inputs: BackwardInputs
+    facts: ChannelFacts
+
+
+def _diff_src_pass(case: _DiffSrc, detailed: bool) -> tuple[Accumulator, ChannelRegression | None]:
+    """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (summary pass)
+    or the details (the second pass, run only when they are asked for)."""
+    inputs, facts = case.inputs, case.facts
+    state = _accumulator(case.a, case.r, case.job, inputs, detailed)
+    model = diff_src_scale(facts, state.rule.scaled.unit, inputs.training)
+    a3, r3, dy3 = (layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst))
+    regression = None if detailed else ChannelRegression(a3.shape[1], state.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        for where in blocks(a3.shape):
+        for where in blocks(a3.shape, BLOCK):
             a64, r64, dy = to_float64(a3[where]), to_float64(r3[where]), to_float64(dy3[where])
             xhat = xhat_block(src_block(inputs, where), where[1], facts.mean, facts.invstd)
             scale = model.block(xhat, dy, r64, where[1])
             state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))
-            regression.add(xhat, r64, a64, dy, where[1])
+            if regression is not None:
+                regression.add(xhat, r64, a64, dy, where[1])
+    return state, regression
+
+
+def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts) -> Comparison:
+    case = _DiffSrc(a, r, job, inputs, facts)
+    state, regression = _diff_src_pass(case, detailed=False)
     fit = regression.fit()
-    bias = pooled_bias(fit.scale, fit.stderr, scaled.unit)
-    comparison = state.result(bias)
+    bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
+    # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
+    # only a failing output's report or --verbose/--json shows them: a second pass on first use.
+    details_of = Once(lambda: _diff_src_pass(case, detailed=True)[0].details.finish(a, r, state.dtype))
+    comparison = state.result(bias, details_of)
     return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
 
 

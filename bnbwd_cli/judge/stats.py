@@ -6,9 +6,9 @@ Pure: arrays in, dataclasses out. Both sides are upcast to float64. Each chunk i
 Two tiers: the verdict and the numbers of the summary (mismatches, max abs/ULP/units, rel L2, the
 minimum passing tolerance, NaN/Inf and zero counts) come from one cheap pass; the details (max
 relative error, worst elements, per-channel table, histogram) cost about as much again and only a
-failing output's report or --verbose/--json shows them. Under the fixed rule they are computed
-lazily, by a second pass on first use; under the scaled rule (whose error scale is costly to
-rebuild) in the same pass.
+failing output's report or --verbose/--json shows them. They are computed lazily, by a second pass
+on first use (``Once``): here for the fixed rule, in judge/sets.py for the scaled rule's diff_src
+(which rebuilds its error scale for it); a Setup with ``detailed`` gathers them in the same pass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_r
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "HistogramBin", "Layout", "Located", "NonFinite",
-           "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
+           "Once", "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
 CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
 
@@ -62,7 +62,7 @@ class Details:
     histogram: tuple[HistogramBin, ...]
 
 
-class _Once:
+class Once:
     """A value computed on first use, then kept (the details' second pass runs at most once)."""
 
     def __init__(self, compute: Callable[[], Details]) -> None:
@@ -345,5 +345,5 @@ def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Toleran
     """
     setup = replace(setup.resolved(actual, reference), detailed=False)
     detailed = replace(setup, detailed=True)
-    details_of = _Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
+    details_of = Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
     return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of)

@@ -1,0 +1,115 @@
+"""The fast scaled-rule judgement gives the numbers of the one it replaced.
+
+``_reference_add`` is ChannelRegression.add as it was before the fast path (all nine products
+formed, every element masked): the new one must build bit-identical sums from the same blocks.
+Details of a scaled diff_src, now gathered by a second pass on first use, must equal the ones a
+detailed single pass gathers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bnbwd_cli.dtypes import ulp_spacing
+from bnbwd_cli.judge import sets
+from bnbwd_cli.judge.bias import _PAIRS, CLUSTERS, ChannelRegression, cluster_of
+from bnbwd_cli.judge.model import BackwardInputs, channel_facts
+from bnbwd_cli.judge.tolerance import CompareSettings, Judging
+
+
+def _reference_add(self: ChannelRegression, xhat, reference, actual, diff_dst, channels) -> None:
+    usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
+    w = usable.astype(np.float64)
+    basis = (w, np.where(usable, xhat, 0.0), np.where(usable, reference, 0.0))
+    d = np.where(usable, actual - reference, 0.0)
+    c = basis[0].shape[1]
+    products = [(basis[i] * basis[j]).reshape(-1) for i, j in _PAIRS] + [(b * d).reshape(-1) for b in basis]
+    first = np.arange(c)[None, :, None] * CLUSTERS
+    for clustering, key in enumerate((diff_dst, reference)):
+        bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64)
+        hashed = ((bits * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(58)).astype(np.intp)
+        ids = (first + hashed).reshape(-1)
+        for k, values in enumerate(products):
+            self.cross[clustering, channels, :, k] += np.bincount(ids, values, c * CLUSTERS).reshape(c, CLUSTERS)
+    self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
+    spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+    self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+
+
+def _blocks(rng: np.random.Generator, non_finite: bool):
+    shape = (3, 6, 40)
+    xhat = rng.standard_normal(shape)
+    reference = rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+    actual = (reference + rng.choice([0.0, 1e-7, 1e-3], size=shape)).astype(np.float32).astype(np.float64)
+    diff_dst = rng.choice([-1.0, 0.5, 2.0, 3.0], size=shape)
+    if non_finite:
+        actual[0, 1, 3], reference[2, 4, 5], xhat[1, 0, 7], actual[1, 2, 2] = np.nan, np.inf, np.nan, -np.inf
+    return xhat, reference, actual, diff_dst
+
+
+def test_cluster_of_matches_the_plain_hash() -> None:
+    key = np.random.default_rng(1).standard_normal((2, 3, 50))
+    bits = key.view(np.uint64)
+    expected = ((bits * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(58)).astype(np.intp)
+    assert np.array_equal(cluster_of(key), expected)
+    assert cluster_of(key).min() >= 0 and cluster_of(key).max() < CLUSTERS
+
+
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_regression_sums_are_bit_identical_to_the_old_ones(non_finite: bool) -> None:
+    rng = np.random.default_rng(7)
+    fast, old = ChannelRegression(12, "f32"), ChannelRegression(12, "f32")
+    for channels in (slice(0, 6), slice(6, 12), slice(0, 6)):
+        block = _blocks(rng, non_finite)
+        fast.add(*block, channels)
+        _reference_add(old, *block, channels)
+    assert np.array_equal(fast.cross, old.cross)
+    assert np.array_equal(fast.dd, old.dd) and np.array_equal(fast.ulp_squares, old.ulp_squares)
+    usable = 3 * (3 * 6 * 40 - (4 if non_finite else 0))  # three blocks, four non-finite elements in each
+    assert fast.cross[0, :, :, 0].sum() == fast.cross[1, :, :, 0].sum() == usable
+    a, b = fast.fit(), old.fit()
+    for name in ("offset", "slope", "scale", "stderr", "residual_rms"):
+        assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
+
+
+def _inputs(rng: np.random.Generator) -> BackwardInputs:
+    src = rng.standard_normal((4, 5, 30)).astype(np.float32)
+    diff_dst = rng.standard_normal(src.shape).astype(np.float32)
+    return BackwardInputs(src, diff_dst, src.mean((0, 2)), src.var((0, 2)), None, 1e-5, "NCX")
+
+
+@pytest.mark.parametrize("block", [7, 150, 1 << 16])
+def test_lazy_details_equal_a_detailed_single_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sets, "BLOCK", block)
+    rng = np.random.default_rng(3)
+    inputs = _inputs(rng)
+    reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
+    actual = reference + rng.choice([0.0, 1e-6, 1e-2], size=reference.shape).astype(np.float32)
+    job = sets._Job(("diff_src", "diff_src"), CompareSettings(), sets.tensor_layout("NCX", 3), 5)
+    case = sets._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
+    comparison = sets._judge_diff_src(actual, reference, job, inputs, case.facts)
+    single, _ = sets._diff_src_pass(case, detailed=True)
+    expected = single.details.finish(actual, reference, single.dtype)
+    assert comparison.mismatches > 0
+    assert comparison.details == expected
+    assert comparison.worst[0].ratio > 1 and comparison.channels is not None
+
+
+def test_judging_does_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verdicts and counts identical, reported numbers equal to float64 rounding, for any blocking."""
+    rng = np.random.default_rng(5)
+    inputs = _inputs(rng)
+    reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
+    actual = reference * np.float32(1 + 3e-6)
+    results = []
+    for block in (1 << 20, 150, 1 << 16):
+        monkeypatch.setattr(sets, "BLOCK", block)
+        out = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
+        results.append(out.outputs[0].comparison)
+    for other in results[1:]:
+        assert (other.mismatches, other.max_units, other.max_abs) == (results[0].mismatches, results[0].max_units,
+                                                                     results[0].max_abs)
+        assert other.bias.significant == results[0].bias.significant
+        assert other.bias.scale == pytest.approx(results[0].bias.scale, rel=1e-9)
+        assert other.bias.stderr == pytest.approx(results[0].bias.stderr, rel=1e-9)
