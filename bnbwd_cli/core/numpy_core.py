@@ -36,8 +36,6 @@ MIN_PLANE_RUN_BYTES = 512
 # many bytes of src rows, so RSS stays bounded in out-of-core runs (a fault maps a whole page-cache
 # folio, so a tile of a few channels of a row maps about the whole row).
 RELEASE_BYTES = 4 << 20
-# src below this runs in the calling thread (_Inline): too little work to share between threads.
-SERIAL_BYTES = 1 << 20
 
 
 # ---------------------------------------------------------------- the per-tile passes
@@ -202,7 +200,7 @@ class _Progress:
 
 
 class _Inline:
-    """A pool of one: tiles run in the calling thread. Below SERIAL_BYTES (or with one thread) a thread pool's
+    """A pool of one: tiles run in the calling thread. For small problems (plan.worth_threads) a thread pool's
     hand-offs cost more than the work (a 0.2 MB problem took 4.2 ms in a pool, mostly waiting on locks).
     The bits are the same: the reduction order comes from the shape, never from who runs a tile."""
 
@@ -217,8 +215,8 @@ class _Inline:
         return map(function, items)
 
 
-def _pool(threads: int, nbytes: int) -> ThreadPoolExecutor | _Inline:
-    return _Inline() if threads == 1 or nbytes < SERIAL_BYTES else ThreadPoolExecutor(max_workers=threads)
+def _pool(threads: int, shared: bool) -> ThreadPoolExecutor | _Inline:
+    return ThreadPoolExecutor(max_workers=threads) if threads > 1 and shared else _Inline()
 
 
 def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarray, tuple[float, float] | None]:
@@ -256,7 +254,7 @@ def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarr
         ticks.tick(*item)
 
     sums = np.zeros((2, c))
-    with _pool(threads, src3.nbytes) as pool:
+    with _pool(threads, plan.worth_threads(problem.geometry, bytes_per_element(src3.dtype))) as pool:
         for group, group_sums in zip(fused, pool.map(run_fused, fused)):
             if group_sums is not None:
                 sums[:, group.c0 : group.c1] = group_sums
