@@ -33,6 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bnbwd_cli.core import Op  # noqa: E402
+
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
 from tests.oracle import normalised_error  # noqa: E402
 
@@ -331,8 +333,8 @@ def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
                     del src64
                     invstd = (1 / np.sqrt(variance.astype(np.float64) + 1e-5)).astype(np.float32)
                     gamma = rng.uniform(0.5, 1.5, base[1]).astype(np.float32)
-                    reference = reference_backward(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
-                                                   variance_is_invstd=True)
+                    reference = reference_backward(Op(src, dy, mean, invstd, gamma, epsilon=1e-5, data_format=data_format,
+                                                   variance_is_invstd=True))
                     expected = [reference[k] for k in ("diff_src", "diff_gamma", "diff_beta")]
                     errors = {}
                     for core in cores:

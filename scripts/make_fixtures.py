@@ -44,6 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package's float64 oracle and the tests' normalised error, run from a checkout
 
+from bnbwd_cli.core import Op  # noqa: E402
+
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
 from bnbwd_cli.dtypes import to_float64  # noqa: E402
 from tests.oracle import normalised_error  # noqa: E402
@@ -219,8 +221,8 @@ def invstd_of(variance: np.ndarray, epsilon: float) -> np.ndarray:
 
 def oracle(inputs: dict[str, np.ndarray], epsilon: float, train: bool, gamma: bool) -> dict[str, np.ndarray]:
     """The package's float64 oracle (bnbwd_cli.core.reference) on logical (N, C, X...) arrays."""
-    return reference_backward(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"],
-                              inputs["gamma"] if gamma else None, epsilon=epsilon, data_format="NCX", training=train)
+    return reference_backward(Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"],
+                              inputs["gamma"] if gamma else None, epsilon=epsilon, data_format="NCX", training=train))
 
 
 def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:

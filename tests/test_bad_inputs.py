@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.cli import main
+from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from tests.conftest import error_line, npy_bytes, save_npy_flags
 from tests.conftest import make_inputs as shared_inputs
@@ -440,8 +441,8 @@ def test_odd_but_valid_input_works(ws: Workspace, case: Case) -> None:
     arrays = {k: np.asarray(v) for k, v in ws.arrays.items()}
     actual = {k: v.view(ml_dtypes.bfloat16) if v.dtype == "V2" else v for k, v in actual.items()}  # np.save's bf16
     with np.errstate(all="ignore"):
-        expected = reference_backward(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"],
-                                      arrays["gamma"], epsilon=epsilon, data_format="NCX")
+        expected = reference_backward(Op(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"],
+                                      arrays["gamma"], epsilon=epsilon, data_format="NCX"))
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         assert actual[name].shape == expected[name].shape, name
         assert actual[name].dtype == (arrays["src"] if name == "diff_src" else arrays["mean"]).dtype.newbyteorder("="), name
@@ -673,8 +674,8 @@ def test_tiny_block_size_is_raised_to_the_minimum(ws: Workspace, size: str) -> N
     assert result.exit_code == 0, result.stderr
     assert time.perf_counter() - started < 3
     with np.load(ws.out / "grads.npz") as written:
-        expected = reference_backward(*(arrays[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),
-                                      epsilon=EPSILON, data_format="NCX")
+        expected = reference_backward(Op(*(arrays[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),
+                                      epsilon=EPSILON, data_format="NCX"))
         np.testing.assert_allclose(written["diff_beta"], expected["diff_beta"], rtol=1e-5)
 
 

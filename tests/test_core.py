@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bnbwd_cli.core import Op
+
 from bnbwd_cli.core.reference import reference_backward
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, problem_arrays, problems
 
@@ -28,7 +30,7 @@ def test_core_matches_float64_oracle(problem):
     common = dict(epsilon=problem["epsilon"], data_format=problem["data_format"], training=problem["training"])
     result = numpy_backward(src, diff_dst, mean, variance, gamma, **common,
                                 block_bytes=problem["block_bytes"], threads=problem["threads"])
-    expected = reference_backward(src, diff_dst, mean, variance, gamma, **common)
+    expected = reference_backward(Op(src, diff_dst, mean, variance, gamma, **common))
 
     assert result.diff_src.dtype == src.dtype and result.diff_src.shape == src.shape
     assert result.diff_gamma.dtype == mean.dtype and result.diff_beta.dtype == mean.dtype

@@ -37,7 +37,7 @@ def test_numba_core_matches_oracle_and_numpy_core(problem):
                   variance_is_invstd=problem["invstd"])
     fast = backward_arrays(src, diff_dst, mean, variance, gamma, **common, threads=problem["threads"], core="numba")
     slow = backward_arrays(src, diff_dst, mean, variance, gamma, **common, core="numpy")
-    expected = reference_backward(src, diff_dst, mean, variance, gamma, **common)
+    expected = reference_backward(Op(src, diff_dst, mean, variance, gamma, **common))
 
     assert fast.diff_src.dtype == src.dtype and fast.diff_src.shape == src.shape
     assert fast.diff_gamma.dtype == mean.dtype and fast.diff_beta.dtype == mean.dtype
@@ -115,7 +115,7 @@ def test_results_do_not_depend_on_threads(rng, data_format, shape):
     for other in results[1:]:
         for name in ("diff_src", "diff_gamma", "diff_beta"):
             np.testing.assert_array_equal(getattr(other, name), getattr(results[0], name), err_msg=name)
-    expected = reference_backward(src, diff_dst, *stats, None, epsilon=1e-5, data_format=data_format)
+    expected = reference_backward(Op(src, diff_dst, *stats, None, epsilon=1e-5, data_format=data_format))
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         assert normalised_error(getattr(results[0], name), expected[name]) <= BOUNDS["float32"], name
 
@@ -160,7 +160,7 @@ def test_cli_core_option(cli, tmp_path, rng, core):
     result = cli("run", *save_npy_flags(tmp_path, arrays, names=tuple(arrays)), "--epsilon", "1e-5",
                  "--format", "NCHW", "--core", core, "-q", "-o", out)
     assert result.exit_code == 0, result.output
-    expected = reference_backward(*arrays.values(), None, epsilon=1e-5, data_format="NCX")
+    expected = reference_backward(Op(*arrays.values(), None, epsilon=1e-5, data_format="NCX"))
     with np.load(out) as written:
         assert normalised_error(written["diff_src"], expected["diff_src"]) <= BOUNDS["float32"]
 
@@ -197,7 +197,7 @@ def test_cancellation_prone_inputs_keep_float32_accuracy(data_format, shape):
     mean = src.astype(np.float64).mean(axis=0 if data_format == "NXC" else (0, 2)).astype(np.float32)
     variance = np.ones(channels, np.float32)
     fast = backward_arrays(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format, core="numba")
-    expected = reference_backward(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format)
+    expected = reference_backward(Op(src, diff_dst, mean, variance, None, epsilon=1e-5, data_format=data_format))
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         assert normalised_error(getattr(fast, name), expected[name]) <= BOUNDS["float32"], name
 

@@ -11,6 +11,7 @@ import pytest
 from bnbwd_cli import streaming
 from bnbwd_cli.core import mapped, plan
 from bnbwd_cli.core.rounding import float_to_half, half_to_float
+from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
@@ -49,7 +50,7 @@ def test_tilings_and_threads_agree(rng, shape, data_format, block_bytes):
     args = op_args(rng, shape, data_format)
     base = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=1)
     other = numpy_backward(*args, epsilon=1e-5, data_format=data_format, threads=2, block_bytes=block_bytes)
-    expected = reference_backward(*args, epsilon=1e-5, data_format=data_format)
+    expected = reference_backward(Op(*args, epsilon=1e-5, data_format=data_format))
     for name in ("diff_src", "diff_gamma", "diff_beta"):
         np.testing.assert_allclose(getattr(other, name), getattr(base, name), rtol=2e-6, atol=1e-6 * np.abs(expected[name]).max())
         assert normalised_error(getattr(other, name), expected[name]) <= BOUNDS["float32"]
@@ -86,7 +87,7 @@ def test_half_conversions_are_exact():
 def test_reduced_and_double_precision_with_split_tiles(rng, dtype):
     args = op_args(rng, (3, 4, 37), "NCX", dtype)
     result = numpy_backward(*args, epsilon=1e-3, data_format="NCX", block_bytes=200, threads=2)
-    expected = reference_backward(*args, epsilon=1e-3, data_format="NCX")
+    expected = reference_backward(Op(*args, epsilon=1e-3, data_format="NCX"))
     assert normalised_error(result.diff_src, expected["diff_src"]) <= BOUNDS[np.dtype(dtype).name]
 
 

@@ -10,6 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from bnbwd_cli.core import Op
+
 from bnbwd_cli.core.reference import reference_backward
 from tests.conftest import assert_one_error, load_npz, make_inputs, save_bundle, save_npy_flags
 from tests.oracle import BOUNDS, normalised_error
@@ -26,9 +28,9 @@ def bundle(tmp_path, rng):
 
 def expect_oracle(outputs: dict, arrays: dict, data_format="NCX", epsilon=1e-3, training=True, invstd=False,
                   gamma=True) -> None:
-    expected = reference_backward(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"],
+    expected = reference_backward(Op(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"],
                                   arrays.get("gamma") if gamma else None, epsilon=epsilon, data_format=data_format,
-                                  training=training, variance_is_invstd=invstd)
+                                  training=training, variance_is_invstd=invstd))
     for name, array in outputs.items():
         bound = BOUNDS[np.dtype(array.dtype).name]
         assert normalised_error(array, expected[name]) <= bound, name

@@ -138,10 +138,11 @@ def inputs_of(problem: dict):
 
 def exact_outputs(problem: dict) -> dict:
     """The float64 oracle's outputs (tests/oracle-grade: math.fsum sums)."""
+    from bnbwd_cli.core import Op
     from bnbwd_cli.core.reference import reference_backward
 
-    return reference_backward(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-                              epsilon=problem["epsilon"], data_format=problem["data_format"])
+    return reference_backward(Op(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+                              epsilon=problem["epsilon"], data_format=problem["data_format"]))
 
 
 def shape_for(m_target: int, channels: int, data_format: str, spatial_rank: int = 2) -> tuple[int, ...]:

@@ -7,11 +7,15 @@ Sums use math.fsum (exactly rounded), so the oracle's own error is a few ulps of
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis
+
+if TYPE_CHECKING:
+    from bnbwd_cli.core import Op
 
 
 def exact_sum(values: np.ndarray) -> float:
@@ -22,19 +26,10 @@ def exact_sum(values: np.ndarray) -> float:
         return float(np.sum(values))
 
 
-def reference_backward(
-    src: np.ndarray,
-    diff_dst: np.ndarray,
-    mean: np.ndarray,
-    variance: np.ndarray,
-    gamma: np.ndarray | None,
-    *,
-    epsilon: float,
-    data_format: str,
-    training: bool = True,
-    variance_is_invstd: bool = False,
-) -> dict[str, np.ndarray]:
-    """diff_src (shape of src), diff_gamma and diff_beta (C,), all float64."""
+def reference_backward(op: Op) -> dict[str, np.ndarray]:
+    """diff_src (shape of src), diff_gamma and diff_beta (C,), all float64, for the op's inputs (core.Op)."""
+    src, diff_dst, mean, variance, gamma = op.src, op.diff_dst, op.mean, op.variance, op.gamma
+    epsilon, data_format, training, variance_is_invstd = op.epsilon, op.data_format, op.training, op.variance_is_invstd
     axis = channel_axis(data_format, src.ndim)
     x = np.moveaxis(to_float64(src), axis, -1)
     dy = np.moveaxis(to_float64(diff_dst), axis, -1)
