@@ -10,7 +10,7 @@ import pytest
 
 from bnbwd_cli import streaming
 from bnbwd_cli.core import mapped, plan
-from bnbwd_cli.core.rounding import float_to_half, half_to_float
+from bnbwd_cli.core.rounding import float_to_half
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files.blocks import NpyBlocks
@@ -64,13 +64,7 @@ def test_threads_give_identical_results(rng):
         np.testing.assert_array_equal(getattr(one, name), getattr(two, name))
 
 
-def test_half_conversions_are_exact():
-    every_half = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    widened = np.empty(every_half.shape, np.float32)
-    half_to_float(every_half, widened, np.empty(every_half.shape, np.uint32))
-    expected = every_half.astype(np.float32)
-    assert np.array_equal(widened, expected, equal_nan=True)
-    assert np.array_equal(np.signbit(widened), np.signbit(expected))
+def test_float_to_half_rounds_like_numpy():
     rng = np.random.default_rng(5)
     values = np.concatenate([rng.normal(0, s, 4000) for s in (1e-7, 1e-5, 1, 1e3, 7e4)]).astype(np.float32)
     values = np.concatenate([values, np.float32([np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, -0.0, 2.98e-8, 2.99e-8])])
