@@ -20,7 +20,7 @@ from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import Judging
-from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, check_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
+from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.model import BackwardInputs
@@ -102,12 +102,9 @@ def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -
             raise BnbwdError(f"{label}: missing input {name} (spec {profile.name}): no key {name!r} or a spec's "
                              f"name for it; --map THEIRS={name} reads your own")
     data_format = op.data_format or profile.default_format
-    epsilon = op.epsilon if op.epsilon is not None else profile.default_epsilon
+    epsilon = resolve_epsilon(op.epsilon, profile, op.variance_is_invstd)
     if epsilon is None:
-        if not op.variance_is_invstd:
-            raise BnbwdError(f"{label}: no epsilon: the file has no 'epsilon' entry; give --epsilon")
-        epsilon = 1.0  # unused: the variance input already is 1/sqrt(var + eps)
-    epsilon = check_epsilon(epsilon, profile)
+        raise BnbwdError(f"{label}: no epsilon: the file has no 'epsilon' entry; give --epsilon")
     checked = dict(inputs)
     try:
         canonical = validate_inputs(checked, profile, data_format, variance_is_invstd=op.variance_is_invstd,

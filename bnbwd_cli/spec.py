@@ -152,6 +152,17 @@ def _attribute(key: str, array: np.ndarray, label: str) -> object:
     return text
 
 
+def resolve_epsilon(epsilon: float | None, profile: SpecProfile, variance_is_invstd: bool) -> float | None:
+    """The epsilon to use: the given one (flag or file entry), else the spec's default, checked; 1.0 (unused)
+    when the variance already is 1/sqrt(var + eps). None when one is needed and none is given: the caller
+    says which flag or entry is missing."""
+    if epsilon is None:
+        epsilon = profile.default_epsilon
+    if epsilon is None:
+        return 1.0 if variance_is_invstd else None
+    return check_epsilon(epsilon, profile)
+
+
 def check_epsilon(epsilon: float, profile: SpecProfile) -> float:
     """Epsilon > 0 and finite; rounded to float32 where the spec types it f32 (as the frameworks store it)."""
     if not math.isfinite(epsilon) or epsilon <= 0:

@@ -23,7 +23,7 @@ from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
+from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 from bnbwd_cli.run_summary import RunFacts
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
@@ -384,12 +384,10 @@ def _run_streamed(options: RunOptions, prepared: Prepared, progress) -> tuple[di
 
 def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_invstd: bool) -> float:
     """--epsilon, else the bundle's 'epsilon', else the spec's default; required unless variance is invstd."""
-    epsilon = flag if flag is not None else attributes.get("epsilon", profile.default_epsilon)
+    epsilon = resolve_epsilon(flag if flag is not None else attributes.get("epsilon"), profile, variance_is_invstd)
     if epsilon is None:
-        if variance_is_invstd:
-            return 1.0  # unused: the variance input already is 1/sqrt(var + eps)
         raise click.UsageError(f"missing --epsilon (spec {profile.name} has no default and the bundle has no 'epsilon')")
-    return check_epsilon(epsilon, profile)
+    return epsilon
 
 
 def _console(stderr: bool):

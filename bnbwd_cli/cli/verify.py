@@ -20,7 +20,7 @@ from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
-from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, check_epsilon, validate_inputs
+from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.model import BackwardInputs
@@ -171,12 +171,10 @@ def read_judge_inputs(options: VerifyOptions) -> BackwardInputs:
         click.echo(f"note: {label}: {split.note()}", err=True)
     profile = PROFILES["generic"]
     data_format = options.comparison.data_format or attributes.get("data_format") or profile.default_format
-    epsilon = options.epsilon if options.epsilon is not None else attributes.get("epsilon")
+    epsilon = resolve_epsilon(options.epsilon if options.epsilon is not None else attributes.get("epsilon"), profile,
+                              options.variance_is_invstd)
     if epsilon is None:
-        if not options.variance_is_invstd:
-            raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
-        epsilon = 1.0  # unused: the variance input already is 1/sqrt(var + eps)
-    epsilon = check_epsilon(epsilon, profile)
+        raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
     canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                 outputs=OUTPUT_NAMES)
     return BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
