@@ -79,7 +79,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     console = report_text.make_console(stderr=json_target == "-")
     outcomes = []
     for path in cases:
-        outcome = case.judge_file(path, op, comparison.judging(), bf16=op_options["bf16_inputs"])
+        outcome = case.judge_file(path, op, comparison.judging, bf16=op_options["bf16_inputs"])
         outcomes.append(outcome)
         _print_case(console, outcome, comparison)
     console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,20 +148,13 @@ def _names(values: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ComparisonOptions:
-    """Everything the comparison options hold, parsed."""
+    """Everything the comparison options hold, parsed: what the comparison takes (judging) and how the
+    report looks."""
 
-    settings: CompareSettings = field(default_factory=CompareSettings)
-    key_map: Mapping[str, str] = field(default_factory=dict)
-    only: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
+    judging: Judging = field(default_factory=Judging)
     data_format: str | None = None
     verbose: bool = False
     brief: bool = False
-    top: int = 10
-
-    def judging(self) -> Judging:
-        """The fields the comparison itself takes (the rest say how the report looks)."""
-        return Judging(self.settings, self.key_map, self.only, self.ignore, self.top)
 
 
 _OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",
@@ -217,23 +210,25 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
             values = {key: kwargs.pop(key) for key in _OPTION_KEYS}
             data_format = kwargs.pop("data_format") if with_format else None
             kwargs["comparison"] = ComparisonOptions(
-                settings=CompareSettings(
-                    atol=_per_output(values["atol"]),
-                    rtol=_per_output(values["rtol"]),
-                    ulp=_per_output(values["ulp"]),
-                    rel_l2=_per_output(values["rel_l2"]),
-                    max_mismatch=_per_output(values["max_mismatch"]),
-                    max_units=_per_output(values["max_units"]),
-                    equal_nan=values["equal_nan"],
-                    bias_check=values["bias_check"],
+                judging=Judging(
+                    settings=CompareSettings(
+                        atol=_per_output(values["atol"]),
+                        rtol=_per_output(values["rtol"]),
+                        ulp=_per_output(values["ulp"]),
+                        rel_l2=_per_output(values["rel_l2"]),
+                        max_mismatch=_per_output(values["max_mismatch"]),
+                        max_units=_per_output(values["max_units"]),
+                        equal_nan=values["equal_nan"],
+                        bias_check=values["bias_check"],
+                    ),
+                    key_map=dict(values["key_map"]),
+                    only=_names(values["only"]),
+                    ignore=_names(values["ignore"]),
+                    top=values["top"],
                 ),
-                key_map=dict(values["key_map"]),
-                only=_names(values["only"]),
-                ignore=_names(values["ignore"]),
                 data_format=data_format,
                 verbose=values["verbose"],
                 brief=values["brief"],
-                top=values["top"],
             )
             return f(*args, **kwargs)
 

@@ -264,7 +264,7 @@ def _reference_paths(options: RunOptions) -> list[Path]:
 def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
     """Read the bundle and the flagged inputs (streamed ones as blocks), resolve format and epsilon, validate."""
     profile = PROFILES[options.spec]
-    split = read_inputs(options.bundle, options.comparison.key_map) if options.bundle else None  # --map renames inputs
+    split = read_inputs(options.bundle, options.comparison.judging.key_map) if options.bundle else None  # --map renames inputs
     inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
     if split and split.note() and not options.quiet:
         echo_error(f"note: bundle ({options.bundle}): {split.note()}")

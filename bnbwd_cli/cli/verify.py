@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any], reference: Mapping[str, Any]) -> None:
     known = set(actual) | set(reference)
-    for option, names in options.settings.output_names().items():
+    for option, names in options.judging.settings.output_names().items():
         unknown = sorted(names - known)
         if unknown:
             flag = "--" + option.replace("_", "-")
@@ -61,7 +61,7 @@ def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_conso
     from bnbwd_cli.render import text as report
 
     _check_override_names(options, sets.actual, sets.reference)
-    result = compare_sets(sets.actual, sets.reference, options.judging(), data_format=options.data_format,
+    result = compare_sets(sets.actual, sets.reference, options.judging, data_format=options.data_format,
                           inputs=sets.inputs)
     if json_target != "-":
         report.render_report(stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
@@ -164,7 +164,7 @@ def read_judge_inputs(options: VerifyOptions) -> BackwardInputs:
     from bnbwd_cli.judge.model import BackwardInputs
 
     label = f"--inputs ({options.inputs_bundle})"
-    split = read_inputs(options.inputs_bundle, options.comparison.key_map, "--inputs")
+    split = read_inputs(options.inputs_bundle, options.comparison.judging.key_map, "--inputs")
     inputs, attributes = split.inputs, split.attributes
     reinterpret_bf16(options.bf16_keys, {label: inputs})
     if split.note():

@@ -161,8 +161,8 @@ class CompareSettings:
 @dataclass(frozen=True)
 class Judging:
     """How a set of outputs is compared: the user's overrides, which keys (--map THEIRS=OURS, --only,
-    --ignore) and how many worst elements each report lists. cli.params.ComparisonOptions carries the same
-    fields and the report's; here, not in judge/sets.py, so that case.py need not load the comparison."""
+    --ignore) and how many worst elements each report lists. cli.params.ComparisonOptions holds one, with
+    how the report looks; here, not in judge/sets.py, so that case.py need not load the comparison."""
 
     settings: CompareSettings = field(default_factory=CompareSettings)
     key_map: Mapping[str, str] = field(default_factory=dict)
