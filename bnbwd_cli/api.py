@@ -76,7 +76,7 @@ class Report:
 
 
 def _inputs(arrays: Mapping[str, Any], op: case.OpSettings):
-    """Array-likes -> checked BackwardInputs; a bad input is a ValueError with the CLI's message."""
+    """Array-likes -> checked core.Op; a bad input is a ValueError with the CLI's message."""
     given = {name: np.asarray(value) for name, value in arrays.items() if value is not None}
     try:
         return case.build_inputs(given, op, "inputs")

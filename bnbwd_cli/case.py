@@ -23,7 +23,6 @@ from bnbwd_cli.judge.tolerance import Judging
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, input_keys, inputs_from_bundle, is_input_key, validate_inputs
 
 if TYPE_CHECKING:
-    from bnbwd_cli.judge.model import BackwardInputs
     from bnbwd_cli.judge.sets import SetComparison
 # The error model and the comparison are imported where used: `bnbwd run` reads its inputs through this
 # module and, without --reference, never loads them (tests/test_startup.py).
@@ -92,10 +91,8 @@ class OpSettings:
     variance_is_invstd: bool = False
 
 
-def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -> BackwardInputs:
+def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -> compute_core.Op:
     """Check the inputs as `bnbwd run` does (names, shapes, dtypes, the spec's rules) and bundle them."""
-    from bnbwd_cli.judge.model import BackwardInputs
-
     profile = PROFILES[op.spec]
     for name in ("src", "diff_dst", "mean", "variance", *profile.required):
         if name not in inputs:  # said here: run's message names run's flags, which a case file has not
@@ -111,21 +108,18 @@ def build_inputs(inputs: Mapping[str, np.ndarray], op: OpSettings, label: str) -
                                     outputs=OUTPUT_NAMES)
     except BnbwdError as exc:
         raise BnbwdError(f"{label}: {exc.format_message()}") from None
-    return BackwardInputs(checked["src"], checked["diff_dst"], checked["mean"], checked["variance"], checked.get("gamma"),
+    return compute_core.Op(checked["src"], checked["diff_dst"], checked["mean"], checked["variance"], checked.get("gamma"),
                           epsilon=epsilon, data_format=canonical, training=op.training,
                           variance_is_invstd=op.variance_is_invstd)
 
 
-def reference_outputs(problem: BackwardInputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def reference_outputs(problem: compute_core.Op, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """bnbwd's outputs for these names (canonical), from the checked inputs."""
-    op = compute_core.Op(problem.src, problem.diff_dst, problem.mean, problem.variance, problem.gamma,
-                         epsilon=problem.epsilon, data_format=problem.data_format, training=problem.training,
-                         variance_is_invstd=problem.variance_is_invstd)
-    result = compute_core.backward(op, compute_core.Settings(outputs=names))
+    result = compute_core.backward(problem, compute_core.Settings(outputs=names))
     return {name: getattr(result, name) for name in names}
 
 
-def judge(problem: BackwardInputs, actual: Mapping[str, np.ndarray], judging: Judging) -> SetComparison:
+def judge(problem: compute_core.Op, actual: Mapping[str, np.ndarray], judging: Judging) -> SetComparison:
     """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
     own error scale: the judgement of `run --reference` and `verify --inputs`."""
     from bnbwd_cli.judge.keys import canonical_key

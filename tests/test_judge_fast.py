@@ -14,7 +14,8 @@ import pytest
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge import sets
 from bnbwd_cli.judge.bias import _PAIRS, CLUSTERS, ChannelRegression, cluster_of
-from bnbwd_cli.judge.model import BackwardInputs, channel_facts
+from bnbwd_cli.core import Op
+from bnbwd_cli.judge.model import channel_facts
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging
 
 
@@ -73,10 +74,10 @@ def test_regression_sums_are_bit_identical_to_the_old_ones(non_finite: bool) -> 
         assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
 
 
-def _inputs(rng: np.random.Generator) -> BackwardInputs:
+def _inputs(rng: np.random.Generator) -> Op:
     src = rng.standard_normal((4, 5, 30)).astype(np.float32)
     diff_dst = rng.standard_normal(src.shape).astype(np.float32)
-    return BackwardInputs(src, diff_dst, src.mean((0, 2)), src.var((0, 2)), None, 1e-5, "NCX")
+    return Op(src, diff_dst, src.mean((0, 2)), src.var((0, 2)), None, epsilon=1e-5, data_format="NCX")
 
 
 @pytest.mark.parametrize("block", [7, 150, 1 << 16])

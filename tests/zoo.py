@@ -130,10 +130,10 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
 
 def inputs_of(problem: dict):
     """The judge's view of a problem."""
-    from bnbwd_cli.judge import BackwardInputs
+    from bnbwd_cli.core import Op
 
-    return BackwardInputs(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-                          epsilon=problem["epsilon"], data_format=problem["data_format"])
+    return Op(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
+              epsilon=problem["epsilon"], data_format=problem["data_format"])
 
 
 def exact_outputs(problem: dict) -> dict:

@@ -114,7 +114,7 @@ class Prepared:
     stream: bool
 
     def op_fields(self, options: RunOptions) -> dict:
-        """The keyword arguments core.Op, streaming.StreamedRun and judge's BackwardInputs share."""
+        """The keyword arguments core.Op and streaming.StreamedRun share."""
         return {"epsilon": self.epsilon, "data_format": self.canonical, "training": not options.inference,
                 "variance_is_invstd": options.variance_is_invstd}
 
@@ -321,12 +321,10 @@ def _compute(options: RunOptions, prepared: Prepared, stack: contextlib.ExitStac
 
 def _judge_reference(options: RunOptions, prepared: Prepared, arrays: dict, console) -> int:  # noqa: ANN001
     """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back."""
-    from bnbwd_cli.judge.model import BackwardInputs
-
     # The inputs give every element its error scale (streamed inputs are read whole here: the judge needs them).
     full = {name: read_array(options.sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
             for name, value in prepared.inputs.items()}
-    problem = BackwardInputs(*prepared.arrays(full), **prepared.op_fields(options))
+    problem = compute_core.Op(*prepared.arrays(full), **prepared.op_fields(options))
     kernel = read_tensor_set(options.reference)
     check_found(options.bf16_outputs, reinterpret_bf16(options.bf16_outputs, {options.reference: kernel}),
                 options.reference)

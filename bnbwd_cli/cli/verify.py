@@ -23,7 +23,7 @@ from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tol
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 
 if TYPE_CHECKING:
-    from bnbwd_cli.judge.model import BackwardInputs
+    from bnbwd_cli.core import Op
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used: `bnbwd run`
 # without --reference loads this module for its options only (tests/test_startup.py guards that).
@@ -46,7 +46,7 @@ class TensorSets:
     reference: Mapping[str, np.ndarray]
     actual_label: str = "actual"
     reference_label: str = "reference"
-    inputs: BackwardInputs | None = None
+    inputs: Op | None = None
 
 
 def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,  # noqa: ANN001
@@ -75,7 +75,7 @@ def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_conso
 
 # --------------------------------------------------------------------------- command
 
-BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the inputs BackwardInputs holds
+BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the arrays core.Op holds
 
 _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
@@ -158,10 +158,10 @@ class VerifyOptions:
     json_target: str | None
 
 
-def read_judge_inputs(options: VerifyOptions) -> BackwardInputs:
+def read_judge_inputs(options: VerifyOptions) -> Op:
     """The op's inputs from --inputs (names, --map and attributes as for `bnbwd run`), checked like run checks them.
     Inputs named in --bf16 (canonical names) holding int16/uint16 bits are read as bfloat16."""
-    from bnbwd_cli.judge.model import BackwardInputs
+    from bnbwd_cli.core import Op
 
     label = f"--inputs ({options.inputs_bundle})"
     split = read_inputs(options.inputs_bundle, options.comparison.judging.key_map, "--inputs")
@@ -177,7 +177,7 @@ def read_judge_inputs(options: VerifyOptions) -> BackwardInputs:
         raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
     canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                 outputs=OUTPUT_NAMES)
-    return BackwardInputs(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
+    return Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
                           epsilon=epsilon, data_format=canonical, training=not options.inference,
                           variance_is_invstd=options.variance_is_invstd)
 

@@ -12,7 +12,6 @@ import importlib
 
 # Public name -> submodule that defines it.
 _LAZY = {
-    "BackwardInputs": "model",
     "CompareSettings": "tolerance",
     "Judging": "tolerance",
     "Comparison": "stats",

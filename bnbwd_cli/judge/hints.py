@@ -16,13 +16,18 @@ whose per-channel estimates carry rounding noise).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ml_dtypes
 import numpy as np
 
 from bnbwd_cli.dtypes import exact_narrower
 from bnbwd_cli.judge.bias import ChannelFit
-from bnbwd_cli.judge.model import BackwardInputs, ChannelFacts
+from bnbwd_cli.judge.model import ChannelFacts
 from bnbwd_cli.judge.stats import Comparison
+
+if TYPE_CHECKING:
+    from bnbwd_cli.core import Op
 
 _EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
 
@@ -34,11 +39,11 @@ def _explains(fitted: np.ndarray, predicted: np.ndarray, share: float) -> bool:
     return bool(size > 0 and np.abs(fitted[usable] - predicted[usable]).sum() <= (1 - share) * size)
 
 
-def _variance(facts: ChannelFacts, inputs: BackwardInputs) -> np.ndarray:
+def _variance(facts: ChannelFacts, inputs: Op) -> np.ndarray:
     return 1.0 / facts.invstd**2 - (0.0 if inputs.variance_is_invstd else inputs.epsilon)
 
 
-def _scale_cause(scale: np.ndarray, facts: ChannelFacts, inputs: BackwardInputs) -> str | None:
+def _scale_cause(scale: np.ndarray, facts: ChannelFacts, inputs: Op) -> str | None:
     """An unbiased variance or another epsilon that explains per-channel scales of invstd."""
     usable = np.isfinite(scale)
     if not usable.any() or inputs.variance_is_invstd:
@@ -57,7 +62,7 @@ def _scale_cause(scale: np.ndarray, facts: ChannelFacts, inputs: BackwardInputs)
     return None
 
 
-def diff_src_hints(comparison: Comparison, fit: ChannelFit, facts: ChannelFacts, inputs: BackwardInputs) -> tuple[str, ...]:
+def diff_src_hints(comparison: Comparison, fit: ChannelFit, facts: ChannelFacts, inputs: Op) -> tuple[str, ...]:
     """Causes for a failing (or systematically scaled) diff_src."""
     if comparison.passed and comparison.bias is None:
         return ()
@@ -90,7 +95,7 @@ def diff_src_hints(comparison: Comparison, fit: ChannelFit, facts: ChannelFacts,
     return tuple(hints)
 
 
-def _mean_hints(comparison, fitted, predicted, facts: ChannelFacts, inputs: BackwardInputs) -> list[str]:
+def _mean_hints(comparison, fitted, predicted, facts: ChannelFacts, inputs: Op) -> list[str]:
     """A mean rounded to a narrower type, or errors that grow with |mean|/sd (the kernel cancels)."""
     k, b, g, m = facts.scale, facts.diff_beta, facts.diff_gamma, max(facts.count, 1)
     for name, dtype in (("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16)):
@@ -115,7 +120,7 @@ def _mean_hints(comparison, fitted, predicted, facts: ChannelFacts, inputs: Back
     return []
 
 
-def _layout_hint(inputs: BackwardInputs) -> list[str]:
+def _layout_hint(inputs: Op) -> list[str]:
     shape = inputs.src.shape
     channels = inputs.mean.shape[0]
     if inputs.data_format == "NXC" and len(shape) > 2 and shape[1] == channels:
@@ -128,7 +133,7 @@ def _layout_hint(inputs: BackwardInputs) -> list[str]:
 
 
 def sum_hints(output: str, comparison: Comparison, actual: np.ndarray, reference: np.ndarray, facts: ChannelFacts,
-              inputs: BackwardInputs) -> tuple[str, ...]:
+              inputs: Op) -> tuple[str, ...]:
     """Causes for a failing diff_gamma or diff_beta ((C,) float64 arrays)."""
     if comparison.passed:
         return ()

@@ -35,38 +35,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64
 from bnbwd_cli.layout import view3
 
+if TYPE_CHECKING:
+    from bnbwd_cli.core import Op
+
 U32, U64 = 2.0**-24, 2.0**-53
 CHUNK = 1 << 20  # elements per block: float64 temporaries stay ~8 MB each
 
 
-@dataclass(frozen=True)
-class BackwardInputs:
-    """The op's inputs exactly as the kernel under test received them.
-
-    src, diff_dst: (N, C, X...) for NCX or (N, X..., C) for NXC; mean, variance, gamma: (C,).
-    gamma None means 1. data_format: NCX/NXC or an alias.
-    """
-
-    src: np.ndarray
-    diff_dst: np.ndarray
-    mean: np.ndarray
-    variance: np.ndarray
-    gamma: np.ndarray | None
-    epsilon: float
-    data_format: str
-    training: bool = True
-    variance_is_invstd: bool = False
-
-    def unit(self, output_dtype: str) -> float:
-        """The accumulation's unit roundoff for an output of this dtype."""
-        names = {dtype_name(a.dtype) for a in (self.src, self.mean, self.variance)}
-        return U64 if names == {"f64"} and output_dtype == "f64" else U32
+def unit_roundoff(inputs: Op, output_dtype: str) -> float:
+    """The accumulation's unit roundoff for an output of this dtype, given the op's inputs (core.Op, exactly as
+    the kernel under test received them)."""
+    names = {dtype_name(a.dtype) for a in (inputs.src, inputs.mean, inputs.variance)}
+    return U64 if names == {"f64"} and output_dtype == "f64" else U32
 
 
 @dataclass(frozen=True)
@@ -133,7 +120,7 @@ def flat_offset(shape3: tuple[int, int, int], where: tuple[slice, slice, slice])
     return (where[0].start * c + where[1].start) * s + where[2].start
 
 
-def channel_constants(inputs: BackwardInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def channel_constants(inputs: Op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean, invstd, gamma*invstd) as float64 (C,) arrays."""
     mean, variance = to_float64(inputs.mean), to_float64(inputs.variance)
     if inputs.variance_is_invstd:
@@ -145,7 +132,7 @@ def channel_constants(inputs: BackwardInputs) -> tuple[np.ndarray, np.ndarray, n
     return mean, invstd, gamma * invstd
 
 
-def src_block(inputs: BackwardInputs, where) -> np.ndarray:
+def src_block(inputs: Op, where) -> np.ndarray:
     """One block of src, float64."""
     return to_float64(view3(inputs.src, inputs.data_format)[where])
 
@@ -190,7 +177,7 @@ class _Sequential32:
         self.total[channels] = np.cumsum(rows, axis=1, dtype=np.float32)[:, -1]
 
 
-def channel_facts(inputs: BackwardInputs) -> ChannelFacts:
+def channel_facts(inputs: Op) -> ChannelFacts:
     """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients."""
     dy3 = view3(inputs.diff_dst, inputs.data_format)
     channels = dy3.shape[1]

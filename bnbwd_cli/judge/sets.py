@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,10 +21,13 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
-from bnbwd_cli.judge.model import CHUNK, BackwardInputs, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, xhat_block
+from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, src_block, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
+
+if TYPE_CHECKING:
+    from bnbwd_cli.core import Op
 
 # diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
 # 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
@@ -105,9 +109,9 @@ def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup)
 
 
-def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, detailed: bool = True) -> Accumulator:
+def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, detailed: bool = True) -> Accumulator:
     setup = replace(_setup(a, r, job), detailed=detailed)
-    rule = ScaledRule(job.settings.scaled_for(job.names, inputs.unit(setup.dtype)))
+    rule = ScaledRule(job.settings.scaled_for(job.names, unit_roundoff(inputs, setup.dtype)))
     return Accumulator(a, r, rule, setup)
 
 
@@ -118,7 +122,7 @@ class _DiffSrc:
     a: np.ndarray
     r: np.ndarray
     job: _Job
-    inputs: BackwardInputs
+    inputs: Op
     facts: ChannelFacts
 
 
@@ -141,7 +145,7 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool) -> tuple[Accumulator, Channel
     return state, regression
 
 
-def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts) -> Comparison:
+def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts) -> Comparison:
     case = _DiffSrc(a, r, job, inputs, facts)
     state, regression = _diff_src_pass(case, detailed=False)
     fit = regression.fit()
@@ -153,7 +157,7 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInp
     return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
 
 
-def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, facts: ChannelFacts, output: str) -> Comparison:
+def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts, output: str) -> Comparison:
     state = _accumulator(a, r, job, inputs)
     s_beta, s_gamma = facts.sum_scales(state.rule.scaled.unit)
     scale = s_gamma if output == "diff_gamma" else s_beta
@@ -167,7 +171,7 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs, 
     return replace(comparison, hints=hint_rules.sum_hints(output, comparison, a64, r64, facts, inputs))
 
 
-def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: BackwardInputs | None, facts) -> Comparison:
+def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, facts) -> Comparison:
     output = next((OUTPUT_ALIASES[n] for n in reversed(job.names) if n in OUTPUT_ALIASES), None)
     if inputs is None or output is None or job.settings.fixed_requested(job.names):
         return _fixed(a, r, job)
@@ -185,7 +189,7 @@ def compare_sets(
     judging: Judging,
     *,
     data_format: str | None = None,
-    inputs: BackwardInputs | None = None,
+    inputs: Op | None = None,
 ) -> SetComparison:
     """Match keys, then compare each pair; structural failures become rows, never skips.
 
