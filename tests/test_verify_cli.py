@@ -88,6 +88,14 @@ def test_exit_3_missing_and_extra_keys(cli, tmp_path, outputs):
     assert "MISSING" in result.stdout and "EXTRA" not in result.stdout
 
 
+def test_brief_names_each_structural_problem_once_per_line(cli, tmp_path, outputs):
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
+    actual = save_bundle(tmp_path / "out.npz", {"diff_src": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"]})
+    result = cli("verify", actual, reference, "--brief")
+    assert result.exit_code == 3, result.output
+    assert "diff_beta: MISSING (in reference, missing from actual)" in result.stdout.splitlines()
+
+
 def test_exit_3_shape_mismatch_names_the_transpose(cli, tmp_path, outputs):
     reference = save_bundle(tmp_path / "ref.npz", outputs)
     actual = save_bundle(tmp_path / "out.npz", {**outputs, "diff_src": np.moveaxis(outputs["diff_src"], 1, -1)})

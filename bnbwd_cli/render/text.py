@@ -164,7 +164,8 @@ def brief_line(output: OutputResult) -> str:
     """One line: name, status and the number that decided it."""
     c = output.comparison
     if c is None:
-        return f"{output.name}: {output.status.upper()} ({output.problem.message})"
+        # The problem's message starts with the output's name, which the line already gives.
+        return f"{output.name}: {output.status.upper()} ({output.problem.message.removeprefix(output.name + ': ')})"
     if c.scaled is not None:
         line = f"{output.name}: {output.status.upper()} max {fmt_ulp(c.max_units.value)} units (K {c.scaled.max_units:g})"
     else:
