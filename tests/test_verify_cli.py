@@ -88,6 +88,17 @@ def test_exit_3_missing_and_extra_keys(cli, tmp_path, outputs):
     assert "MISSING" in result.stdout and "EXTRA" not in result.stdout
 
 
+def test_brief_says_when_the_norm_test_decided(cli, tmp_path, outputs):
+    """No element beyond atol, yet the output fails on ||a-r||/||r||: the one line must say why."""
+    reference = save_bundle(tmp_path / "ref.npz", outputs)
+    shifted = {**outputs, "diff_src": outputs["diff_src"] + np.float32(1e-3)}
+    actual = save_bundle(tmp_path / "out.npz", shifted)
+    result = cli("verify", actual, reference, "--atol", "diff_src=1e-2", "--brief")
+    assert result.exit_code == 1, result.output
+    line = next(line for line in result.stdout.splitlines() if line.startswith("diff_src:"))
+    assert line.startswith("diff_src: FAIL 0/") and ", rel L2 " in line and "> 7.6e-06" in line, line
+
+
 def test_brief_names_each_structural_problem_once_per_line(cli, tmp_path, outputs):
     reference = save_bundle(tmp_path / "ref.npz", outputs)
     actual = save_bundle(tmp_path / "out.npz", {"diff_src": outputs["diff_src"], "diff_gamma": outputs["diff_gamma"]})

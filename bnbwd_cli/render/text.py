@@ -170,6 +170,8 @@ def brief_line(output: OutputResult) -> str:
         line = f"{output.name}: {output.status.upper()} max {fmt_ulp(c.max_units.value)} units (K {c.scaled.max_units:g})"
     else:
         line = f"{output.name}: {output.status.upper()} {c.mismatches}/{c.elements} mismatched, max abs {fmt(c.max_abs.value)}"
+        if not c.rel_l2_passed:  # the output's norm test failed: say so, or "0/96 mismatched" reads as a pass
+            line += f", rel L2 {fmt(c.rel_l2)} > {c.tolerance.rel_l2:.2g}"
     if c.bias is not None:
         line += f", scale {c.bias.scale:+.1e} (z {fmt_ulp(c.bias.z)})"
     if c.bias_failed:
