@@ -110,6 +110,10 @@ class _Kernel:
                     head += grouped[:, :, k]
         if rows > full * step:  # the last chunk of the tensor, short
             last = acc[:, full]
+            tail = rows - full * step
+            if tail % r0 == 0 and r0 * math.prod(rest) > 1:  # whole row groups: one call, the same order as above
+                np.add.reduce(values[:, full * step :].reshape(2, tail // r0, r0, *rest), axis=1, out=last, initial=0.0)
+                return acc
             last.fill(0.0)
             for q0 in range(full * step, rows, r0):
                 part = values[:, q0 : q0 + r0]
@@ -156,7 +160,7 @@ class _Kernel:
         rounded = store(result, out, self.scratch)
         # the summary's extremes while the tile is in cache (core/stats.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
-        self.extremes.append((np.min(rounded), np.max(rounded)))
+        self.extremes.append(stats.extremes(rounded))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""

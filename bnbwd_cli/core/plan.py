@@ -127,6 +127,10 @@ def fold(partials: np.ndarray) -> np.ndarray:
     """
     if partials.shape[0] == 0:
         return np.zeros(partials.shape[1:])
+    if partials.shape[0] == 1:  # nothing to pair: hi + 0.0, as the tree's fold_result gives it
+        hi = np.asarray(partials[0], dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where(np.isfinite(hi), fold_result(hi, 0.0), hi)
     if partials.size <= SCALAR_FOLD_MAX:
         columns = np.asarray(partials, dtype=np.float64).reshape(partials.shape[0], -1).T.tolist()
         return np.array([_fold_scalars(column) for column in columns]).reshape(partials.shape[1:])
