@@ -154,10 +154,16 @@ class _Kernel:
                 d *= self.k[None, :, None][channels]
                 result -= self.mean_dy[None, :, None][channels]
                 result -= d
-            result *= problem.scale[None, :, None][channels]
-            if problem.scale_exp is not None:
-                np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
-        rounded = store(result, out, self.scratch)
+            if problem.scale_exp is None and out.dtype.itemsize >= 4:
+                # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
+                # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
+                np.multiply(result, problem.scale[None, :, None][channels], out=out, casting="unsafe")
+                rounded = out
+            else:
+                result *= problem.scale[None, :, None][channels]
+                if problem.scale_exp is not None:
+                    np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
+                rounded = store(result, out, self.scratch)
         # the summary's extremes while the tile is in cache (core/stats.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
         self.extremes.append(stats.extremes(rounded))
