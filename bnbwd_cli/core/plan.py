@@ -96,7 +96,7 @@ def lane_tree(lanes: np.ndarray) -> np.ndarray:
     plane: 145 -> 105 us). The additions are the same either way.
     """
     work = np.moveaxis(lanes, -1, 0)
-    if lanes.size >= TREE_COPY_ROWS * lanes.shape[-1]:
+    if 1 < lanes.shape[-1] and lanes.size >= TREE_COPY_ROWS * lanes.shape[-1]:  # one lane: nothing to add
         work = np.ascontiguousarray(work)
     length = work.shape[0]
     while length > 1:

@@ -36,7 +36,7 @@ def scan(array: np.ndarray) -> OutputStats:
         finite = np.isfinite(chunk)
         nonfinite += int(chunk.size - np.count_nonzero(finite))
         if finite.any():
-            values = chunk[finite]
+            values = chunk if finite.all() else chunk[finite]  # the usual case: no boolean-indexed copy
             lowest, highest = min(lowest, float(values.min())), max(highest, float(values.max()))
     return OutputStats(lowest if flat.size else float("nan"), highest if flat.size else float("nan"), nonfinite)
 
