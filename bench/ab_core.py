@@ -3,6 +3,7 @@
     python bench/ab_core.py old=/tmp/old-core base=/tmp/base-core new=.
     (make the trees with e.g. `git worktree add --detach /tmp/old-core 6ff4aba`)
     python bench/ab_core.py naive=naive b2=.@2097152 b8=.@8388608 --cores numpy   (tile budgets)
+    python bench/ab_core.py old=/tmp/old-core new=. --cores numpy --dtypes float32,bfloat16,float16 --clock cpu
 
 A version is name=tree[@block_bytes]; the tree "naive" is bench/run_bench.py's whole-array NumPy expressions.
 
@@ -32,6 +33,7 @@ def nxc(shape):
 
 def make_call(case: dict, tree: str):
     """A no-argument function running one backward call of this tree for the case."""
+    import ml_dtypes  # noqa: F401 - registers "bfloat16" as a NumPy dtype name
     import numpy as np
 
     dtype = np.dtype(case["dtype"])
