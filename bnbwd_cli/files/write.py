@@ -19,7 +19,6 @@ import io
 import os
 import stat
 import sys
-import zipfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -325,6 +324,8 @@ def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool
 def write_npz_with_streamed(path: Path, arrays: dict[str, np.ndarray], streamed: dict[str, NpyBlockWriter], *,
                             fsync: bool = False) -> None:
     """An .npz (stored, zip64) of small arrays plus members copied from streamed .npy files, all or nothing."""
+    import zipfile  # only here: a run writing .npy files never loads it (files/npz.py)
+
     with OutputSet(fsync=fsync) as outputs:
         with zipfile.ZipFile(outputs.new_file(path), "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for key, array in arrays.items():
