@@ -56,21 +56,32 @@ class NpyBlocks:
             raise BnbwdError(f"{self.what}: {self.path} changed size while it was read "
                              f"(was {self._size} bytes, now {os.fstat(self._fd).st_size}); nothing was written")
 
+    def _stored(self, axis: int) -> tuple[tuple[int, ...], int]:
+        """The shape as stored (reversed for Fortran order) and the channel axis in it."""
+        if self.header.fortran_order:
+            return self.shape[::-1], self.ndim - 1 - axis
+        return self.shape, axis
+
+    def reads_whole_rows(self, axis: int, width: int) -> bool:
+        """Whether blocks of `width` channels (fewer than all) are read as whole rows because their contiguous runs
+        are short (channels last, small planes, Fortran order): then every block reads the whole file."""
+        stored_shape, stored_axis = self._stored(axis)
+        inner = math.prod(stored_shape[stored_axis + 1 :])
+        return width < stored_shape[stored_axis] and width * inner * self.header.dtype.itemsize < SPAN_MIN_BYTES
+
     def channels(self, axis: int, c0: int, c1: int) -> np.ndarray:
         """The sub-array [..., c0:c1, ...] along `axis`, C-contiguous, native byte order."""
-        stored_shape = self.shape[::-1] if self.header.fortran_order else self.shape
-        stored_axis = self.ndim - 1 - axis if self.header.fortran_order else axis
+        stored_shape, stored_axis = self._stored(axis)
         outer = math.prod(stored_shape[:stored_axis])
         channels = stored_shape[stored_axis]
         inner = math.prod(stored_shape[stored_axis + 1 :])
         itemsize = self.header.dtype.itemsize
-        span = (c1 - c0) * inner * itemsize
         row = channels * inner * itemsize
         block = np.empty((outer, c1 - c0, inner), dtype=self.header.dtype)
         # Read straight into the block (or into one reused chunk buffer): no bytes object per read, no second copy.
         raw = block.view(np.uint8).reshape(outer, c1 - c0, inner * itemsize)
         try:
-            if span >= SPAN_MIN_BYTES or c1 - c0 == channels:
+            if not self.reads_whole_rows(axis, c1 - c0):
                 for o in range(outer):  # one read per outer index: the block's own bytes only
                     self._read_into(raw[o], o * row + c0 * inner * itemsize)
             else:  # short runs (channels last): read whole rows in chunks and keep the block's columns
