@@ -167,8 +167,8 @@ class Computed:
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream/--no-stream", default=None, help="Out-of-core: read src and diff_dst (.npy files) by blocks "
               "of channels and write diff_src by blocks (needs -o FILE.npz or --out-dir); --no-stream loads them.  "
-              "[default: on when src and diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the "
-              "output is a file]")
+              "[default: on when src and diff_dst are .npy files over 1/4 of available memory, or over 256 MiB where "
+              "a block of channels is read in long runs (not channels last or small planes), and the output is a file]")
 @fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
