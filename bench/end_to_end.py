@@ -9,7 +9,9 @@ best-of-N, so that a machine shared with other work moves both sides alike:
   script doing the same job (np.load the inputs, native_batch_norm_backward, np.save the three
   outputs), timed inside its own process after `import torch`; both layouts;
 - `run --reference`: the same run judging a kernel's outputs (bnbwd's own, so it passes) against
-  the plain run, both net of the floor.
+  the plain run, both net of the floor;
+- where the time goes: the same job through bnbwd's layers (the CLI's imports, files.read, core.backward,
+  files.write) timed by phase in fresh processes, interleaved with the PyTorch script's load, compute, save.
 
 Children run with bytecode caching on (PYTHONDONTWRITEBYTECODE removed), as for an installed
 package, and with `python -m bnbwd_cli` (what the `bnbwd` script runs, plus runpy's ~1 ms).
@@ -44,6 +46,7 @@ torch.set_num_threads(threads)
 started = time.perf_counter()
 src, dy = (torch.from_numpy(np.load(f"{work}/{name}.npy")) for name in ("src", "diff_dst"))
 mean, variance, gamma = (torch.from_numpy(np.load(f"{work}/{name}.npy")) for name in ("mean", "variance", "gamma"))
+loaded = time.perf_counter()
 if data_format == "NHWC":
     src, dy = src.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # channels_last strides: torch's NHWC kernel
 invstd = torch.rsqrt(variance + 1e-5)
@@ -51,9 +54,33 @@ diff_src, diff_gamma, diff_beta = torch.ops.aten.native_batch_norm_backward(
     dy, src, gamma, None, None, mean, invstd, True, 1e-5, [True, True, True])
 if data_format == "NHWC":
     diff_src = diff_src.permute(0, 2, 3, 1)
+computed = time.perf_counter()
 for name, tensor in (("diff_src", diff_src), ("diff_gamma", diff_gamma), ("diff_beta", diff_beta)):
     np.save(f"{out}/{name}.npy", tensor.numpy())
-print(time.perf_counter() - started)
+done = time.perf_counter()
+print(loaded - started, computed - loaded, done - computed, done - started)  # load, compute, save, total
+"""
+
+# The same job through bnbwd's own layers in one fresh process, timed by phase (what `run --out-dir -q` calls:
+# the CLI's imports, files.read, core.backward, files.write); prints imports, read, core, write seconds.
+PHASES_SCRIPT = """
+import sys, time
+from pathlib import Path
+import numpy  # the floor: imports are counted net of it, as the run rows are
+started = time.perf_counter()
+import bnbwd_cli.cli  # everything `python -m bnbwd_cli run` imports before it reads a file
+from bnbwd_cli import core
+from bnbwd_cli.files import write
+from bnbwd_cli.files.read import read_array
+imported = time.perf_counter()
+work, data_format, threads, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+inputs = {name: read_array(f"{work}/{name}.npy", name) for name in ("src", "diff_dst", "mean", "variance", "gamma")}
+read = time.perf_counter()
+op = core.Op(*inputs.values(), epsilon=1e-5, data_format="NCX" if data_format == "NCHW" else "NXC")
+result = core.backward(op, core.Settings(threads=threads))
+computed = time.perf_counter()
+write.write_npy_dir(out, {name: getattr(result, name) for name in ("diff_src", "diff_gamma", "diff_beta")})
+print(imported - started, read - imported, computed - read, time.perf_counter() - computed)
 """
 
 
@@ -130,19 +157,37 @@ def run_command(work: Path, data_format: str, threads: int, extra: list[str]) ->
     return BNBWD + ["run", *inputs, "--epsilon", "1e-5", "--format", data_format, "-q", "--threads", str(threads), *extra]
 
 
-def torch_seconds(torch_python: str, work: Path, data_format: str, threads: int, reps: int) -> float:
-    """Best of `reps` fresh PyTorch processes, each timing its own load + compute + save."""
-    out = work / "torch_out"
-    best = float("inf")
-    for _ in range(reps + 1):  # the first is a warm-up, like the bnbwd rounds
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        done = subprocess.run([torch_python, "-c", TORCH_SCRIPT, str(work), data_format, str(threads), str(out)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"torch script failed: {done.stderr[-400:]}")
-        best = min(best, float(done.stdout.split()[-1]))
+def phase_seconds(commands: dict[str, list[str]], out: Path, reps: int) -> dict[str, list[float]]:
+    """Best of `reps` fresh processes of each command, run in turn (A, B, A, B, ...) after a warm-up round; each
+    prints its own four phase times in seconds on one line, and each phase keeps its own best."""
+    best = {name: [float("inf")] * 4 for name in commands}
+    for round_ in range(reps + 1):
+        for name, command in commands.items():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            done = subprocess.run([*command, str(out)], env=child_env(), cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{name} script failed: {done.stderr[-400:]}")
+            if round_:
+                best[name] = [min(a, float(b)) for a, b in zip(best[name], done.stdout.split()[-4:])]
     return best
+
+
+def phases(torch_python: str | None, work: Path, data_format: str, threads: int, reps: int) -> dict[str, list[float]]:
+    """bnbwd's imports, read, core, write and (with torch) PyTorch's load, compute, save, total: seconds."""
+    args = [str(work), data_format, str(threads)]
+    commands = {"bnbwd": [sys.executable, "-c", PHASES_SCRIPT, *args]}
+    if torch_python:
+        commands["torch"] = [torch_python, "-c", TORCH_SCRIPT, *args]
+    return phase_seconds(commands, work / "phases_out", reps)
+
+
+def phases_row(best: dict[str, list[float]], data_format: str, reps: int) -> str:
+    ours, theirs = best["bnbwd"], best.get("torch")
+    theirs_text = " / ".join(f"{t * 1e3:.0f}" for t in theirs[:3]) if theirs else "–"
+    ratio = f"core/compute **{ours[2] / theirs[1]:.2f}x**" if theirs else "–"
+    return (f"| where the time goes, {data_format}: bnbwd imports / read / core / write (ms) vs PyTorch load / "
+            f"compute / save | {reps} | {' / '.join(f'{t * 1e3:.0f}' for t in ours)} | {theirs_text} | {ratio} |")
 
 
 def run_rows(torch_python: str | None, threads: int, reps: int, workdir: str | None) -> list[str]:
@@ -160,8 +205,9 @@ def run_rows(torch_python: str | None, threads: int, reps: int, workdir: str | N
                                    "reference": (run_command(work, data_format, threads, ["--reference", str(out)]), None)},
                                   min(reps, 2))  # ~10 s a --reference run at this size: 2 rounds
             net = timing.net("run")
-            if torch_python:
-                theirs = torch_seconds(torch_python, work, data_format, threads, reps)
+            best = phases(torch_python, work, data_format, threads, reps)
+            if "torch" in best:
+                theirs = best["torch"][3]
                 versus = f"{theirs * 1e3:.0f} ms | **{net / theirs:.2f}x**"
             else:
                 versus = "– (torch not installed: row skipped) | –"
@@ -172,6 +218,7 @@ def run_rows(torch_python: str | None, threads: int, reps: int, workdir: str | N
                         f"{min(reps, 2)} | "
                         f"{checked.net('reference') * 1e3:.0f} ms | {checked.net('plain') * 1e3:.0f} ms | "
                         f"**{checked.net('reference') / checked.net('plain'):.2f}x** |")
+            rows.append(phases_row(best, data_format, reps))
     return rows
 
 

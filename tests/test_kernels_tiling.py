@@ -13,6 +13,8 @@ from bnbwd_cli.core import mapped, plan
 from bnbwd_cli.core.rounding import float_to_half
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
+from bnbwd_cli.files import blocks as files_blocks
+from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args
@@ -144,6 +146,32 @@ def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, sha
     assert written.tobytes() == in_memory.diff_src.tobytes()
     assert result.diff_gamma.tobytes() == in_memory.diff_gamma.tobytes()
     assert result.diff_beta.tobytes() == in_memory.diff_beta.tobytes()
+
+
+@pytest.mark.parametrize("storage", ["C", "F", "big-endian"])
+def test_streamed_short_runs_in_many_chunks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, storage):
+    """Channels last, rows read (and diff_src read-modify-written) in chunks of 7 rows through one reused buffer,
+    the last chunk partial (72 rows = 10 x 7 + 2): the bits of the in-memory run."""
+    shape, data_format = (3, 4, 6, 5), "NXC"
+    src, diff_dst, *stats = op_args(rng, shape, data_format)
+    for name, array in (("src", src), ("dy", diff_dst)):
+        stored = np.asfortranarray(array) if storage == "F" else array
+        np.save(tmp_path / f"{name}.npy", stored.astype(stored.dtype.newbyteorder(">")) if storage == "big-endian" else stored)
+    row = shape[-1] * src.itemsize
+    monkeypatch.setattr(files_blocks, "CHUNK_BYTES", 7 * row)
+    monkeypatch.setattr(files_write, "CHUNK_BYTES", 7 * row)
+    monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", src.size // shape[-1] * src.itemsize * streaming.BYTES_PER_ELEMENT_FACTOR * 2)
+    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
+              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
+    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), None, None, "numpy")
+    with OutputSet() as outputs:
+        writer = outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype)
+        streaming.run_streamed(inputs, run, writer)
+        read_back = writer.read_all()  # what --reference reads of a streamed diff_src
+    expected = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format).diff_src
+    assert np.load(tmp_path / "out.npy").tobytes() == expected.tobytes()
+    assert read_back.tobytes() == expected.tobytes()
+    assert (tmp_path / "out.npy").stat().st_size == writer.offset + src.nbytes  # nothing written past the array
 
 
 def test_cli_stream_outputs_match(cli, tmp_path, rng):

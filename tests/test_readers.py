@@ -364,3 +364,31 @@ def test_safetensors_over_available_memory_fails_before_reading(cli, tmp_path, a
 def test_bare_command_still_prints_the_help(cli):
     result = cli()
     assert result.exit_code == 2 and "Commands:" in result.output and "error:" not in result.output
+
+
+def _damaged_member_bundle(tmp_path: Path, arrays: dict, method: int, where: str) -> Path:
+    """A bundle whose src member has damaged bytes: at the start of its (deflated) data, or in its stored data."""
+    path = tmp_path / "bundle.npz"
+    with zipfile.ZipFile(path, "w", method) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", "w") as member:
+                np.lib.format.write_array(member, value)
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("src.npy")
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # the local header's fixed part is 30 bytes
+    at = start if where == "header" else start + info.compress_size // 2
+    data[at : at + 8] = bytes(byte ^ 0xFF for byte in data[at : at + 8])
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(("method", "where", "pattern"), [
+    (zipfile.ZIP_DEFLATED, "header", r"bundle .*src.*cannot read src\.npy"),  # zlib.error while the header is read
+    (zipfile.ZIP_DEFLATED, "data", r"bundle .*src.*cannot read src\.npy"),  # zlib.error or a bad CRC in the data
+    (zipfile.ZIP_STORED, "data", r"bundle .*src.*cannot read src\.npy \(Bad CRC-32"),
+], ids=["deflated-header", "deflated-data", "stored-data"])
+def test_damaged_npz_member_is_one_line(cli, tmp_path, arrays, method, where, pattern):
+    """Errors of zipfile and zlib (imported only when an archive is read: files/npz.zip_errors) stay one line, exit 3."""
+    bundle = _damaged_member_bundle(tmp_path, arrays, method, where)
+    assert_one_error(cli("run", str(bundle), *NCHW, "-q", "-o", tmp_path / "out.npz"), pattern)

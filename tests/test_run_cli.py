@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -448,6 +449,42 @@ def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, 
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["stream"] is False
     assert_same_outputs(load_npz(tmp_path / "out2.npz"), load_npz(tmp_path / "out.npz"), exact=not streamed)
+
+
+@pytest.mark.parametrize("data_format, shape, one_channel_blocks, streamed", [
+    ("NCHW", (3, 4, 5, 6), False, True),  # one block holds every channel: src is read once
+    ("NHWC", (3, 5, 6, 4), False, True),
+    ("NHWC", (3, 5, 6, 4), True, False),  # 4 one-channel blocks of 4-byte runs would each read the whole file
+    ("NCHW", (3, 4, 5, 6), True, False),  # 30-float planes are short runs too
+    ("NCHW", (1, 2, 128, 128), True, True),  # 64 KiB planes: each block reads its own bytes only
+], ids=["NCHW-one-block", "NHWC-one-block", "NHWC-short-runs", "NCHW-small-planes", "NCHW-long-runs"])
+def test_auto_stream_skips_blocks_that_reread_the_file(cli, tmp_path, rng, monkeypatch, data_format, shape,
+                                                       one_channel_blocks, streamed):
+    """Large .npy inputs stream by themselves, unless every block would read src's whole file (short runs); a
+    share of available memory still makes them stream, whatever the runs."""
+    from bnbwd_cli import streaming
+
+    canonical = "NCX" if data_format == "NCHW" else "NXC"
+    arrays = make_inputs(rng, shape, canonical)
+    flags = save_npy_flags(tmp_path, arrays)
+    monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 1)
+    if one_channel_blocks:
+        channels = shape[1] if canonical == "NCX" else shape[-1]
+        monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", arrays["src"].nbytes // channels * streaming.BYTES_PER_ELEMENT_FACTOR)
+    common = ("--epsilon", "1e-3", "--format", data_format, "-q", "--json", "-")
+    result = cli("run", *flags, *common, "--out-dir", tmp_path / "auto")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stream"] is streamed
+    expect_oracle(read_dir(tmp_path / "auto"), arrays, data_format=canonical)
+    monkeypatch.setattr(streaming, "available_memory", lambda: 64)  # loading would risk running out of memory
+    result = cli("run", *flags, *common, "--out-dir", tmp_path / "tight")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stream"] is True
+    assert all(np.array_equal(a, b) for a, b in zip(read_dir(tmp_path / "tight").values(), read_dir(tmp_path / "auto").values()))
+
+
+def read_dir(directory: Path) -> dict[str, np.ndarray]:
+    return {path.stem: np.load(path) for path in sorted(directory.glob("*.npy"))}
 
 
 def assert_same_outputs(first: dict, second: dict, exact: bool) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +19,7 @@ EXAMPLE = ROOT / "fixtures" / "example.npz"
 
 # Imported by no `run` without --reference, quiet or not. Why each one stays out:
 NEVER_ON_PLAIN_RUN = {
-    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 1 GiB)",
+    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 256 MiB in memory)",
     "llvmlite": "numba's backend, same reason",
     "bnbwd_cli.core.numba_core": "loads numba",
     "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",
@@ -39,6 +40,14 @@ NEVER_ON_QUIET_RUN = {
     "rich": "tables and progress bars (~40 ms): only when something is rendered",
     "bnbwd_cli.render.text": "the console and report rendering: loads rich",
     "json": "only --json writes JSON",
+}
+
+# Also kept out of a run whose inputs and outputs are .npy files (the shape of issue 15's end-to-end run).
+NEVER_ON_NPY_RUN = {
+    **NEVER_ON_QUIET_RUN,
+    "zipfile": ".npz archives only (files/npz.py imports it with the first archive); brings bz2, lzma, shutil",
+    "lzma": "a decompressor for .npz members, via zipfile",
+    "bz2": "a decompressor for .npz members, via zipfile",
 }
 
 # Runs bnbwd as `python -m bnbwd_cli` does, then lists sys.modules; imports nothing a command might not
@@ -94,6 +103,22 @@ def test_plain_run_imports_only_what_it_needs(args, forbidden):
     before_us = preloaded()
     crept_in = {name: why for name, why in forbidden.items() if loaded(modules, name) and name not in before_us}
     assert not crept_in, f"imported by `bnbwd {' '.join(args[:1] + args[2:])}`: {crept_in}"
+
+
+def test_npy_run_to_out_dir_loads_no_archive_code(tmp_path):
+    """`run --src x.npy ... --out-dir DIR -q`: .npy in, .npy out; nothing of zipfile's family is imported."""
+    rng = np.random.default_rng(0)
+    for name, shape in (("src", (2, 3, 4, 4)), ("diff_dst", (2, 3, 4, 4)), ("mean", (3,)), ("gamma", (3,))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    np.save(tmp_path / "variance.npy", rng.uniform(0.5, 1.5, 3).astype(np.float32))
+    inputs = [arg for name in ("src", "diff_dst", "mean", "variance", "gamma")
+              for arg in (f"--{name.replace('_', '-')}", str(tmp_path / f"{name}.npy"))]
+    out = tmp_path / "grads"
+    modules = imported_after(["run", *inputs, "--epsilon", "1e-5", "--format", "NCHW", "-q", "--out-dir", str(out)])
+    assert sorted(path.name for path in out.iterdir()) == ["diff_beta.npy", "diff_gamma.npy", "diff_src.npy"]
+    before_us = preloaded()
+    crept_in = {name: why for name, why in NEVER_ON_NPY_RUN.items() if loaded(modules, name) and name not in before_us}
+    assert not crept_in, f"imported by `bnbwd run` on .npy files: {crept_in}"
 
 
 def test_reference_run_loads_the_comparison(tmp_path):

@@ -167,8 +167,8 @@ class Computed:
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream/--no-stream", default=None, help="Out-of-core: read src and diff_dst (.npy files) by blocks "
               "of channels and write diff_src by blocks (needs -o FILE.npz or --out-dir); --no-stream loads them.  "
-              "[default: on when src and diff_dst are .npy files over 256 MiB (or 1/4 of available memory) and the "
-              "output is a file]")
+              "[default: on when src and diff_dst are .npy files over 1/4 of available memory, or over 256 MiB where "
+              "a block of channels is read in long runs (not channels last or small planes), and the output is a file]")
 @fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
@@ -268,11 +268,13 @@ def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
     inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
     if split and split.note() and not options.quiet:
         echo_error(f"note: bundle ({options.bundle}): {split.note()}")
+    data_format = options.data_format or attributes.get("data_format") or profile.default_format
     stream = options.stream
-    # Large .npy inputs stream by themselves. With --core numba only those too large to load safely do, and then
-    # the refusal below says why.
+    # Large .npy inputs stream by themselves (unless their blocks would be short runs). With --core numba only those
+    # too large to load safely do, and then the refusal below says why.
     if stream is None:
-        stream = options.has_file_output and streaming.should_stream(options.sources, memory_only=options.core == "numba")
+        stream = options.has_file_output and streaming.should_stream(options.sources, data_format,
+                                                                     memory_only=options.core == "numba")
     if stream and not options.has_file_output:
         raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
     for name, source in options.sources.items():
@@ -282,7 +284,6 @@ def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
         inputs[name] = blocks if blocks is not None else read_array(source, name)
     bf16_names = [key for key in options.bf16_inputs if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
-    data_format = options.data_format or attributes.get("data_format") or profile.default_format
     epsilon = _resolve_epsilon(options.epsilon, attributes, profile, options.variance_is_invstd)
     canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                 outputs=options.outputs)

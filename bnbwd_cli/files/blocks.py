@@ -49,35 +49,49 @@ class NpyBlocks:
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
-    def _pread(self, offset: int, length: int) -> bytes:
-        data = os.pread(self._fd, length, self.header.offset + offset)
-        if len(data) != length or os.fstat(self._fd).st_size != self._size:
+    def _read_into(self, buffer: np.ndarray, offset: int) -> None:
+        """Fill `buffer` (C-contiguous) from the data at `offset`; a file that is shorter, or changed size, is an error."""
+        got = pread_into(self._fd, buffer, self.header.offset + offset)
+        if got != buffer.nbytes or os.fstat(self._fd).st_size != self._size:
             raise BnbwdError(f"{self.what}: {self.path} changed size while it was read "
                              f"(was {self._size} bytes, now {os.fstat(self._fd).st_size}); nothing was written")
-        return data
+
+    def _stored(self, axis: int) -> tuple[tuple[int, ...], int]:
+        """The shape as stored (reversed for Fortran order) and the channel axis in it."""
+        if self.header.fortran_order:
+            return self.shape[::-1], self.ndim - 1 - axis
+        return self.shape, axis
+
+    def reads_whole_rows(self, axis: int, width: int) -> bool:
+        """Whether blocks of `width` channels (fewer than all) are read as whole rows because their contiguous runs
+        are short (channels last, small planes, Fortran order): then every block reads the whole file."""
+        stored_shape, stored_axis = self._stored(axis)
+        inner = math.prod(stored_shape[stored_axis + 1 :])
+        return width < stored_shape[stored_axis] and width * inner * self.header.dtype.itemsize < SPAN_MIN_BYTES
 
     def channels(self, axis: int, c0: int, c1: int) -> np.ndarray:
         """The sub-array [..., c0:c1, ...] along `axis`, C-contiguous, native byte order."""
-        stored_shape = self.shape[::-1] if self.header.fortran_order else self.shape
-        stored_axis = self.ndim - 1 - axis if self.header.fortran_order else axis
+        stored_shape, stored_axis = self._stored(axis)
         outer = math.prod(stored_shape[:stored_axis])
         channels = stored_shape[stored_axis]
         inner = math.prod(stored_shape[stored_axis + 1 :])
         itemsize = self.header.dtype.itemsize
-        span = (c1 - c0) * inner * itemsize
         row = channels * inner * itemsize
         block = np.empty((outer, c1 - c0, inner), dtype=self.header.dtype)
+        # Read straight into the block (or into one reused chunk buffer): no bytes object per read, no second copy.
+        raw = block.view(np.uint8).reshape(outer, c1 - c0, inner * itemsize)
         try:
-            if span >= SPAN_MIN_BYTES or c1 - c0 == channels:
+            if not self.reads_whole_rows(axis, c1 - c0):
                 for o in range(outer):  # one read per outer index: the block's own bytes only
-                    data = self._pread(o * row + c0 * inner * itemsize, span)
-                    block[o] = np.frombuffer(data, dtype=self.header.dtype).reshape(c1 - c0, inner)
+                    self._read_into(raw[o], o * row + c0 * inner * itemsize)
             else:  # short runs (channels last): read whole rows in chunks and keep the block's columns
                 rows = max(CHUNK_BYTES // max(row, 1), 1)
+                chunk = np.empty(min(rows, outer) * row, np.uint8)
                 for o0 in range(0, outer, rows):
                     o1 = min(o0 + rows, outer)
-                    data = self._pread(o0 * row, (o1 - o0) * row)
-                    block[o0:o1] = np.frombuffer(data, dtype=self.header.dtype).reshape(o1 - o0, channels, inner)[:, c0:c1]
+                    rows_read = chunk[: (o1 - o0) * row]
+                    self._read_into(rows_read, o0 * row)
+                    raw[o0:o1] = rows_read.reshape(o1 - o0, channels, inner * itemsize)[:, c0:c1]
         except OSError as exc:
             raise BnbwdError(f"{self.what}: cannot read {self.path} ({reason(exc)}); nothing was written") from None
         stored_block = list(stored_shape)
@@ -91,6 +105,17 @@ class NpyBlocks:
 
 SPAN_MIN_BYTES = 64 << 10  # a contiguous run worth its own read
 CHUNK_BYTES = 8 << 20  # rows read at once when runs are short
+
+
+def pread_into(fd: int, buffer: np.ndarray, offset: int) -> int:
+    """Read from `offset` into the C-contiguous `buffer` until it is full or the file ends; the bytes read."""
+    view, got = memoryview(buffer).cast("B"), 0
+    while got < view.nbytes:
+        count = os.preadv(fd, [view[got:]], offset + got)
+        if count <= 0:
+            break
+        got += count
+    return got
 
 
 def open_npy_blocks(source: str, what: str) -> NpyBlocks | None:

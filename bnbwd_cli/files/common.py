@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import lzma
 import tokenize
-import zipfile
-import zlib
 
-# Errors numpy and zipfile raise on malformed bytes; anything else is a bug and keeps its traceback.
-# (tokenize.TokenError: NumPy tokenizes some headers; zlib/lzma errors: corrupt compressed .npz members;
-# TypeError/OverflowError: header values of the wrong type, e.g. a float in the shape tuple.)
-READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, SyntaxError,
-               tokenize.TokenError, zlib.error, lzma.LZMAError, TypeError, OverflowError)
-# zipfile also raises RuntimeError (encrypted member) and NotImplementedError (unknown method or zip version).
-ZIP_ERRORS = (*READ_ERRORS, RuntimeError, NotImplementedError)
+# Errors numpy raises on malformed .npy bytes; anything else is a bug and keeps its traceback.
+# (tokenize.TokenError: NumPy tokenizes some headers; TypeError/OverflowError: header values of the wrong
+# type, e.g. a float in the shape tuple.) What zipfile, zlib and lzma raise on a corrupt .npz is added by
+# files/npz.py (npz.zip_errors), which imports them only when an archive is read.
+READ_ERRORS = (OSError, ValueError, EOFError, KeyError, SyntaxError, tokenize.TokenError, TypeError, OverflowError)
 
 
 def reason(exc: BaseException) -> str:

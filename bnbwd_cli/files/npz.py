@@ -6,20 +6,37 @@ Members the caller does not want are never inflated; a member declaring more tha
 from __future__ import annotations
 
 import contextlib
-import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import common
-from bnbwd_cli.files.common import ZIP_ERRORS, reason
+from bnbwd_cli.files.common import READ_ERRORS, reason
 from bnbwd_cli.files.npy import NpyHeader, read_npy_header, read_npy_stream
+
+if TYPE_CHECKING:
+    import zipfile
 
 # deflate cannot expand more than ~1032:1; a member that declares more lies about its size.
 MAX_DEFLATE_RATIO = 1100
+
+
+def zip_errors() -> tuple[type[BaseException], ...]:
+    """What a corrupt archive raises: READ_ERRORS, zipfile's and the decompressors' errors, and RuntimeError
+    (encrypted member) and NotImplementedError (unknown method or zip version).
+
+    zipfile is imported here, by the first archive read, not with this module: it brings bz2, lzma and
+    shutil, several ms of start-up that a run on .npy files never uses (tests/test_startup.py).
+    """
+    import lzma
+    import zipfile
+    import zlib
+
+    return (*READ_ERRORS, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, RuntimeError,
+            NotImplementedError)
 
 
 def npz_keys(archive: zipfile.ZipFile) -> list[str]:
@@ -28,9 +45,11 @@ def npz_keys(archive: zipfile.ZipFile) -> list[str]:
 
 @contextlib.contextmanager
 def open_zip(source: BinaryIO | str | Path, what: str) -> Iterator[zipfile.ZipFile]:
+    import zipfile  # see zip_errors
+
     try:
         archive = zipfile.ZipFile(source)
-    except ZIP_ERRORS as exc:
+    except zip_errors() as exc:
         raise BnbwdError(f"{what}: not a valid .npz archive ({reason(exc)})") from None
     with archive:
         yield archive
@@ -38,6 +57,8 @@ def open_zip(source: BinaryIO | str | Path, what: str) -> Iterator[zipfile.ZipFi
 
 def _vet_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> NpyHeader:
     """The member's .npy header, checked against its declared sizes before any data is inflated."""
+    import zipfile  # already loaded by open_zip
+
     if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATE_RATIO * info.compress_size + 4096:
         raise BnbwdError(f"{what}: member declares {info.file_size} bytes from {info.compress_size} compressed, "
                          "more than deflate can produce; refusing to inflate it")
@@ -46,7 +67,7 @@ def _vet_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> N
             header = read_npy_header(stream, info.file_size, what)
     except BnbwdError:
         raise
-    except ZIP_ERRORS as exc:
+    except zip_errors() as exc:
         raise BnbwdError(f"{what}: cannot read {info.filename} ({reason(exc)})") from None
     return header
 
@@ -57,7 +78,7 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> 
             return read_npy_stream(stream, info.file_size, what)
     except BnbwdError:
         raise
-    except ZIP_ERRORS as exc:
+    except zip_errors() as exc:
         raise BnbwdError(f"{what}: cannot read {info.filename} ({reason(exc)})") from None
 
 

@@ -6,7 +6,6 @@ PROTO opcode): loading one runs arbitrary code, so bnbwd names it and says how t
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 from bnbwd_cli.errors import BnbwdError
@@ -34,6 +33,8 @@ def refuse_pickle(what: str) -> BnbwdError:
 
 
 def _is_torch_zip(path: Path) -> bool:
+    import zipfile  # only for files that start as a zip: a run on .npy files never loads it (files/npz.py)
+
     try:
         with zipfile.ZipFile(path) as archive:
             return any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist())

@@ -19,7 +19,6 @@ import io
 import os
 import stat
 import sys
-import zipfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -28,7 +27,7 @@ from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES
+from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
 from bnbwd_cli.files.common import reason
 
 COPY_CHUNK = 16 << 20
@@ -270,13 +269,16 @@ class NpyBlockWriter:
             for o in range(outer):
                 self._pwrite(data[o], self.offset + o * row + c0 * inner * itemsize)
             return
-        rows = max(CHUNK_BYTES // max(row, 1), 1)  # short runs: read-modify-write whole rows
+        rows = max(CHUNK_BYTES // max(row, 1), 1)  # short runs: read-modify-write whole rows, in one reused buffer
+        chunk = np.empty(min(rows, outer) * row, np.uint8)
         for o0 in range(0, outer, rows):
             o1 = min(o0 + rows, outer)
-            current = bytearray(os.pread(self.fd, (o1 - o0) * row, self.offset + o0 * row))
-            view = np.frombuffer(current, dtype=np.uint8).reshape(o1 - o0, channels, inner * itemsize)
-            view[:, c0:c1] = data[o0:o1].reshape(o1 - o0, c1 - c0, inner * itemsize)
-            self._pwrite(memoryview(current), self.offset + o0 * row)
+            current = chunk[: (o1 - o0) * row]
+            if pread_into(self.fd, current, self.offset + o0 * row) != current.nbytes:
+                raise OSError(errno.EIO, f"{self.path}: short read")
+            rows_of = current.reshape(o1 - o0, channels, inner * itemsize)
+            rows_of[:, c0:c1] = data[o0:o1].reshape(o1 - o0, c1 - c0, inner * itemsize)
+            self._pwrite(current, self.offset + o0 * row)
 
     def _pwrite(self, data, offset: int) -> None:  # noqa: ANN001
         view = memoryview(data).cast("B")
@@ -288,14 +290,10 @@ class NpyBlockWriter:
 
     def read_all(self) -> np.ndarray:
         """The whole array back in memory (for --reference on a streamed run)."""
-        data = bytearray(self.nbytes)
-        view, offset = memoryview(data), self.offset
-        while view.nbytes:
-            got = os.preadv(self.fd, [view], offset)
-            if got <= 0:
-                raise OSError(errno.EIO, f"{self.path}: short read")
-            view, offset = view[got:], offset + got
-        return np.frombuffer(data, dtype=self.dtype).reshape(self.shape)
+        data = np.empty(self.nbytes, np.uint8)
+        if pread_into(self.fd, data, self.offset) != self.nbytes:
+            raise OSError(errno.EIO, f"{self.path}: short read")
+        return data.view(self.dtype).reshape(self.shape)
 
 
 def _needs_v2(header: dict) -> bool:
@@ -325,6 +323,8 @@ def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool
 def write_npz_with_streamed(path: Path, arrays: dict[str, np.ndarray], streamed: dict[str, NpyBlockWriter], *,
                             fsync: bool = False) -> None:
     """An .npz (stored, zip64) of small arrays plus members copied from streamed .npy files, all or nothing."""
+    import zipfile  # only here: a run writing .npy files never loads it (files/npz.py)
+
     with OutputSet(fsync=fsync) as outputs:
         with zipfile.ZipFile(outputs.new_file(path), "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for key, array in arrays.items():
