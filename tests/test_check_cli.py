@@ -107,8 +107,8 @@ def test_usage_errors_exit_2(cli):
 
 
 def test_run_options_are_runs_own_and_apply_when_the_file_does_not_say(cli, rng, tmp_path):
-    by_name = {p.name: p for p in main.commands["run"].params}
-    shared = [p for p in main.commands["check"].params if p.name in ("epsilon", "data_format", "spec", "inference")]
+    by_name = {p.name: p for p in main.get_command(None, "run").params}
+    shared = [p for p in main.get_command(None, "check").params if p.name in ("epsilon", "data_format", "spec", "inference")]
     assert len(shared) == 4 and all(p is by_name[p.name] for p in shared)
     inputs = make_inputs(rng, (2, 3, 4, 4))  # NCHW
     inference = bnbwd_cli.backward(*(inputs[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),

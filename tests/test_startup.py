@@ -29,6 +29,8 @@ NEVER_ON_PLAIN_RUN = {
     "bnbwd_cli.judge.hints": "explanations of failures: only with the error model",
     # judge.keys is allowed: a bundle given to run may hold outputs too, and its name tables sort them out.
     "bnbwd_cli.render.json": "the comparison's JSON report",
+    "bnbwd_cli.cli.verify": "verify's command: loaded when looked up (cli/main.COMMANDS), or by run --reference",
+    "bnbwd_cli.cli.check": "check's command, same reason",
     "tempfile": "only --stream to a single .npz stages through it",
     "secrets": "temporary names come from os.urandom",
     "torch": "the bench's comparison, never bnbwd's",

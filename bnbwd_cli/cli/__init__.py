@@ -1,16 +1,10 @@
-"""The click layer: `main` is the `bnbwd` group, with run, verify and check added (`from bnbwd_cli.cli import main`).
+"""The click layer: `main` is the `bnbwd` group (`from bnbwd_cli.cli import main`).
 
-main.py holds the group (exit codes, signals, error lines), params.py every ParamType and shared option, and
-run.py, verify.py, check.py one command each.
+main.py holds the group (exit codes, signals, error lines, and which module holds each command), params.py
+every ParamType and shared option, and run.py, verify.py, check.py one command each. A command's module is
+imported when that command is looked up, so `bnbwd run` does not pay for verify's and check's imports.
 """
 
-from bnbwd_cli.cli.check import check, with_run_options
 from bnbwd_cli.cli.main import main
-from bnbwd_cli.cli.run import run
-from bnbwd_cli.cli.verify import verify
-
-main.add_command(verify)
-main.add_command(with_run_options(check, run))
-main.add_command(run)
 
 __all__ = ["main"]

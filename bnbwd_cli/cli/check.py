@@ -97,3 +97,12 @@ def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOption
         report_text.render_report(console, outcome.result, report_text.Labels(outcome.path, "bnbwd"),
                                   report_text.ReportStyle(verbose=False, brief=comparison.brief))
         console.print()
+
+
+def _share_run_options() -> None:
+    from bnbwd_cli.cli.run import run
+
+    with_run_options(check, run)
+
+
+_share_run_options()  # once, when the group first looks `check` up (cli/main.COMMANDS)

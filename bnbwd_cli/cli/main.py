@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -60,8 +61,22 @@ def _show_error(exc: click.ClickException) -> None:
     click.echo(f"error: {text}", err=True)
 
 
+# Each command's module, imported when the command is looked up: a `bnbwd run` never imports verify's and
+# check's modules (the comparison, case files), which it does not use (tests/test_startup.py).
+COMMANDS = {"run": "bnbwd_cli.cli.run", "verify": "bnbwd_cli.cli.verify", "check": "bnbwd_cli.cli.check"}
+
+
 class BnbwdGroup(click.Group):
-    """Maps failures that are not user errors to one line and a stable exit code."""
+    """Maps failures that are not user errors to one line and a stable exit code; loads commands lazily."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in COMMANDS and name not in self.commands:
+            module = importlib.import_module(COMMANDS[name])
+            self.add_command(getattr(module, name))
+        return super().get_command(ctx, name)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
         """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""

@@ -17,7 +17,6 @@ from bnbwd_cli.case import read_inputs
 from bnbwd_cli.cli.main import CONTEXT, echo_error
 from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList,
                                   comparison_options, fsync_option)
-from bnbwd_cli.cli.verify import TensorSets, report_comparison
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
@@ -322,6 +321,8 @@ def _compute(options: RunOptions, prepared: Prepared, stack: contextlib.ExitStac
 
 def _judge_reference(options: RunOptions, prepared: Prepared, arrays: dict, console) -> int:  # noqa: ANN001
     """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back."""
+    from bnbwd_cli.cli.verify import TensorSets, report_comparison  # verify's module: only when judging
+
     # The inputs give every element its error scale (streamed inputs are read whole here: the judge needs them).
     full = {name: read_array(options.sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
             for name, value in prepared.inputs.items()}
