@@ -33,8 +33,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bnbwd_cli.core import Op  # noqa: E402
-
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
 from tests.oracle import normalised_error  # noqa: E402
 

@@ -484,7 +484,7 @@ def bnbwd(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 def test_stdin_closed(ws: Workspace) -> None:
     """`bnbwd run ... --diff-dst - <&-`: Python sees no stdin at all."""
-    completed = subprocess.run(["sh", "-c", f'exec "$0" -m bnbwd_cli run "$1" --diff-dst - -o "$2" <&-', sys.executable,
+    completed = subprocess.run(["sh", "-c", 'exec "$0" -m bnbwd_cli run "$1" --diff-dst - -o "$2" <&-', sys.executable,
                                 ws.bundle(), str(ws.out / "grads.npz")], capture_output=True, timeout=60)
     assert completed.returncode == 3
     error_line(completed.stderr, r"stdin.*is closed")

@@ -10,7 +10,6 @@ import io
 import re
 import struct
 import tempfile
-import zipfile
 from pathlib import Path
 
 import ml_dtypes
