@@ -22,6 +22,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
 
+from bnbwd_cli.judge.scratch import Buffers
 from bnbwd_cli.judge.stats import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 
@@ -64,33 +65,48 @@ class ChannelRegression:
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
+        self.buffers = Buffers(6)  # d and its five products with the basis
+        self.bits = Buffers(2, np.int64)  # cluster ids; the ULP spacing's exponent bits
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
+        d, *scratch = self.buffers.take(xhat.size)
         if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
-            w, x, r, d = None, xhat.reshape(-1), reference.reshape(-1), (actual - reference).reshape(-1)
+            w, x, r = None, xhat.reshape(-1), reference.reshape(-1)
+            d = np.subtract(actual.reshape(-1), r, out=d)
         else:
             w = usable.reshape(-1).astype(np.float64)
             x, r, d = (np.where(usable, v, 0.0).reshape(-1) for v in (xhat, reference, actual - reference))
         # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
         # are 0 wherever w is), so only five products are formed.
-        products = (w, x, r, x * x, x * r, r * r, d, x * d, r * d)
-        c = xhat.shape[1]
+        formed = (np.multiply(a, b, out=out) for (a, b), out in zip(((x, x), (x, r), (r, r), (x, d), (r, d)), scratch))
+        xx, xr, rr, xd, rd = formed
+        self._add_sums((w, x, r, xx, xr, rr, d, xd, rd), (diff_dst, reference), channels)
+        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
+        if w is None:
+            spacing = ulp_spacing(actual, self.dtype, out=self.bits.take(actual.size)[1])
+        else:
+            spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+
+    def _add_sums(self, products: tuple, keys: tuple[np.ndarray, np.ndarray], channels: slice) -> None:
+        """Each product's sum per channel and cluster, for both clusterings. Each block's sums start from 0
+        and add its elements in storage order (np.add.at and np.bincount both do), then join the totals."""
+        n, c, s = keys[0].shape
         first = np.arange(c)[None, :, None] * CLUSTERS
-        for clustering, key in enumerate((diff_dst, reference)):
-            ids = cluster_of(key)
+        for clustering, key in enumerate(keys):
+            ids = cluster_of(key, out=self.bits.take(key.size, key.shape)[0].view(np.uint64))
             ids += first
             ids = ids.reshape(-1)
+            sums = np.zeros((len(products), c * CLUSTERS))
             for k, values in enumerate(products):
-                sums = np.bincount(ids, values, c * CLUSTERS)  # values None: counts, the sums of w = 1
-                self.cross[clustering, channels, :, k] += sums.reshape(c, CLUSTERS)
-        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
-        spacing = ulp_spacing(actual if w is None else np.where(usable, actual, 0.0), self.dtype)
-        if w is not None:
-            spacing = np.where(usable, spacing, 0.0)
-        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+                if values is None:  # the counts, the sums of w = 1
+                    sums[k] = np.bincount(ids, None, c * CLUSTERS)
+                else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
+                    np.add.at(sums[k], ids, values)
+            self.cross[clustering, channels] += sums.T.reshape(c, CLUSTERS, len(products))
 
     def fit(self) -> ChannelFit:
         totals = self.cross[0].sum(axis=1)
@@ -167,9 +183,10 @@ def _symmetric(entries: np.ndarray) -> np.ndarray:
     return out
 
 
-def cluster_of(key: np.ndarray) -> np.ndarray:
-    """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing)."""
-    bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+def cluster_of(key: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing).
+    ``out``: a uint64 array of key's shape to build the ids in."""
+    bits = np.multiply(np.ascontiguousarray(key, dtype=np.float64).view(np.uint64), np.uint64(0x9E3779B97F4A7C15), out=out)
     bits >>= np.uint64(64 - CLUSTER_BITS)
     return bits.view(np.intp)  # < CLUSTERS: the same value read as a signed integer, no copy
 
