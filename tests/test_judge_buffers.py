@@ -91,3 +91,22 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     assert np.array_equal(src, kept[0]) and np.array_equal(dy, kept[1])
     result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
     assert result.outputs[0].comparison.mismatches > 0
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_sequential_float32_sum_adds_in_storage_order(s: int) -> None:
+    """The sum a sequential float32 kernel makes, element after element: terms near 1e4 with unit noise, where
+    a pairwise or blocked sum rounds differently (checked: the plain float64 sum is far from it)."""
+    rng = np.random.default_rng(14)
+    blocks = [(1e4 + rng.standard_normal((n, 3, s)), slice(0, 3)) for n in (700, 5, 300)]
+    sequential = model._Sequential32(3)
+    for terms, where in blocks:
+        sequential.add(terms, where)
+    expected = np.zeros(3, np.float32)
+    for terms, _ in blocks:
+        for row in terms.astype(np.float32):
+            for column in row.T:
+                expected = expected + column  # float32 + float32: one rounding per element
+    assert np.array_equal(sequential.total, expected)
+    exact = sum(terms.sum(axis=(0, 2)) for terms, _ in blocks)
+    assert np.abs(expected - exact).max() > 1.0  # the order shows: a pairwise sum would not match

@@ -180,6 +180,12 @@ class _Sequential32:
         """terms: (n, c, s) block, rounded to float32 here. np.cumsum is sequential (np.sum would be
         pairwise); the carried total is the first column, so the first addition rounds as a kernel's."""
         n, c, s = terms.shape
+        if s == 1:  # NXC: no transposed copy. Reducing axis 0 of a C-ordered (rows, c) array adds row after row,
+            # in float32: the cumsum's sums, ~9x faster (tests/test_judge_buffers.py holds numpy to that order)
+            rows = np.empty((n + 1, c), np.float32)
+            rows[0], rows[1:] = self.total[channels], terms[:, :, 0]
+            self.total[channels] = np.add.reduce(rows, axis=0, dtype=np.float32)
+            return
         rows = np.empty((c, n * s + 1), np.float32)
         rows[:, 0] = self.total[channels]
         rows[:, 1:] = terms.transpose(1, 0, 2).reshape(c, -1)
