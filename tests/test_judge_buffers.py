@@ -110,3 +110,15 @@ def test_sequential_float32_sum_adds_in_storage_order(s: int) -> None:
     assert np.array_equal(sequential.total, expected)
     exact = sum(terms.sum(axis=(0, 2)) for terms, _ in blocks)
     assert np.abs(expected - exact).max() > 1.0  # the order shows: a pairwise sum would not match
+
+
+def test_safe_ratio_in_place_keeps_its_rules_for_zero_denominators() -> None:
+    from bnbwd_cli.judge.rules import safe_ratio
+
+    numerator = np.array([2.0, 0.0, -1.0, 3.0, np.nan, 6.0])
+    denominator = np.array([0.0, 0.0, 0.0, -0.0, 0.0, 2.0])
+    expected = np.array([np.inf, 0.0, 0.0, np.inf, 0.0, 3.0])
+    assert np.array_equal(safe_ratio(numerator, denominator), expected)
+    in_place = numerator.copy()
+    assert safe_ratio(in_place, denominator, out=in_place) is in_place
+    assert np.array_equal(in_place, expected)  # 3/-0 is -inf before the fix: the sign is read before the divide

@@ -229,13 +229,13 @@ class Accumulator:
         self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
         self.need = [Largest(self.allowed + 1) for _ in range(2)]
         self.details = _DetailStats(self.shape, setup) if setup.detailed else None
-        self.buffers = Buffers(3)  # |a - r|, the ULP spacing, |a - r| / spacing
+        self.buffers = Buffers(5)  # |a - r|, the ULP spacing, and three for the rule (judge/rules.Chunk)
 
     def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None) -> None:
         """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
         self.zeros.update(a, r)
         finite = bad = None
-        abs_err, spacing, scratch = self.buffers.take(a.size)
+        abs_err, spacing, *scratch = self.buffers.take(a.size)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: classified below
             np.subtract(a, r, out=abs_err)
         if np.isfinite(abs_err).all():  # the usual case: a and r are finite, nothing to classify or mask
@@ -246,7 +246,7 @@ class Accumulator:
             np.abs(a - r, out=abs_err)
             scale = None if scale is None else np.where(finite, scale, 1.0)
         spacing = ulp_spacing(r, self.dtype, out=spacing.view(np.int64))
-        chunk = Chunk(abs_err, r, spacing, scale, scratch)
+        chunk = Chunk(abs_err, r, spacing, scale, tuple(scratch))
         verdicts = self.rule.judge(chunk, with_ratio=self.details is not None)
         fails = verdicts.fails if bad is None else bad | (finite & verdicts.fails)
         self.mismatches += int(np.count_nonzero(fails))
