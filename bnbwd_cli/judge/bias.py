@@ -22,6 +22,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
 
+from bnbwd_cli.judge.scratch import Buffers
 from bnbwd_cli.judge.stats import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 
@@ -31,6 +32,7 @@ COLLINEAR = 1e-4  # smallest determinant of the basis' correlation matrix
 RESOLUTION = 4  # r's rms must be this many times the actual output's rms spacing
 CLUSTER_BITS = 6
 CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
+PIECE = 1 << 15  # elements whose products and bins stay in the CPU's cache while they are summed
 
 
 @dataclass(frozen=True)
@@ -64,33 +66,59 @@ class ChannelRegression:
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
+        self.d = Buffers(1)
+        self.bits = Buffers(2, np.int64)  # the bins by both keys (2, size); the ULP spacing's exponent bits
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
+        d = self.d.take(xhat.size)[0]
         if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
-            w, x, r, d = None, xhat.reshape(-1), reference.reshape(-1), (actual - reference).reshape(-1)
+            w, x, r = None, xhat.reshape(-1), reference.reshape(-1)
+            d = np.subtract(actual.reshape(-1), r, out=d)
         else:
             w = usable.reshape(-1).astype(np.float64)
             x, r, d = (np.where(usable, v, 0.0).reshape(-1) for v in (xhat, reference, actual - reference))
+        # Per clustering, product and bin: this block's sums from 0 over its elements in storage order, piece
+        # after piece (np.add.at adds in order: the sums of one np.bincount over the block, bit for bit), each
+        # piece's products formed and summed while they are in the CPU's cache.
+        c = xhat.shape[1]
+        bins = self._bins(diff_dst, reference)
+        sums = np.zeros((2, 9, c * CLUSTERS))
+        for start in range(0, d.size, PIECE):
+            piece = slice(start, start + PIECE)
+            self._add_piece(sums, bins[:, piece], (None if w is None else w[piece], x[piece], r[piece], d[piece]))
+        self.cross[:, channels] += sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
+        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
+        if w is None:
+            spacing = ulp_spacing(actual, self.dtype, out=self.bits.take(actual.size)[1])
+        else:
+            spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+
+    def _bins(self, diff_dst: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """(2, size): each element's bin, channel * CLUSTERS + its cluster, by diff_dst and by reference."""
+        n, c, s = reference.shape
+        bins = self.bits.take(2 * reference.size)[0].reshape(2, n, c, s)
+        for key, out in zip((diff_dst, reference), bins):
+            cluster_of(key, out=out.view(np.uint64))
+        bins += np.arange(c)[:, None] * CLUSTERS
+        return bins.reshape(2, -1)
+
+    @staticmethod
+    def _add_piece(sums: np.ndarray, bins: np.ndarray, basis: tuple) -> None:
+        """One piece's w, x, r and d into the block's sums (w None: every weight is 1); bins: (2, piece)."""
+        w, x, r, d = basis
         # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
         # are 0 wherever w is), so only five products are formed.
         products = (w, x, r, x * x, x * r, r * r, d, x * d, r * d)
-        c = xhat.shape[1]
-        first = np.arange(c)[None, :, None] * CLUSTERS
-        for clustering, key in enumerate((diff_dst, reference)):
-            ids = cluster_of(key)
-            ids += first
-            ids = ids.reshape(-1)
+        for clustering, ids in enumerate(bins):
             for k, values in enumerate(products):
-                sums = np.bincount(ids, values, c * CLUSTERS)  # values None: counts, the sums of w = 1
-                self.cross[clustering, channels, :, k] += sums.reshape(c, CLUSTERS)
-        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
-        spacing = ulp_spacing(actual if w is None else np.where(usable, actual, 0.0), self.dtype)
-        if w is not None:
-            spacing = np.where(usable, spacing, 0.0)
-        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+                if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)
+                    sums[clustering, k] += np.bincount(ids, None, sums.shape[2])
+                else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
+                    np.add.at(sums[clustering, k], ids, values)
 
     def fit(self) -> ChannelFit:
         totals = self.cross[0].sum(axis=1)
@@ -167,9 +195,10 @@ def _symmetric(entries: np.ndarray) -> np.ndarray:
     return out
 
 
-def cluster_of(key: np.ndarray) -> np.ndarray:
-    """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing)."""
-    bits = np.ascontiguousarray(key, dtype=np.float64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+def cluster_of(key: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Hash each element's key (its float64 bits) into one of CLUSTERS groups (Fibonacci hashing).
+    ``out``: a uint64 array of key's shape to build the ids in."""
+    bits = np.multiply(np.ascontiguousarray(key, dtype=np.float64).view(np.uint64), np.uint64(0x9E3779B97F4A7C15), out=out)
     bits >>= np.uint64(64 - CLUSTER_BITS)
     return bits.view(np.intp)  # < CLUSTERS: the same value read as a signed integer, no copy
 

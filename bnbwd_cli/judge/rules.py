@@ -18,14 +18,14 @@ from bnbwd_cli.judge.tolerance import Scaled, Tolerance
 class Chunk:
     """One chunk's finite elements, float64, flat: |a - r|, r, the ULP spacing at r, the scale (scaled rule).
 
-    ``scratch``: a float64 array of the chunk's size the rule may fill (reused from chunk to chunk).
+    ``scratch``: float64 arrays of the chunk's size the rule may fill (reused from chunk to chunk): three, or none.
     """
 
     abs_err: np.ndarray
     ref: np.ndarray
     spacing: np.ndarray
     scale: np.ndarray | None = None
-    scratch: np.ndarray | None = None
+    scratch: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class FixedRule:
     def judge(self, chunk: Chunk, with_ratio: bool) -> Verdicts:
         tol = self.tolerance
         with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
-            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=chunk.scratch)
+            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=chunk.scratch[0] if chunk.scratch else None)
         within_ulp = ulp_err <= tol.ulp
         # Elements within ULPs pass and need nothing; the rest (usually few) are judged on their own.
         outside = np.flatnonzero(~within_ulp)
@@ -76,20 +76,24 @@ class ScaledRule:
         self.scaled = scaled
 
     def judge(self, chunk: Chunk, with_ratio: bool) -> Verdicts:
-        allowance = self.scaled.max_units * chunk.scale + chunk.spacing
+        ulp_out, allowance, units = chunk.scratch or (None, None, None)
+        allowance = np.multiply(self.scaled.max_units, chunk.scale, out=allowance)
+        allowance += chunk.spacing
         fails = chunk.abs_err > allowance
-        units = safe_ratio(np.maximum(chunk.abs_err - chunk.spacing, 0.0), chunk.scale)
+        units = np.maximum(np.subtract(chunk.abs_err, chunk.spacing, out=units), 0.0, out=units)
+        units = safe_ratio(units, chunk.scale, out=units)
         with np.errstate(over="ignore"):
-            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=chunk.scratch)
+            ulp_err = np.divide(chunk.abs_err, chunk.spacing, out=ulp_out)
         ratio = safe_ratio(chunk.abs_err, allowance) if with_ratio else None
         return Verdicts(fails, (units,), ulp_err, units, ratio)
 
 
-def safe_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    """numerator / denominator with x/0 = inf for x > 0 and 0/0 = 0."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = numerator / denominator
+def safe_ratio(numerator: np.ndarray, denominator: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """numerator / denominator with x/0 = inf for x > 0 and 0/0 = 0. ``out`` may be the numerator."""
     zero = denominator == 0
-    if zero.any():
-        ratio[zero] = np.where(numerator[zero] > 0, np.inf, 0.0)
+    positive = numerator[zero] > 0 if zero.any() else None  # read before ``out`` overwrites the numerator
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.divide(numerator, denominator, out=out)
+    if positive is not None:
+        ratio[zero] = np.where(positive, np.inf, 0.0)
     return ratio

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bnbwd_cli.dtypes import BFLOAT16, dtype_name, to_float64, ulp_spacing
+from bnbwd_cli.dtypes import dtype_name, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
     ChannelStat, Channels, Decades, Element, HistogramBin, Largest, Located, MaxLocated, NonFinite, NonFiniteCounts,
     RelativeL2, Worst, ZeroCounts, log_histogram,
 )
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
+from bnbwd_cli.judge.scratch import Buffers, upcast
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "HistogramBin", "Layout", "Located", "NonFinite",
@@ -212,18 +213,6 @@ class _DetailStats:
                        self.channels.finish() if self.channels is not None else None, self.decades.finish())
 
 
-class _Buffers:
-    """float64 scratch arrays reused from chunk to chunk: fresh ones cost page faults and cache misses."""
-
-    def __init__(self, count: int) -> None:
-        self.count, self.arrays = count, [np.empty(0)] * count
-
-    def take(self, size: int) -> list[np.ndarray]:
-        if size > self.arrays[0].size:
-            self.arrays = [np.empty(size) for _ in range(self.count)]
-        return [array[:size] for array in self.arrays]
-
-
 class Accumulator:
     """Statistics of one output's comparison, fed chunk by chunk (flat ranges in storage order)."""
 
@@ -240,13 +229,13 @@ class Accumulator:
         self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
         self.need = [Largest(self.allowed + 1) for _ in range(2)]
         self.details = _DetailStats(self.shape, setup) if setup.detailed else None
-        self.buffers = _Buffers(3)  # |a - r|, the ULP spacing, |a - r| / spacing
+        self.buffers = Buffers(5)  # |a - r|, the ULP spacing, and three for the rule (judge/rules.Chunk)
 
     def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None) -> None:
         """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
         self.zeros.update(a, r)
         finite = bad = None
-        abs_err, spacing, scratch = self.buffers.take(a.size)
+        abs_err, spacing, *scratch = self.buffers.take(a.size)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: classified below
             np.subtract(a, r, out=abs_err)
         if np.isfinite(abs_err).all():  # the usual case: a and r are finite, nothing to classify or mask
@@ -257,7 +246,7 @@ class Accumulator:
             np.abs(a - r, out=abs_err)
             scale = None if scale is None else np.where(finite, scale, 1.0)
         spacing = ulp_spacing(r, self.dtype, out=spacing.view(np.int64))
-        chunk = Chunk(abs_err, r, spacing, scale, scratch)
+        chunk = Chunk(abs_err, r, spacing, scale, tuple(scratch))
         verdicts = self.rule.judge(chunk, with_ratio=self.details is not None)
         fails = verdicts.fails if bad is None else bad | (finite & verdicts.fails)
         self.mismatches += int(np.count_nonzero(fails))
@@ -317,20 +306,12 @@ class Accumulator:
 def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup) -> Accumulator:
     state = Accumulator(actual, reference, FixedRule(tolerance), setup)
     a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
-    buffers = _Buffers(2)
+    buffers = Buffers(2)
     for start in range(0, a_flat.size, CHUNK):
         stop = min(start + CHUNK, a_flat.size)
         a64, r64 = buffers.take(stop - start)
-        state.add(_upcast(a_flat[start:stop], a64), _upcast(r_flat[start:stop], r64), start)
+        state.add(upcast(a_flat[start:stop], a64), upcast(r_flat[start:stop], r64), start)
     return state
-
-
-def _upcast(chunk: np.ndarray, buffer: np.ndarray) -> np.ndarray:
-    """``chunk`` as float64: itself, or cast into ``buffer`` (bfloat16: dtypes.to_float64's route)."""
-    if chunk.dtype == np.float64 or chunk.dtype == BFLOAT16:
-        return to_float64(chunk)
-    np.copyto(buffer, chunk)
-    return buffer
 
 
 def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup = Setup()) -> Comparison:

@@ -1,0 +1,186 @@
+"""The judge's reused block buffers and its NXC drift shortcut give the numbers of the plain formulas, bit for bit.
+
+judge/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _Drift skips
+numpy's loops over NXC's length-1 rows. Each is checked against the formula it replaced, written out plainly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bnbwd_cli.core import Op
+from bnbwd_cli.dtypes import to_float64
+from bnbwd_cli.judge import model, sets
+from bnbwd_cli.judge.bias import ChannelRegression
+from bnbwd_cli.judge.tolerance import CompareSettings, Judging
+from bnbwd_cli.layout import view3
+from tests.test_judge_fast import _reference_add
+
+
+def _plain_drift(blocks: list[tuple[np.ndarray, slice]], channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """_Drift.add as it was: (total, drift) after the blocks."""
+    total, drift = np.zeros(channels), np.zeros(channels)
+    for values, where in blocks:
+        within = np.cumsum(values, axis=2)
+        plane = within[:, :, -1]
+        before = total[where] + np.cumsum(plane, axis=0) - plane
+        reach = np.maximum(np.abs(before + within.max(axis=2)), np.abs(before + within.min(axis=2))).max(axis=0)
+        drift[where] = np.maximum(drift[where], reach)
+        total[where] += plane.sum(axis=0)
+    return total, drift
+
+
+@pytest.mark.parametrize("s", [1, 5])
+def test_drift_matches_the_plain_formula_bit_for_bit(s: int) -> None:
+    rng = np.random.default_rng(11)
+    # one sign throughout: the largest prefix sum is the very last one
+    blocks = [(1e4 + rng.standard_normal((n, 6, s)), slice(0, 6)) for n in (40, 3, 17)]
+    drift = model._Drift(6)
+    for values, where in blocks:
+        drift.add(values, where)
+    total, expected = _plain_drift(blocks, 6)
+    assert np.array_equal(drift.total, total) and np.array_equal(drift.drift, expected)
+    assert drift.drift.min() > 0
+
+
+def test_scale_and_xhat_into_buffers_equal_the_formulas() -> None:
+    rng = np.random.default_rng(12)
+    xhat, dy, ref = (rng.standard_normal((3, 4, 9)) for _ in range(3))
+    base, per_xhat, per_dy = (rng.uniform(0, 1e-6, 4) for _ in range(3))
+    scale = model.DiffSrcScale(base, per_xhat, per_dy, 2.0**-24)
+    where = slice(0, 4)
+    expected = (base[:, None] + per_xhat[:, None] * np.abs(xhat) + per_dy[:, None] * np.abs(dy)
+                + 2.0**-24 * np.abs(ref))
+    out = (np.full(xhat.shape, np.nan), np.full(xhat.shape, np.nan))
+    assert np.array_equal(scale.block(xhat, dy, ref, where, out=out), expected)
+    assert np.array_equal(scale.block(xhat, dy, ref, where), expected)
+    src, mean, invstd = rng.standard_normal((3, 4, 9)), rng.standard_normal(4), rng.uniform(0.5, 2, 4)
+    plain = (src - mean[:, None]) * invstd[:, None]
+    assert np.array_equal(model.xhat_block(src.copy(), where, mean, invstd), plain)
+    in_place = src.copy()
+    assert model.xhat_block(in_place, where, mean, invstd, out=in_place) is in_place
+    assert np.array_equal(in_place, plain)
+
+
+@pytest.mark.parametrize("dtype, data_format", [(np.float32, "NCX"), (np.float64, "NCX"), (np.float32, "NXC")])
+def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of uneven size (the last one smaller) through the reused buffers: the regression's sums equal
+    those of fresh float64 blocks fed to the plain regression, and float64 inputs are read, never written."""
+    monkeypatch.setattr(sets, "BLOCK", 150)
+    rng = np.random.default_rng(13)
+    shape = (7, 5, 30) if data_format == "NCX" else (7, 30, 5)
+    src = rng.standard_normal(shape).astype(dtype)
+    dy = rng.choice([-1.0, 0.5, 2.0], size=shape).astype(dtype)
+    axes = (0, 2) if data_format == "NCX" else (0, 1)
+    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    kept = (src.copy(), dy.copy())
+    reference = rng.standard_normal(shape).astype(dtype)
+    actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-3], size=shape)).astype(dtype)
+    job = sets._Job(("diff_src",), CompareSettings(), sets.tensor_layout(data_format, 3), 5)
+    facts = model.channel_facts(inputs)
+    _, regression = sets._diff_src_pass(sets._DiffSrc(actual, reference, job, inputs, facts), detailed=False)
+    plain = ChannelRegression(5, regression.dtype)
+    a3, r3, dy3, x3 = (view3(x, data_format) for x in (actual, reference, dy, src))
+    for where in model.blocks(a3.shape, 150):
+        xhat = (to_float64(x3[where]) - facts.mean[where[1]][:, None]) * facts.invstd[where[1]][:, None]
+        _reference_add(plain, xhat, to_float64(r3[where]), to_float64(a3[where]), to_float64(dy3[where]), where[1])
+    assert np.array_equal(regression.cross, plain.cross) and np.array_equal(regression.dd, plain.dd)
+    assert np.array_equal(regression.ulp_squares, plain.ulp_squares)
+    assert regression.cross[0, :, :, 0].sum() == actual.size
+    assert np.array_equal(src, kept[0]) and np.array_equal(dy, kept[1])
+    result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
+    assert result.outputs[0].comparison.mismatches > 0
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_sequential_float32_sum_adds_in_storage_order(s: int) -> None:
+    """The sum a sequential float32 kernel makes, element after element: terms near 1e4 with unit noise, where
+    a pairwise or blocked sum rounds differently (checked: the plain float64 sum is far from it)."""
+    rng = np.random.default_rng(14)
+    blocks = [(1e4 + rng.standard_normal((n, 3, s)), slice(0, 3)) for n in (700, 5, 300)]
+    sequential = model._Sequential32(3)
+    for terms, where in blocks:
+        sequential.add(terms, where)
+    expected = np.zeros(3, np.float32)
+    for terms, _ in blocks:
+        for row in terms.astype(np.float32):
+            for column in row.T:
+                expected = expected + column  # float32 + float32: one rounding per element
+    assert np.array_equal(sequential.total, expected)
+    exact = sum(terms.sum(axis=(0, 2)) for terms, _ in blocks)
+    assert np.abs(expected - exact).max() > 1.0  # the order shows: a pairwise sum would not match
+
+
+def test_safe_ratio_in_place_keeps_its_rules_for_zero_denominators() -> None:
+    from bnbwd_cli.judge.rules import safe_ratio
+
+    numerator = np.array([2.0, 0.0, -1.0, 3.0, np.nan, 6.0])
+    denominator = np.array([0.0, 0.0, 0.0, -0.0, 0.0, 2.0])
+    expected = np.array([np.inf, 0.0, 0.0, np.inf, 0.0, 3.0])
+    assert np.array_equal(safe_ratio(numerator, denominator), expected)
+    in_place = numerator.copy()
+    assert safe_ratio(in_place, denominator, out=in_place) is in_place
+    assert np.array_equal(in_place, expected)  # 3/-0 is -inf before the fix: the sign is read before the divide
+
+
+def _plain_channels(shape, axis, chunks):
+    """accumulators.Channels.update as it was: one channel index per element."""
+    from bnbwd_cli.judge.accumulators import Channels
+
+    plain = Channels(shape, axis)
+    for fails, abs_err, ratio, offset in chunks:
+        channel = (np.arange(offset, offset + fails.size) // plain.stride) % plain.fail.size
+        plain.fail += np.bincount(channel, weights=fails, minlength=plain.fail.size).astype(np.int64)
+        np.maximum.at(plain.abs, channel, abs_err)
+        np.maximum.at(plain.ratio, channel, ratio)
+    return plain.finish()
+
+
+@pytest.mark.parametrize("shape, axis, sizes", [
+    ((3, 4, 10), 1, [40, 40, 40]),  # NCX, chunks of whole rows
+    ((3, 4, 10), 1, [7, 33, 0, 1, 79]),  # NCX, chunks that cut runs
+    ((6, 5, 4), 2, [20, 40, 60]),  # channels last, whole rows: the (rows, C) view
+    ((6, 5, 4), 2, [13, 2, 105]),  # channels last, cut rows
+    ((2, 3, 4, 5), 1, [60, 60]),  # NCHW
+])
+def test_channel_table_by_runs_equals_the_per_element_one(shape, axis, sizes) -> None:
+    from bnbwd_cli.judge.accumulators import Channels
+
+    rng = np.random.default_rng(15)
+    total = int(np.prod(shape))
+    fails = rng.random(total) < 0.3
+    abs_err, ratio = rng.random(total), rng.random(total) * 2
+    ratio[5], abs_err[17], ratio[total - 1] = np.inf, np.nan, np.nan  # NaN and inf propagate as np.maximum does
+    chunks, offset = [], 0
+    for size in sizes:
+        chunks.append((fails[offset:offset + size], abs_err[offset:offset + size], ratio[offset:offset + size], offset))
+        offset += size
+    assert offset == total
+    fast = Channels(shape, axis)
+    with np.errstate(invalid="ignore"):  # NaN into np.maximum: the judge's passes ignore it too
+        for chunk in chunks:
+            fast.update(*chunk)
+        expected = _plain_channels(shape, axis, chunks)
+    assert repr(fast.finish()) == repr(expected)
+    assert sum(stat.mismatches for stat in expected) == fails.sum()
+
+
+@pytest.mark.parametrize("piece", [7, 64, 1 << 15])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_regression_sums_by_pieces_are_those_of_one_bincount(piece: int, non_finite: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces that cut channels' runs (7), whole rows (64) or the whole block: the plain regression's sums."""
+    from bnbwd_cli.judge import bias
+    from tests.test_judge_fast import _blocks
+
+    monkeypatch.setattr(bias, "PIECE", piece)
+    rng = np.random.default_rng(16)
+    pieces, plain = ChannelRegression(12, "f32"), ChannelRegression(12, "f32")
+    for channels in (slice(0, 6), slice(6, 12), slice(0, 6)):
+        block = _blocks(rng, non_finite)
+        pieces.add(*block, channels)
+        _reference_add(plain, *block, channels)
+    assert np.array_equal(pieces.cross, plain.cross)
+    assert np.array_equal(pieces.dd, plain.dd) and np.array_equal(pieces.ulp_squares, plain.ulp_squares)
+    assert pieces.cross[1, :, :, 6].any()  # the sums of d were formed
