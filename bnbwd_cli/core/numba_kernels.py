@@ -125,12 +125,11 @@ def _round_to_odd(value):
     """float32 of a float64 rounded to odd (truncated, last bit set when inexact): see rounding.round_to_odd_float32."""
     narrow = np.float32(value)
     back = np.float64(narrow)
-    bits = _f32_to_bits(narrow)
-    if back != value:
-        if abs(back) > abs(value):
-            bits -= np.uint32(1)
-        bits |= np.uint32(1)
-    return _bits_to_f32(bits)
+    # Without branches (a branch here kept the write loops scalar): rounded away from zero -> one step back
+    # (toward zero: the truncation), then inexact -> last bit set. A NaN is "inexact" and keeps a NaN's bits.
+    toward_zero = np.uint32(abs(back) > abs(value))
+    inexact = np.uint32(back != value)
+    return _bits_to_f32((_f32_to_bits(narrow) - toward_zero) | inexact)
 
 
 @overload(_store, inline="always")
@@ -200,9 +199,13 @@ def _value(g, x, j, m, mean_dy, k, sc, exponent, training):
 
 
 # ---------------------------------------------------------------- long runs: channel planes
+# HELPERS (_plane_partial, _channel_partials, _write_plane) compile once per argument-type tuple, so every
+# caller passes the same types: a prange index is int64 while the kernel is typed but uint64 in the parallel
+# loop's body (two versions), hence np.int64(task); a tuple (0, n) holds a Literal[int](0), hence np.int64(0).
+# No cache=True on them: a cached kernel's entry holds the code of every helper it calls.
 
 
-@njit(cache=True)
+@njit
 def _plane_partial(src3, dy3, ch, rows, lanes, r0, m, acc0, acc1):
     """The partial [Σdy, Σdy·d] of channel ch over one chunk (rows) and one block (lanes): plan's order."""
     r_lo, r_hi = rows
@@ -224,7 +227,7 @@ def _plane_partial(src3, dy3, ch, rows, lanes, r0, m, acc0, acc1):
     return _tree(acc0, length), _tree(acc1, length)
 
 
-@njit(cache=True)
+@njit
 def _channel_partials(src3, dy3, ch, m, chunk_rows, block, r0, out):
     """out[j] = partials (2,) of channel ch, j = chunk·blocks + block."""
     n, _, s = src3.shape
@@ -239,7 +242,7 @@ def _channel_partials(src3, dy3, ch, m, chunk_rows, block, r0, out):
                                               m, acc0, acc1)
 
 
-@njit(cache=True)
+@njit
 def _write_plane(src3, dy3, out3, ch, rows, coef, exponent, training):
     """diff_src of channel ch over rows; coef = (mean, mean(dy), k, scale). Returns the values' key extremes."""
     m, mean_dy, k, sc = coef
@@ -265,7 +268,8 @@ def planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums, ke
     n, c, s = src3.shape
     chunk_rows, block, r0, count = shape
     need_sums, want_out, training = flags
-    for ch in prange(c):
+    for task in prange(c):
+        ch = np.int64(task)  # int64, not prange's uint64: see HELPERS
         partials = np.zeros((count, 2))
         if need_sums:
             _channel_partials(src3, dy3, ch, per_channel[0, ch], chunk_rows, block, r0, partials)
@@ -276,7 +280,7 @@ def planes_fused(src3, dy3, out3, per_channel, exponents, shape, flags, sums, ke
         if want_out:
             mean_dy, k, _ = _coefficients(s0, s1, per_channel[1, ch], n * s)
             coef = (per_channel[0, ch], mean_dy, k, per_channel[2, ch])
-            keys[ch, 0], keys[ch, 1] = _write_plane(src3, dy3, out3, ch, (0, n), coef, exponents[ch], training)
+            keys[ch, 0], keys[ch, 1] = _write_plane(src3, dy3, out3, ch, (np.int64(0), n), coef, exponents[ch], training)
 
 
 @njit(parallel=True, cache=True)
@@ -287,8 +291,8 @@ def plane_partials(src3, dy3, mean, shape, partials):
     count = partials.shape[1]
     blocks = (s + block - 1) // block
     for task in prange(c * count):
-        ch = task // count
-        j = task % count
+        ch = np.int64(task) // count  # see HELPERS
+        j = np.int64(task) % count
         chunk = j // blocks
         b = j % blocks
         acc0 = np.empty(r0 * block)
@@ -304,8 +308,8 @@ def plane_write(src3, dy3, out3, coef, exponents, chunk_rows, training, keys):
     n, c, s = src3.shape
     chunks = (n + chunk_rows - 1) // chunk_rows
     for task in prange(c * chunks):
-        ch = task // chunks
-        chunk = task % chunks
+        ch = np.int64(task) // chunks  # see HELPERS
+        chunk = np.int64(task) % chunks
         rows = (chunk * chunk_rows, min((chunk + 1) * chunk_rows, n))
         keys[task, 0], keys[task, 1] = _write_plane(src3, dy3, out3, ch, rows, (coef[0, ch], coef[1, ch], coef[2, ch], coef[3, ch]), exponents[ch],
                      training)
