@@ -253,3 +253,22 @@ def test_store_rounds_once_as_the_numpy_core(rng, dtype):
     np.testing.assert_array_equal(out.view(bits)[~is_nan], expected.view(bits)[~is_nan])
     if dtype == np.float16:  # the tie above float16's largest value rounds to even: inf
         assert np.isinf(out[values == 65520.0].astype(np.float64)).all()
+
+
+def test_read_only_inputs_reuse_the_compiled_kernels(rng):
+    # numba types a read-only array apart from a writable one: --stream's read-only blocks would compile (and
+    # cache) a second version of each kernel, unless the core hands its kernels read-only views always.
+    from bnbwd_cli.core import numba_kernels
+
+    kernels = [numba_kernels.planes_fused, numba_kernels.plane_partials, numba_kernels.plane_write,
+               numba_kernels.row_partials, numba_kernels.row_write]
+    for shape, data_format in [((2, 4, 300), "NCX"), ((2, 1, 300), "NCX"), ((50, 3), "NXC")]:
+        src, diff_dst, *stats, _ = op_args(rng, shape, data_format)
+        backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba", threads=1)
+    versions = [len(kernel.signatures) for kernel in kernels]
+    for shape, data_format in [((2, 4, 300), "NCX"), ((2, 1, 300), "NCX"), ((50, 3), "NXC")]:
+        src, diff_dst, *stats, _ = op_args(rng, shape, data_format)
+        for read_only in (src, diff_dst):
+            read_only.flags.writeable = False
+            backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba", threads=1)
+    assert [len(kernel.signatures) for kernel in kernels] == versions
