@@ -191,7 +191,11 @@ def _fold(values):
 
 @njit
 def _value(g, x, j, m, mean_dy, k, sc, exponent, training):
-    """diff_src of one element, float64: ((g - mean(dy)) - d·k)·scale, then ·2**exponent."""
+    """diff_src of one element, float64: ((g - mean(dy)) - d·k)·scale, then ·2**exponent.
+
+    Callers loop over it with constant exponent 0 and training True where they can: LLVM inlines it and drops
+    both branches, and the loop vectorises; with the flags as loop-invariant values it unswitched the loop only
+    for inference (the training body is over its size limit), so training writes ran scalar (4-8x slower)."""
     gv = np.float64(_load(g, j))
     if training:
         result = ((gv - mean_dy) - (np.float64(_load(x, j)) - m) * k) * sc
@@ -255,10 +259,21 @@ def _write_plane(src3, dy3, out3, ch, rows, coef, exponent, training):
         g = dy3[i, ch, :]
         x = src3[i, ch, :]
         o = out3[i, ch, :]
-        for j in range(g.shape[0]):
-            value = _value(g, x, j, m, mean_dy, k, sc, exponent, training)
-            _store(o, j, value)
-            lo, hi = _track(lo, hi, value)
+        if training and exponent == 0:  # the usual case, in a loop of its own: see _value
+            for j in range(g.shape[0]):
+                value = _value(g, x, j, m, mean_dy, k, sc, 0, True)
+                _store(o, j, value)
+                lo, hi = _track(lo, hi, value)
+        elif exponent == 0:
+            for j in range(g.shape[0]):
+                value = _value(g, x, j, m, mean_dy, k, sc, 0, False)
+                _store(o, j, value)
+                lo, hi = _track(lo, hi, value)
+        else:
+            for j in range(g.shape[0]):
+                value = _value(g, x, j, m, mean_dy, k, sc, exponent, training)
+                _store(o, j, value)
+                lo, hi = _track(lo, hi, value)
     return lo, hi
 
 
@@ -391,14 +406,19 @@ def row_write(src2, dy2, out2, columns, exponents, flags, keys):
             g = dy2[i, k0:k1]
             x = src2[i, k0:k1]
             o = out2[i, k0:k1]
-            if scaled:
+            if training and not scaled:  # the usual case, in a loop of its own: see _value
+                for j in range(k1 - k0):
+                    value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, True)
+                    _store(o, j, value)
+                    lo, hi = _track(lo, hi, value)
+            elif scaled:
                 for j in range(k1 - k0):
                     value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training)
                     _store(o, j, value)
                     lo, hi = _track(lo, hi, value)
             else:
                 for j in range(k1 - k0):
-                    value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, training)
+                    value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, False)
                     _store(o, j, value)
                     lo, hi = _track(lo, hi, value)
         keys[task, 0] = lo
