@@ -24,8 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 _warm_up_process: subprocess.Popen | None = None
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items) -> None:
-    """Numba tests last (a stable sort): the warm-up then has every other test's time to compile in."""
+    """Numba tests last (a stable sort): the warm-up then has every other test's time to compile in.
+
+    A test parametrized with core="numba" is a numba test too (marked here): unmarked, it ran among the first
+    tests and compiled the kernels in this process while the warm-up compiled the same ones beside it.
+    """
+    for item in items:
+        if getattr(item, "callspec", None) and item.callspec.params.get("core") == "numba":
+            item.add_marker(pytest.mark.numba)
     items.sort(key=lambda item: item.get_closest_marker("numba") is not None)
 
 

@@ -213,3 +213,62 @@ def test_float16_without_hardware_half_conversions_stays_on_numpy(monkeypatch, r
     result = backward_arrays(src, src, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=1e-3,
                                 data_format="NCX", core="numba")
     assert result.core == "numpy"
+
+
+def _rounding_cases(rng: np.random.Generator) -> np.ndarray:
+    """float64 values that stress rounding once to f32/f16/bf16: random magnitudes from f32 subnormals to
+    overflow, exact ties of bf16 and f16 neighbours and their float64 neighbours, and the special values."""
+    random = rng.uniform(1, 2, 4000) * 2.0 ** rng.integers(-160, 135, 4000) * rng.choice([-1, 1], 4000)
+    neighbours = rng.standard_normal(2000).astype(np.float32) * np.float32(2.0) ** rng.integers(-30, 30, 2000)
+    bf16_ties = (neighbours.view(np.uint32) & np.uint32(0xFFFF0000) | np.uint32(0x8000)).view(np.float32)
+    f16_values = rng.standard_normal(2000).astype(np.float16) * np.float16(2.0) ** rng.integers(-14, 15, 2000)
+    f16_ties = (f16_values.astype(np.float64) + np.nextafter(f16_values, np.float16(np.inf)).astype(np.float64)) / 2
+    subnormal_ties = (np.arange(-40, 40) + 0.5) * 2.0**-24  # f16 subnormal midpoints
+    ties = np.concatenate([bf16_ties.astype(np.float64), f16_ties, subnormal_ties])
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504.0, 65520.0, -65520.0, 3.4028234663852886e38,
+                         3.4028235677973366e38, 1e39, -1e300, 1e-40, 1e-45, 5e-324, 2.0**-149 * 1.5, 2.0**-25])
+    return np.concatenate([random, ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf), specials])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_store_rounds_once_as_the_numpy_core(rng, dtype):
+    # The kernels' element store (float64 -> T1; f16/bf16 through float32 rounded to odd, written without
+    # branches so the loops vectorise) must give rounding.store's bits, the NumPy core's, on every value.
+    from numba import njit
+
+    from bnbwd_cli.core import numba_kernels, rounding
+
+    @njit
+    def store_all(values, out):
+        for i in range(values.shape[0]):
+            numba_kernels._store(out, i, values[i])
+
+    values = _rounding_cases(rng)
+    expected = rounding.round_to(values, np.dtype(dtype))
+    out = np.empty(values.shape, dtype)
+    store_all(values, numba_core._bits_view(out))
+    bits = np.uint16 if out.itemsize == 2 else np.uint32
+    is_nan = np.isnan(expected.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(out.astype(np.float64)), is_nan)
+    np.testing.assert_array_equal(out.view(bits)[~is_nan], expected.view(bits)[~is_nan])
+    if dtype == np.float16:  # the tie above float16's largest value rounds to even: inf
+        assert np.isinf(out[values == 65520.0].astype(np.float64)).all()
+
+
+def test_read_only_inputs_reuse_the_compiled_kernels(rng):
+    # numba types a read-only array apart from a writable one: --stream's read-only blocks would compile (and
+    # cache) a second version of each kernel, unless the core hands its kernels read-only views always.
+    from bnbwd_cli.core import numba_kernels
+
+    kernels = [numba_kernels.planes_fused, numba_kernels.plane_partials, numba_kernels.plane_write,
+               numba_kernels.row_partials, numba_kernels.row_write]
+    for shape, data_format in [((2, 4, 300), "NCX"), ((2, 1, 300), "NCX"), ((50, 3), "NXC")]:
+        src, diff_dst, *stats, _ = op_args(rng, shape, data_format)
+        backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba", threads=1)
+    versions = [len(kernel.signatures) for kernel in kernels]
+    for shape, data_format in [((2, 4, 300), "NCX"), ((2, 1, 300), "NCX"), ((50, 3), "NXC")]:
+        src, diff_dst, *stats, _ = op_args(rng, shape, data_format)
+        for read_only in (src, diff_dst):
+            read_only.flags.writeable = False
+            backward_arrays(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format, core="numba", threads=1)
+    assert [len(kernel.signatures) for kernel in kernels] == versions

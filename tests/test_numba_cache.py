@@ -24,7 +24,8 @@ op = Op(src, src[::-1].copy(), np.zeros(4), np.ones(4), epsilon=1e-5, data_forma
 result = backward(op, Settings(core="numba", threads=1))
 assert result.core == "numba"
 from bnbwd_cli.core import numba_kernels  # imported by backward, which set the cache directory first
-print(sum(numba_kernels.planes_fused.stats.cache_hits.values()))
+helpers = (numba_kernels._channel_partials, numba_kernels._plane_partial, numba_kernels._write_plane)
+print(sum(numba_kernels.planes_fused.stats.cache_hits.values()), *(len(h.signatures) for h in helpers))
 """
 
 
@@ -34,12 +35,13 @@ def _install(site: Path) -> None:
     shutil.copytree(ROOT / "bnbwd_cli", site / "bnbwd_cli", ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _run(site: Path, cache_home: Path) -> int:
+def _run(site: Path, cache_home: Path) -> tuple[int, ...]:
+    """(cache hits of the fused kernel, compiled versions of each helper it calls)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(site))
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=site, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    return int(done.stdout.split()[-1])
+    return tuple(int(word) for word in done.stdout.split())
 
 
 def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_path):
@@ -54,7 +56,10 @@ def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_p
 def test_compiled_kernels_survive_a_reinstall(tmp_path):
     site, cache_home = tmp_path / "site", tmp_path / "cache"
     _install(site)
-    assert _run(site, cache_home) == 0  # compiled, and written to the user cache
+    # Compiled, and written to the user cache; each helper once: its callers pass it the same types (a prange
+    # index as int64, no literal ints in tuples), else numba compiles a version per type tuple.
+    assert _run(site, cache_home) == (0, 1, 1, 1)
     assert list((cache_home / "bnbwd").rglob("*.nbi")), "no index in the user cache directory"
     _install(site)  # reinstall: the package's own __pycache__ is gone
-    assert _run(site, cache_home) > 0  # loaded from the cache, not compiled again
+    hits, *helpers = _run(site, cache_home)
+    assert hits > 0 and helpers == [0, 0, 0]  # loaded from the cache, helpers included: nothing compiled again

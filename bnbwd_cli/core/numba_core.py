@@ -70,6 +70,14 @@ def _bits_view(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _input_view(array: np.ndarray) -> np.ndarray:
+    """_bits_view, read-only: numba types a read-only array apart from a writable one and compiles a kernel
+    version for each (--stream hands the core read-only blocks), so the kernels always get read-only inputs."""
+    view = _bits_view(array).view()
+    view.flags.writeable = False
+    return view
+
+
 def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
     """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when problem.out3 is given, writes it and
     returns the min and max of its float64 values before rounding too (core/stats.py), else None.
@@ -77,7 +85,7 @@ def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
     problem: core.Problem (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
     """
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    src = _bits_view(problem.src3)
+    src = _input_view(problem.src3)
     out = _bits_view(problem.out3) if problem.out3 is not None else np.empty((0, 0, 0), dtype=src.dtype)
     if problem.src3.shape[2] * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
         sums, keys = _run_planes(problem, src, out, threads)
@@ -90,7 +98,7 @@ def _run_planes(problem, src: np.ndarray, out: np.ndarray, threads: int) -> tupl
     """Long contiguous runs: channel tasks (fused), or (channel, chunk) tasks when channels are few."""
     shape = problem.geometry
     n, c, s = src.shape
-    dy = _bits_view(problem.dy3)
+    dy = _input_view(problem.dy3)
     want_out = problem.out3 is not None
     exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
     sums = np.zeros((2, c))
@@ -117,7 +125,7 @@ def _run_rows(problem, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np
     shape = problem.geometry
     n, c, s = src.shape
     width = c * s
-    src2, dy2 = src.reshape(n, width), _bits_view(problem.dy3).reshape(n, width)
+    src2, dy2 = src.reshape(n, width), _input_view(problem.dy3).reshape(n, width)
     sums = np.zeros((2, c))
     if problem.need_sums:
         partials = np.zeros((c, shape.chunks, 2))
