@@ -63,3 +63,17 @@ def test_compiled_kernels_survive_a_reinstall(tmp_path):
     _install(site)  # reinstall: the package's own __pycache__ is gone
     hits, *helpers = _run(site, cache_home)
     assert hits > 0 and helpers == [0, 0, 0]  # loaded from the cache, helpers included: nothing compiled again
+
+
+def test_an_edit_to_plan_starts_a_fresh_cache(monkeypatch, tmp_path):
+    """numba checks only numba_kernels.py's own stamp; plan.py's arithmetic is compiled in too, so its bytes
+    are part of the directory's name: an edit there must not load kernels compiled from the old plan.py."""
+    package = tmp_path / "core"
+    package.mkdir()
+    for name in core.NUMBA_SOURCES:
+        (package / name).write_bytes((Path(core.__file__).parent / name).read_bytes())
+    monkeypatch.setattr(core, "__file__", str(package / "__init__.py"))
+    before = core.numba_cache_dir()
+    with open(package / "plan.py", "a") as plan_file:
+        plan_file.write("\n# an edit\n")
+    assert core.numba_cache_dir() != before

@@ -167,6 +167,9 @@ def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
     return "numba" if load_numba_core().supports(op.src.dtype) else "numpy"
 
 
+NUMBA_SOURCES = ("numba_kernels.py", "plan.py")  # the files numba_kernels' compiled code is built from
+
+
 def load_numba_core():
     """The numba core module, imported on first use.
 
@@ -183,12 +186,14 @@ def load_numba_core():
 
 
 def numba_cache_dir() -> Path:
-    """Where the compiled kernels are cached: a user cache directory keyed by bnbwd's and numba's versions.
+    """Where the compiled kernels are cached: a user cache directory keyed by numba's version and the bytes of
+    the compiled code's source files.
 
     numba's default, __pycache__ beside the installed source, goes with every reinstall (and may not be
-    writable); numba stamps cache entries with a hash of the source's bytes, so a directory outside the
-    package keeps them valid across a reinstall of the same version. Set (before numba is first imported)
-    only when the user has not set NUMBA_CACHE_DIR.
+    writable); a directory outside the package keeps the kernels across a reinstall of the same code. numba
+    checks only the file a cached function is defined in (numba_kernels.py), not plan.py whose arithmetic
+    it compiles in: the digest of both in the name makes an edit to either start a fresh cache instead of
+    loading stale kernels. Set (before numba is first imported) only when the user has not set NUMBA_CACHE_DIR.
     """
     from importlib.metadata import PackageNotFoundError, version
 
@@ -199,7 +204,17 @@ def numba_cache_dir() -> Path:
     except PackageNotFoundError:
         numba_version = "unknown"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}"
+    return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}-{_compiled_source_digest()}"
+
+
+def _compiled_source_digest() -> str:
+    """A short hash of every source file the numba kernels are compiled from."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in NUMBA_SOURCES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:

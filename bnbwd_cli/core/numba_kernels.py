@@ -1,7 +1,8 @@
 """The numba core's compiled code: every @njit function, in one file.
 
-numba stamps its on-disk cache with a hash of the file a function is defined in, not of the files it calls
-into, so all compiled code lives here (and in plan.py's shared arithmetic): an edit here recompiles it all.
+numba checks its on-disk cache against the file a function is defined in, not the files it calls
+into, so all compiled code lives here (and in plan.py's shared arithmetic, whose bytes core.numba_cache_dir
+puts in the cache directory's name): an edit to either recompiles it all.
 The numerics, the work split and the drivers: core/numba_core.py.
 """
 
