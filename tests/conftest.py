@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,15 @@ def pytest_collection_modifyitems(config, items) -> None:
         if getattr(item, "callspec", None) and item.callspec.params.get("core") == "numba":
             item.add_marker(pytest.mark.numba)
     items.sort(key=lambda item: item.get_closest_marker("numba") is not None)
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that must see Ctrl-C: SIGINT back to its default action.
+
+    A shell's background job (`pytest &` without job control) starts with SIGINT ignored; the child inherits
+    that, and Python then never raises KeyboardInterrupt, so the signal tests would time out or exit 0.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def pytest_collection_finish(session) -> None:

@@ -24,7 +24,7 @@ from bnbwd_cli.files import write as files_write
 from bnbwd_cli.cli import main
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.write import OutputSet, write_npy_dir, write_npz
-from tests.conftest import error_line, make_inputs, save_bundle, save_npy_flags
+from tests.conftest import default_sigint, error_line, make_inputs, save_bundle, save_npy_flags
 
 OLD_CONTENT = b"previous run's output: must survive a failed write"
 
@@ -267,7 +267,7 @@ SIGINT_SCRIPT = textwrap.dedent(
 
 def test_real_sigint_mid_write(bundle: Path, out: Path) -> None:
     completed = subprocess.run([sys.executable, "-c", SIGINT_SCRIPT, "run", "-q", str(bundle), "-o", str(out / "grads.npz")],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60, preexec_fn=default_sigint)
     assert completed.returncode == 130, completed.stderr
     assert completed.stderr.strip().splitlines() == ["error: interrupted; no partial output file is left"]
     assert listing(out) == []

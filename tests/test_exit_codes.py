@@ -14,7 +14,7 @@ import pytest
 
 from bnbwd_cli.judge import sets as judge_sets
 from bnbwd_cli.errors import ExitCode
-from tests.conftest import make_inputs, save_bundle
+from tests.conftest import default_sigint, make_inputs, save_bundle
 
 BNBWD = [sys.executable, "-m", "bnbwd_cli"]
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -115,7 +115,8 @@ def test_signal_while_reading_a_fifo_exits_with_its_code_and_leaves_nothing(case
     os.mkfifo(fifo)
     out.mkdir()
     process = subprocess.Popen([*BNBWD, "run", "-q", str(fifo), "-o", str(out / "grads.npz")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                               preexec_fn=default_sigint)
     try:
         writer = _open_when_read(fifo, process)  # bnbwd has opened the FIFO: it is past start-up
         data = case["bundle"].read_bytes()
