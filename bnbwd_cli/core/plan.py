@@ -38,7 +38,9 @@ TREE_COPY_ROWS = 16  # lane_tree: this many rows (quantities x chunks x channels
 SCALAR_FOLD_MAX = 64  # partials (all columns) at most this many: plan.fold runs on Python floats
 # Working sets smaller than this are not split for threads: they run in one thread (numpy_core), in one group.
 # 4 MiB -> 16 MiB (f32 tensors under ~0.47 M elements): a pool's start and hand-offs cost more than they save there
-# (2 threads, loaded 2-core machine: f32 (8,64,16,16) NCX 5.0 -> 1.6 ms, (64,128,7,7) NCX 8.1 -> 5.3 ms).
+# (2 threads, loaded 2-core machine: f32 (8,64,16,16) NCX 5.0 -> 1.6 ms, (64,128,7,7) NCX 8.1 -> 5.3 ms; rechecked
+# quiet, best of 60: (8,64,16,16) NCX 6.5 -> 1.4 ms, NXC 1.8 -> 1.2; (16,64,28,28) and (32,64,28,28) within 2%;
+# (16,128,28,28) NCX 11.3 -> 8.2, NXC 12.9 -> 11.8; (32,128,28,28), already spread under both, within 2%).
 SPREAD_MIN_BYTES = 16 << 20
 MIN_GROUPS = 16  # channel groups of the whole-plane tiles: enough to share between threads, whatever their count
 
