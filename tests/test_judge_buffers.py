@@ -164,23 +164,3 @@ def test_channel_table_by_runs_equals_the_per_element_one(shape, axis, sizes) ->
         expected = _plain_channels(shape, axis, chunks)
     assert repr(fast.finish()) == repr(expected)
     assert sum(stat.mismatches for stat in expected) == fails.sum()
-
-
-@pytest.mark.parametrize("piece", [7, 64, 1 << 15])
-@pytest.mark.parametrize("non_finite", [False, True])
-def test_regression_sums_by_pieces_are_those_of_one_bincount(piece: int, non_finite: bool,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pieces that cut channels' runs (7), whole rows (64) or the whole block: the plain regression's sums."""
-    from bnbwd_cli.judge import bias
-    from tests.test_judge_fast import _blocks
-
-    monkeypatch.setattr(bias, "PIECE", piece)
-    rng = np.random.default_rng(16)
-    pieces, plain = ChannelRegression(12, "f32"), ChannelRegression(12, "f32")
-    for channels in (slice(0, 6), slice(6, 12), slice(0, 6)):
-        block = _blocks(rng, non_finite)
-        pieces.add(*block, channels)
-        _reference_add(plain, *block, channels)
-    assert np.array_equal(pieces.cross, plain.cross)
-    assert np.array_equal(pieces.dd, plain.dd) and np.array_equal(pieces.ulp_squares, plain.ulp_squares)
-    assert pieces.cross[1, :, :, 6].any()  # the sums of d were formed

@@ -57,8 +57,13 @@ def test_cluster_of_matches_the_plain_hash() -> None:
     assert cluster_of(key).min() >= 0 and cluster_of(key).max() < CLUSTERS
 
 
+@pytest.mark.parametrize("piece", [7, 64, 1 << 15])  # pieces cut channels' runs (7), whole rows (64), the block
 @pytest.mark.parametrize("non_finite", [False, True])
-def test_regression_sums_are_bit_identical_to_the_old_ones(non_finite: bool) -> None:
+def test_regression_sums_are_bit_identical_to_the_old_ones(non_finite: bool, piece: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from bnbwd_cli.judge import bias
+
+    monkeypatch.setattr(bias, "PIECE", piece)
     rng = np.random.default_rng(7)
     fast, old = ChannelRegression(12, "f32"), ChannelRegression(12, "f32")
     for channels in (slice(0, 6), slice(6, 12), slice(0, 6)):
@@ -69,6 +74,7 @@ def test_regression_sums_are_bit_identical_to_the_old_ones(non_finite: bool) -> 
     assert np.array_equal(fast.dd, old.dd) and np.array_equal(fast.ulp_squares, old.ulp_squares)
     usable = 3 * (3 * 6 * 40 - (4 if non_finite else 0))  # three blocks, four non-finite elements in each
     assert fast.cross[0, :, :, 0].sum() == fast.cross[1, :, :, 0].sum() == usable
+    assert fast.cross[1, :, :, 6].any()  # the sums of d were formed
     a, b = fast.fit(), old.fit()
     for name in ("offset", "slope", "scale", "stderr", "residual_rms"):
         assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
