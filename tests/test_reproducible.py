@@ -243,3 +243,28 @@ def test_round_to_rounds_float64_once(rng, dtype):
     rounded = rounding.round_to(values, np.dtype(dtype)).astype(np.float64)
     expected = np.where(nudge > 0, narrow + step, narrow)
     np.testing.assert_array_equal(rounded, expected)
+
+
+def _round_to_odd_plainly(values: np.ndarray) -> np.ndarray:
+    """Rounding to odd by its definition, one element at a time: the float32 at or toward zero from the value,
+    its last bit set when it is not the value (NaN stays NaN; beyond float32's range: its largest, odd)."""
+    result = np.empty(values.shape, np.uint32)
+    for i, value in enumerate(values):
+        with np.errstate(over="ignore", invalid="ignore"):
+            narrow = np.float32(value)
+        if abs(float(narrow)) > abs(value):
+            narrow = np.nextafter(narrow, np.float32(0))
+        bits = int(narrow.view(np.uint32))
+        result[i] = bits | 1 if (float(narrow) != value) else bits
+    return result
+
+
+def test_round_to_odd_follows_its_definition(rng):
+    """The f16/bf16 write rounds float64 to odd float32 first: every element as defined, over float32's whole
+    range and beyond (subnormals, overflow, zeros of both signs, infinities, NaN, exact values)."""
+    values = rng.standard_normal(777) * 10.0 ** rng.integers(-50, 45, 777)
+    values[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.5e38, -1e-46, float(np.float32(1.5))]
+    out = np.empty(values.shape, np.float32)
+    rounding.round_to_odd_float32(values, out)
+    assert np.array_equal(out.view(np.uint32)[1:], _round_to_odd_plainly(values)[1:])
+    assert np.isnan(out[0])
