@@ -32,6 +32,8 @@ NEVER_ON_PLAIN_RUN = {
     "bnbwd_cli.cli.verify": "verify's command: loaded when looked up (cli/main.COMMANDS), or by run --reference",
     "bnbwd_cli.cli.check": "check's command, same reason",
     "tempfile": "only --stream to a single .npz stages through it",
+    "concurrent.futures": "the NumPy core's thread pool: only for working sets it spreads (the example runs inline)",
+    "logging": "loaded by concurrent.futures, same reason",
     "secrets": "temporary names come from os.urandom",
     "torch": "the bench's comparison, never bnbwd's",
     "ml_dtypes": "bfloat16 (~10 ms): only when a bf16 array appears; the example is f32",
