@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import warnings
-from traceback import format_exc
 
 import click
 
@@ -115,6 +114,8 @@ class BnbwdGroup(click.Group):
             raise
         except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
             if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
+                from traceback import format_exc  # only on this path: it loads linecache, tokenize, textwrap
+
                 echo_error(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
             else:
                 echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
