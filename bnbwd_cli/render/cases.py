@@ -8,7 +8,7 @@ from typing import Any
 from bnbwd_cli.case import CaseOutcome
 from bnbwd_cli.judge import OutputResult
 from bnbwd_cli.render import json as report_json
-from bnbwd_cli.render.text import fmt_ulp
+from bnbwd_cli.render.text import decisive_number
 
 
 def _output_cell(output: OutputResult) -> str:
@@ -16,10 +16,7 @@ def _output_cell(output: OutputResult) -> str:
     c = output.comparison
     if c is None:
         return f"{output.name} {output.status.upper()}"
-    if c.scaled is not None:
-        cell = f"{output.name} {fmt_ulp(c.max_units.value)} units"
-    else:
-        cell = f"{output.name} {c.mismatches}/{c.elements} mismatched"
+    cell = f"{output.name} {decisive_number(c)}"
     return cell if c.passed else f"{cell} FAIL" + (" (systematic)" if c.bias_failed else "")
 
 

@@ -160,6 +160,11 @@ def _render_rules(console: Console, result: SetComparison) -> None:
     console.print()
 
 
+def decisive_number(c: Comparison) -> str:
+    """The number that decided an output: its largest error in units (scaled rule), or its mismatch count."""
+    return f"{fmt_ulp(c.max_units.value)} units" if c.scaled is not None else f"{c.mismatches}/{c.elements} mismatched"
+
+
 def brief_line(output: OutputResult) -> str:
     """One line: name, status and the number that decided it."""
     c = output.comparison
@@ -167,9 +172,9 @@ def brief_line(output: OutputResult) -> str:
         # The problem's message starts with the output's name, which the line already gives.
         return f"{output.name}: {output.status.upper()} ({output.problem.message.removeprefix(output.name + ': ')})"
     if c.scaled is not None:
-        line = f"{output.name}: {output.status.upper()} max {fmt_ulp(c.max_units.value)} units (K {c.scaled.max_units:g})"
+        line = f"{output.name}: {output.status.upper()} max {decisive_number(c)} (K {c.scaled.max_units:g})"
     else:
-        line = f"{output.name}: {output.status.upper()} {c.mismatches}/{c.elements} mismatched, max abs {fmt(c.max_abs.value)}"
+        line = f"{output.name}: {output.status.upper()} {decisive_number(c)}, max abs {fmt(c.max_abs.value)}"
         if not c.rel_l2_passed:  # the output's norm test failed: say so, or "0/96 mismatched" reads as a pass
             line += f", rel L2 {fmt(c.rel_l2)} > {c.tolerance.rel_l2:.2g}"
     if c.bias is not None:
