@@ -236,12 +236,12 @@ def test_store_rounds_once_as_the_numpy_core(rng, dtype):
     # branches so the loops vectorise) must give rounding.store's bits, the NumPy core's, on every value.
     from numba import njit
 
-    from bnbwd_cli.core import numba_kernels, rounding
+    from bnbwd_cli.core import numba_bits, rounding
 
     @njit
     def store_all(values, out):
         for i in range(values.shape[0]):
-            numba_kernels._store(out, i, values[i])
+            numba_bits.store(out, i, values[i])
 
     values = _rounding_cases(rng)
     expected = rounding.round_to(values, np.dtype(dtype))

@@ -167,7 +167,7 @@ def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
     return "numba" if load_numba_core().supports(op.src.dtype) else "numpy"
 
 
-NUMBA_SOURCES = ("numba_kernels.py", "plan.py")  # the files numba_kernels' compiled code is built from
+NUMBA_SOURCES = ("numba_kernels.py", "numba_bits.py", "plan.py")  # the files numba_kernels' compiled code is built from
 
 
 def load_numba_core():

@@ -34,7 +34,8 @@ from llvmlite import binding as llvm_binding
 
 from bnbwd_cli.core import numba_kernels as kernels
 from bnbwd_cli.core import plan
-from bnbwd_cli.core.numba_kernels import MAGNITUDE, MIN_PLANE_RUN_BYTES, WRITE_COLUMNS, WRITE_ROWS
+from bnbwd_cli.core.numba_bits import MAGNITUDE
+from bnbwd_cli.core.numba_kernels import MIN_PLANE_RUN_BYTES, WRITE_COLUMNS, WRITE_ROWS
 
 
 def _is_bf16(dtype: np.dtype) -> bool:

@@ -1,8 +1,9 @@
-"""The numba core's compiled code: every @njit function, in one file.
+"""The numba core's compiled kernels (16-bit float loads and stores: core/numba_bits.py).
 
 numba checks its on-disk cache against the file a function is defined in, not the files it calls
-into, so all compiled code lives here (and in plan.py's shared arithmetic, whose bytes core.numba_cache_dir
-puts in the cache directory's name): an edit to either recompiles it all.
+into; core.numba_cache_dir puts the bytes of every file the kernels are compiled from (here, numba_bits.py
+and plan.py's shared arithmetic: core.NUMBA_SOURCES) in the cache directory's name, so an edit to any of
+them recompiles it all.
 The numerics, the work split and the drivers: core/numba_core.py.
 """
 
@@ -11,17 +12,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import njit, prange
 
 from bnbwd_cli.core import plan
+from bnbwd_cli.core.numba_bits import KEY_LIMITS, load, store, track
 
 MIN_PLANE_RUN_BYTES = 512  # as the NumPy core: shorter contiguous runs are walked by rows
 WRITE_COLUMNS = 4096  # columns of one row-write task
 WRITE_ROWS = 64  # rows of one row-write task
-MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits below a float64's sign
-KEY_LIMITS = (np.iinfo(np.int64).max, np.iinfo(np.int64).min)  # the extremes' start: (lo, hi) of no value
 
 # The small helpers are plain @njit, not inline="always": numba compiles each once per type signature and
 # every kernel links that one copy (LLVM still inlines it, so loops vectorise as before), where an inline
@@ -30,132 +28,6 @@ KEY_LIMITS = (np.iinfo(np.int64).max, np.iinfo(np.int64).min)  # the extremes' s
 _pair_sum = njit(plan.pair_sum)
 _fold_result = njit(plan.fold_result)
 _coefficients = njit(plan.coefficients)
-
-
-# ---------------------------------------------------------------- 16-bit floats as integer bits
-# numba has no float16 or bfloat16 type, so both travel as 16-bit integers: bfloat16 as uint16,
-# float16 as int16 (the signedness only selects the conversion). float16 converts with LLVM's
-# half type (one vcvtph2ps/vcvtps2ph on x86 with F16C), bfloat16 by shifting bits.
-
-
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def _f32_to_bf16(typingctx, value):
-    """bfloat16 bits of a float32: round to nearest even on bit 16 (overflow carries into inf, as it
-    should), but a NaN stays a (quiet) NaN. Written in LLVM IR so the NaN case is a select, which
-    vectorises (numba's own conditional expression inside an inlined overload did too, with warnings)."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        high = builder.lshr(bits, ir.Constant(i32, 16))
-        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)),
-                                           builder.and_(high, ir.Constant(i32, 1))), ir.Constant(i32, 16))
-        quiet = builder.or_(high, ir.Constant(i32, 0x40))
-        is_nan = builder.icmp_unsigned(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
-        return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
-
-    return types.uint16(types.float32), codegen
-
-
-@intrinsic
-def _half_to_f32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(types.int16), codegen
-
-
-@intrinsic
-def _f32_to_half(typingctx, value):
-    """Round to nearest even (LLVM's fptrunc in the default rounding mode); NaN stays NaN."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return types.int16(types.float32), codegen
-
-
-def _load(array, index):  # pragma: no cover - replaced by the overload inside compiled code
-    raise NotImplementedError
-
-
-def _store(array, index, value):  # pragma: no cover
-    raise NotImplementedError
-
-
-@overload(_load)
-def _load_impl(array, index):
-    if array.dtype == types.uint16:  # bfloat16 bits: the high half of a float32
-        return lambda array, index: _bits_to_f32(np.uint32(array[index]) << np.uint32(16))
-    if array.dtype == types.int16:  # float16 bits
-        return lambda array, index: _half_to_f32(array[index])
-    return lambda array, index: array[index]
-
-
-@intrinsic
-def _f32_to_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def _f64_to_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.int64(types.float64), codegen
-
-
-@njit
-def _track(lo, hi, value):
-    """Running (min, max) of float64 values as order keys (see order_key): integer min/max vectorise, and a
-    NaN lands beyond ±inf's keys, so it shows in the extremes."""
-    bits = _f64_to_bits(value)
-    key = bits ^ ((bits >> 63) & MAGNITUDE)
-    return min(lo, key), max(hi, key)
-
-
-@njit
-def _round_to_odd(value):
-    """float32 of a float64 rounded to odd (truncated, last bit set when inexact): see rounding.round_to_odd_float32."""
-    narrow = np.float32(value)
-    back = np.float64(narrow)
-    # Without branches (a branch here kept the write loops scalar): rounded away from zero -> one step back
-    # (toward zero: the truncation), then inexact -> last bit set. A NaN is "inexact" and keeps a NaN's bits.
-    toward_zero = np.uint32(abs(back) > abs(value))
-    inexact = np.uint32(back != value)
-    return _bits_to_f32((_f32_to_bits(narrow) - toward_zero) | inexact)
-
-
-@overload(_store)
-def _store_impl(array, index, value):
-    """array[index] = value (float64) rounded once to the array's type."""
-    if array.dtype == types.uint16:
-        def store_bf16(array, index, value):
-            array[index] = _f32_to_bf16(_round_to_odd(value))
-        return store_bf16
-    if array.dtype == types.int16:
-        def store_f16(array, index, value):
-            array[index] = _f32_to_half(_round_to_odd(value))
-        return store_f16
-    if array.dtype == types.float32:
-        def store_f32(array, index, value):
-            array[index] = np.float32(value)
-        return store_f32
-
-    def store(array, index, value):
-        array[index] = value
-    return store
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -197,9 +69,9 @@ def _value(g, x, j, m, mean_dy, k, sc, exponent, training):
     Callers loop over it with constant exponent 0 and training True where they can: LLVM inlines it and drops
     both branches, and the loop vectorises; with the flags as loop-invariant values it unswitched the loop only
     for inference (the training body is over its size limit), so training writes ran scalar (4-8x slower)."""
-    gv = np.float64(_load(g, j))
+    gv = np.float64(load(g, j))
     if training:
-        result = ((gv - mean_dy) - (np.float64(_load(x, j)) - m) * k) * sc
+        result = ((gv - mean_dy) - (np.float64(load(x, j)) - m) * k) * sc
     else:
         result = gv * sc
     if exponent != 0:
@@ -230,9 +102,9 @@ def _plane_partial(src3, dy3, ch, rows, lanes, r0, m, acc0, acc1):
         x = src3[i, ch, s_lo:s_hi]
         g = dy3[i, ch, s_lo:s_hi]
         for j in range(width):
-            gv = np.float64(_load(g, j))
+            gv = np.float64(load(g, j))
             a0[j] += gv
-            a1[j] += gv * (np.float64(_load(x, j)) - m)
+            a1[j] += gv * (np.float64(load(x, j)) - m)
     return _tree(acc0, length), _tree(acc1, length)
 
 
@@ -263,18 +135,18 @@ def _write_plane(src3, dy3, out3, ch, rows, coef, exponent, training):
         if training and exponent == 0:  # the usual case, in a loop of its own: see _value
             for j in range(g.shape[0]):
                 value = _value(g, x, j, m, mean_dy, k, sc, 0, True)
-                _store(o, j, value)
-                lo, hi = _track(lo, hi, value)
+                store(o, j, value)
+                lo, hi = track(lo, hi, value)
         elif exponent == 0:
             for j in range(g.shape[0]):
                 value = _value(g, x, j, m, mean_dy, k, sc, 0, False)
-                _store(o, j, value)
-                lo, hi = _track(lo, hi, value)
+                store(o, j, value)
+                lo, hi = track(lo, hi, value)
         else:
             for j in range(g.shape[0]):
                 value = _value(g, x, j, m, mean_dy, k, sc, exponent, training)
-                _store(o, j, value)
-                lo, hi = _track(lo, hi, value)
+                store(o, j, value)
+                lo, hi = track(lo, hi, value)
     return lo, hi
 
 
@@ -368,9 +240,9 @@ def row_partials(src2, dy2, mean_col, shape, partials):
             x = src2[i]
             g = dy2[i]
             for w in range(width):
-                gv = np.float64(_load(g, w))
+                gv = np.float64(load(g, w))
                 a0[w] += gv
-                a1[w] += gv * (np.float64(_load(x, w)) - mean_col[w])
+                a1[w] += gv * (np.float64(load(x, w)) - mean_col[w])
         lanes0 = np.empty(r0 * s)
         lanes1 = np.empty(r0 * s)
         for ch in range(c):
@@ -410,17 +282,17 @@ def row_write(src2, dy2, out2, columns, exponents, flags, keys):
             if training and not scaled:  # the usual case, in a loop of its own: see _value
                 for j in range(k1 - k0):
                     value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, True)
-                    _store(o, j, value)
-                    lo, hi = _track(lo, hi, value)
+                    store(o, j, value)
+                    lo, hi = track(lo, hi, value)
             elif scaled:
                 for j in range(k1 - k0):
                     value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], e[j], training)
-                    _store(o, j, value)
-                    lo, hi = _track(lo, hi, value)
+                    store(o, j, value)
+                    lo, hi = track(lo, hi, value)
             else:
                 for j in range(k1 - k0):
                     value = _value(g, x, j, m[j], mdy[j], kk[j], sc[j], 0, False)
-                    _store(o, j, value)
-                    lo, hi = _track(lo, hi, value)
+                    store(o, j, value)
+                    lo, hi = track(lo, hi, value)
         keys[task, 0] = lo
         keys[task, 1] = hi
