@@ -35,11 +35,11 @@ def _install(site: Path) -> None:
     shutil.copytree(ROOT / "bnbwd_cli", site / "bnbwd_cli", ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _run(site: Path, cache_home: Path) -> tuple[int, ...]:
-    """(cache hits of the fused kernel, compiled versions of each helper it calls)."""
+def _run(site: Path, cache_home: Path, before: str = "") -> tuple[int, ...]:
+    """(cache hits of the fused kernel, compiled versions of each helper it calls); `before` runs first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(site))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=site, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", before + SCRIPT], env=env, cwd=site, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return tuple(int(word) for word in done.stdout.split())
 
@@ -77,3 +77,16 @@ def test_an_edit_to_plan_starts_a_fresh_cache(monkeypatch, tmp_path):
     with open(package / "plan.py", "a") as plan_file:
         plan_file.write("\n# an edit\n")
     assert core.numba_cache_dir() != before
+
+
+def test_the_user_cache_is_used_when_numba_was_imported_first(tmp_path):
+    """numba reads NUMBA_CACHE_DIR when imported: a caller (or a test module) that imports it before bnbwd
+    must still get the user cache, not __pycache__ beside the installed source (missed on every reinstall)."""
+    site, cache_home = tmp_path / "site", tmp_path / "cache"
+    _install(site)
+    assert _run(site, cache_home, before="import numba\n") == (0, 1, 1, 1)
+    assert list((cache_home / "bnbwd").rglob("*.nbi")), "no index in the user cache directory"
+    assert not list((site / "bnbwd_cli").rglob("*.nbi")), "cached beside the source"
+    _install(site)
+    hits, *helpers = _run(site, cache_home, before="import numba\n")
+    assert hits > 0 and helpers == [0, 0, 0]

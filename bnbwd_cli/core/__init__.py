@@ -178,8 +178,15 @@ def load_numba_core():
     it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
+    if not os.environ.get("NUMBA_CACHE_DIR"):
         os.environ["NUMBA_CACHE_DIR"] = str(numba_cache_dir())
+        if "numba" in sys.modules:
+            # numba read its settings when it was imported (by the user's own code, or a test module): without a
+            # reload our kernels cached beside the installed source, missed the user cache every run and compiled
+            # again (the cold test suite paid the whole JIT twice, +55 s).
+            from numba.core import config
+
+            config.reload_config()
     from bnbwd_cli.core import numba_core
 
     return numba_core
