@@ -52,11 +52,18 @@ def dtype_label(dtype: np.dtype) -> str:
     return dtype_name(dtype) or np.dtype(dtype).name
 
 
-def to_float64(array: np.ndarray) -> np.ndarray:
-    """Upcast to float64; bfloat16 goes through float32 (NumPy's bf16 promotion is unreliable)."""
+def to_float64(array: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Upcast to float64 (exact); bfloat16 goes through float32 (NumPy's bf16 promotion is unreliable).
+
+    float64 input comes back as itself; other dtypes are cast into ``out`` (float64, the array's shape) when
+    given, so a blocked pass reuses one buffer instead of a fresh temporary per block (bnbwd_cli/scratch.py).
+    """
     if is_bfloat16(array.dtype):
         return array.astype(np.float32).astype(np.float64)
-    return np.asarray(array, dtype=np.float64)
+    if out is None or array.dtype == np.float64:
+        return np.asarray(array, dtype=np.float64)
+    np.copyto(out, array)
+    return out
 
 
 def unit_roundoff(name: str) -> float:

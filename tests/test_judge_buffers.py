@@ -1,6 +1,6 @@
 """The judge's reused block buffers and its NXC drift shortcut give the numbers of the plain formulas, bit for bit.
 
-judge/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _Drift skips
+bnbwd_cli/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _Drift skips
 numpy's loops over NXC's length-1 rows. Each is checked against the formula it replaced, written out plainly.
 """
 
@@ -15,6 +15,7 @@ from bnbwd_cli.judge import model, sets
 from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging
 from bnbwd_cli.layout import view3
+from bnbwd_cli.scratch import Scratch
 from tests.test_judge_fast import _reference_add
 
 
@@ -164,3 +165,35 @@ def test_channel_table_by_runs_equals_the_per_element_one(shape, axis, sizes) ->
         expected = _plain_channels(shape, axis, chunks)
     assert repr(fast.finish()) == repr(expected)
     assert sum(stat.mismatches for stat in expected) == fails.sum()
+
+
+def test_scratch_reuses_its_memory_grows_on_demand_and_is_per_thread() -> None:
+    import threading
+
+    scratch = Scratch()
+    first = scratch.get("a", (4, 5))
+    assert first.shape == (4, 5) and first.dtype == np.float64
+    assert np.shares_memory(scratch.get("a", 7), first)  # smaller: the same memory
+    assert not np.shares_memory(scratch.get("b", 20), first)  # another name: its own
+    grown = scratch.get("a", 100)
+    assert grown.size == 100 and not np.shares_memory(grown, first)
+    assert scratch.get("a", 3, np.dtype(np.float32)).dtype == np.float32  # another dtype: a new buffer
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(scratch.get("b", 20)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(seen[0], scratch.get("b", 20))
+
+
+def test_to_float64_into_a_buffer_is_the_plain_upcast() -> None:
+    import ml_dtypes
+
+    rng = np.random.default_rng(13)
+    values = rng.standard_normal(50)
+    buffer = np.full(50, np.nan)
+    for dtype in (np.float16, np.float32, ml_dtypes.bfloat16):
+        narrow = values.astype(dtype)
+        got = to_float64(narrow, out=buffer)
+        assert np.array_equal(got, narrow.astype(np.float32).astype(np.float64))
+        assert (got is buffer) == (dtype is not ml_dtypes.bfloat16)  # bfloat16 goes through float32, not out
+    assert to_float64(values, out=buffer) is values  # float64 is itself: no copy

@@ -25,7 +25,8 @@ import numpy as np
 
 from bnbwd_cli.core import mapped, plan, stats
 from bnbwd_cli.core.plan import Group, Tile
-from bnbwd_cli.core.rounding import FLOAT64, Scratch, store
+from bnbwd_cli.core.rounding import store
+from bnbwd_cli.scratch import FLOAT64, Scratch
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor

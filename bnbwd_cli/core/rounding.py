@@ -5,29 +5,10 @@ Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, dif
 
 from __future__ import annotations
 
-import math
-import threading
-
 import numpy as np
 
 from bnbwd_cli.dtypes import is_bfloat16
-
-FLOAT64 = np.dtype(np.float64)
-
-
-class Scratch(threading.local):
-    """Per-thread scratch buffers, grown on demand and reused across tiles (no per-tile page faults)."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        size = math.prod(shape)
-        buffer = self.buffers.get(name)
-        if buffer is None or buffer.size < size or buffer.dtype != dtype:
-            buffer = np.empty(max(size, 1), dtype=dtype)
-            self.buffers[name] = buffer
-        return buffer[:size].reshape(shape)
+from bnbwd_cli.scratch import FLOAT64, Scratch
 
 
 # ---------------------------------------------------------------- float32 -> float16

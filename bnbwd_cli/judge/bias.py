@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
-
-from bnbwd_cli.judge.scratch import Buffers
 from bnbwd_cli.judge.stats import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
+from bnbwd_cli.scratch import Scratch
 
 MIN_ELEMENTS = 8  # fewer elements per channel than this: no per-channel estimate
 MIN_CHANNELS = 4  # fewer channels than this: no scale for a (C,) output
@@ -32,6 +31,7 @@ COLLINEAR = 1e-4  # smallest determinant of the basis' correlation matrix
 RESOLUTION = 4  # r's rms must be this many times the actual output's rms spacing
 CLUSTER_BITS = 6
 CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
+INT64 = np.dtype(np.int64)
 PIECE = 1 << 15  # elements whose products and bins stay in the CPU's cache while they are summed
 
 
@@ -66,14 +66,13 @@ class ChannelRegression:
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
-        self.d = Buffers(1)
-        self.bits = Buffers(2, np.int64)  # the bins by both keys (2, size); the ULP spacing's exponent bits
+        self.scratch = Scratch()  # d; the bins by both keys (2, size); the ULP spacing's exponent bits
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        d = self.d.take(xhat.size)[0]
+        d = self.scratch.get("d", xhat.size)
         if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
             w, x, r = None, xhat.reshape(-1), reference.reshape(-1)
             d = np.subtract(actual.reshape(-1), r, out=d)
@@ -92,7 +91,7 @@ class ChannelRegression:
         self.cross[:, channels] += sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
         self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
         if w is None:
-            spacing = ulp_spacing(actual, self.dtype, out=self.bits.take(actual.size)[1])
+            spacing = ulp_spacing(actual, self.dtype, out=self.scratch.get("spacing_bits", actual.size, INT64))
         else:
             spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
@@ -100,7 +99,7 @@ class ChannelRegression:
     def _bins(self, diff_dst: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """(2, size): each element's bin, channel * CLUSTERS + its cluster, by diff_dst and by reference."""
         n, c, s = reference.shape
-        bins = self.bits.take(2 * reference.size)[0].reshape(2, n, c, s)
+        bins = self.scratch.get("bins", (2, n, c, s), INT64)
         for key, out in zip((diff_dst, reference), bins):
             cluster_of(key, out=out.view(np.uint64))
         bins += np.arange(c)[:, None] * CLUSTERS

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64
-from bnbwd_cli.judge.scratch import Buffers
 from bnbwd_cli.layout import view3
+from bnbwd_cli.scratch import Scratch
 
 if TYPE_CHECKING:
     from bnbwd_cli.core import Op
@@ -176,7 +176,7 @@ class _Sequential32:
 
     def __init__(self, channels: int) -> None:
         self.total = np.zeros(channels, np.float32)
-        self.rows = Buffers(1, np.float32)
+        self.scratch = Scratch()
 
     def add(self, terms: np.ndarray, channels: slice) -> None:
         """terms: (n, c, s) block, rounded to float32 here, one row per element in storage order after a row
@@ -184,7 +184,7 @@ class _Sequential32:
         float32: a kernel's sequential sums, where np.sum along a channel's own run would be pairwise (and a
         cumsum along it ~2-9x slower; tests/test_judge_buffers.py holds numpy to this order)."""
         n, c, s = terms.shape
-        rows = self.rows.take((n * s + 1) * c, (n * s + 1, c))[0]
+        rows = self.scratch.get("rows", (n * s + 1, c), np.dtype(np.float32))
         rows[0] = self.total[channels]
         rows[1:].reshape(n, s, c)[...] = terms.transpose(0, 2, 1)
         self.total[channels] = np.add.reduce(rows, axis=0, dtype=np.float32)

@@ -9,7 +9,6 @@ and outputs with explicit --atol/--rtol/--ulp, use fixed dtype tolerances (judge
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -24,9 +23,9 @@ from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
-from bnbwd_cli.judge.scratch import Buffers, upcast
 from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
+from bnbwd_cli.scratch import Scratch
 
 if TYPE_CHECKING:
     from bnbwd_cli.core import Op
@@ -137,12 +136,13 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool) -> tuple[Accumulator, Channel
     views = tuple(layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst, inputs.src))
     a3 = views[0]
     regression = None if detailed else ChannelRegression(a3.shape[1], state.dtype)
-    buffers = Buffers(6)  # a, r, dy, src then xhat, the scale and its terms
+    scratch = Scratch()
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
             shape = a3[where].shape
-            space = buffers.take(math.prod(shape), shape)
-            a64, r64, dy, src = (upcast(view[where], out) for view, out in zip(views, space))
+            # a, r, dy, src then xhat, and the scale's two terms
+            space = scratch.take(("a", "r", "dy", "src", "scale", "terms"), shape)
+            a64, r64, dy, src = (to_float64(view[where], out) for view, out in zip(views, space))
             xhat = xhat_block(src, where[1], facts.mean, facts.invstd, out=space[3] if src is space[3] else None)
             scale = model.block(xhat, dy, r64, where[1], out=(space[4], space[5]))
             state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))

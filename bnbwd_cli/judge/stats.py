@@ -19,14 +19,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_name, ulp_spacing
+from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
     ChannelStat, Channels, Decades, Element, HistogramBin, Largest, Located, MaxLocated, NonFinite, NonFiniteCounts,
     RelativeL2, Worst, ZeroCounts, log_histogram,
 )
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
-from bnbwd_cli.judge.scratch import Buffers, upcast
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
+from bnbwd_cli.scratch import Scratch
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "HistogramBin", "Layout", "Located", "NonFinite",
            "Once", "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
@@ -229,13 +229,14 @@ class Accumulator:
         self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
         self.need = [Largest(self.allowed + 1) for _ in range(2)]
         self.details = _DetailStats(self.shape, setup) if setup.detailed else None
-        self.buffers = Buffers(5)  # |a - r|, the ULP spacing, and three for the rule (judge/rules.Chunk)
+        self.scratch = Scratch()
 
     def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None) -> None:
         """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
         self.zeros.update(a, r)
         finite = bad = None
-        abs_err, spacing, *scratch = self.buffers.take(a.size)
+        # |a - r|, the ULP spacing, and three for the rule (judge/rules.Chunk)
+        abs_err, spacing, *scratch = self.scratch.take(("abs_err", "spacing", "rule0", "rule1", "rule2"), a.size)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: classified below
             np.subtract(a, r, out=abs_err)
         if np.isfinite(abs_err).all():  # the usual case: a and r are finite, nothing to classify or mask
@@ -306,11 +307,11 @@ class Accumulator:
 def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup) -> Accumulator:
     state = Accumulator(actual, reference, FixedRule(tolerance), setup)
     a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
-    buffers = Buffers(2)
+    scratch = Scratch()
     for start in range(0, a_flat.size, CHUNK):
         stop = min(start + CHUNK, a_flat.size)
-        a64, r64 = buffers.take(stop - start)
-        state.add(upcast(a_flat[start:stop], a64), upcast(r_flat[start:stop], r64), start)
+        a64, r64 = scratch.take(("a", "r"), stop - start)
+        state.add(to_float64(a_flat[start:stop], a64), to_float64(r_flat[start:stop], r64), start)
     return state
 
 
