@@ -8,6 +8,7 @@ a test that cannot fail where it should). Each mutant edits text that occurs exa
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ MUTANTS = (
      "tests/test_exit_codes.py -k exit_1"),
     ("pair_sum drops its error term", "bnbwd_cli/core/plan.py", "return total, (lo_a + lo_b) + error",
      "return total, (lo_a + lo_b)", "tests/test_reproducible.py tests/test_core.py -m 'not numba'"),
+    ("float16 cast through float32 (double rounding)", "bnbwd_cli/core/rounding.py",
+     'np.copyto(out, values, casting="unsafe")\n        return values',
+     'np.copyto(out, values.astype(np.float32), casting="unsafe")\n        return values', "tests/test_kernels_tiling.py -k 'half or float16'"),
     ("numba's cache directory not reloaded", "bnbwd_cli/core/__init__.py", "            config.reload_config()\n",
      "            pass\n", "tests/test_numba_cache.py -k imported_first"),
 )
@@ -40,6 +44,7 @@ def check(name: str, path: str, text: str, replacement: str, tests: str) -> bool
     if original.count(text) != 1:
         raise SystemExit(f"{name}: the text to mutate occurs {original.count(text)} times in {path}")
     source.write_text(original.replace(text, replacement))
+    Path(importlib.util.cache_from_source(str(source))).unlink(missing_ok=True)  # never a stale .pyc of the original
     try:
         done = subprocess.run(f"{sys.executable} -m pytest -x -q -p no:cacheprovider {tests}", shell=True,
                               capture_output=True, text=True, cwd=ROOT)

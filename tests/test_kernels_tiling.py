@@ -10,6 +10,7 @@ import pytest
 
 from bnbwd_cli import streaming
 from bnbwd_cli.core import mapped, plan
+from bnbwd_cli.core import rounding
 from bnbwd_cli.core.rounding import float_to_half
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
@@ -77,6 +78,41 @@ def test_float_to_half_rounds_like_numpy():
         expected = values.astype(np.float16)
     assert np.array_equal(narrowed.view(np.uint16)[~np.isnan(expected)], expected.view(np.uint16)[~np.isnan(expected)])
     assert np.isnan(narrowed[np.isnan(expected)]).all()
+
+
+def _near_half_ties(rng: np.random.Generator) -> np.ndarray:
+    """float64 values on, just beyond and just short of float16 ties (normal, subnormal, near overflow), and specials."""
+    halves = rng.standard_normal(20000).astype(np.float16).astype(np.float64)
+    halves = np.concatenate([halves, halves * 2.0**-14, [65504.0, 6.1e-5, 0.0]])
+    step = np.spacing(np.abs(halves).astype(np.float16)).astype(np.float64) / 2
+    offsets = [0.0, 2.0**-30, -(2.0**-30), 2.0**-45, -(2.0**-45)]
+    near = np.concatenate([halves + step * (1 + k) for k in offsets] + [-(halves + step * (1 + k)) for k in offsets])
+    return np.concatenate([near, rng.standard_normal(20000) * 2.0 ** rng.uniform(-30, 17, 20000),
+                           [np.inf, -np.inf, np.nan, 65520.0, 65519.99, -0.0, 1e300]])
+
+
+def test_float16_by_numpys_cast_gives_the_float32_detours_bits(monkeypatch):
+    """store()'s two float16 routes, NumPy's direct cast and the rounded-to-odd float32 detour, agree bit for bit."""
+    if not rounding._half_cast_rounds_once():
+        pytest.skip("this NumPy's float64 -> float16 cast rounds twice: store() always takes the float32 detour")
+    values = _near_half_ties(np.random.default_rng(6))
+    routes = []
+    for direct in (True, False):
+        monkeypatch.setattr(rounding, "HALF_CAST_ROUNDS_ONCE", direct)
+        out = np.empty(values.shape, np.float16)
+        rounding.store(values, out)
+        routes.append(out)
+    finite = ~np.isnan(routes[1])
+    assert np.array_equal(routes[0].view(np.uint16)[finite], routes[1].view(np.uint16)[finite])
+    assert np.isnan(routes[0][~finite]).all()
+
+
+def test_the_half_cast_probe_tells_double_rounding_apart():
+    """The probes of _half_cast_rounds_once round differently through float32: a double-rounding cast fails it."""
+    probe = np.array([1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 2.0**-25 + 2.0**-60])
+    once = [1 + 2.0**-10, -(1 + 2.0**-10), 2.0**-24]
+    twice = probe.astype(np.float32).astype(np.float16).astype(np.float64)
+    assert not np.any(twice == once)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64], ids=["f16", "bf16", "f64"])

@@ -10,8 +10,8 @@ tile by tile and then written tile by tile (~5 passes). NumPy releases the GIL i
 a thread pool over tiles uses every core.
 
 Per tile, in float64: g = dy and d = src - mean (widened exactly), the lane sums of g and g·d per
-chunk (plan.py's order), then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (for f16 and
-bf16 through float32 rounded to odd, which makes the second rounding exact). Only ufuncs: NumPy's
+chunk (plan.py's order), then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (f16 by NumPy's
+own cast, which rounds once; bf16 through float32 rounded to odd, which makes the second rounding exact). Only ufuncs: NumPy's
 BLAS-backed calls (matmul, vecdot) were measured not to run concurrently from two threads.
 """
 

@@ -1,4 +1,5 @@
-"""Rounding float64 results once to T1 (f64, f32, f16, bf16), and the float16 conversions NumPy is slow at.
+"""Rounding float64 results once to T1 (f64, f32, f16, bf16): NumPy's own casts where they round once, else
+through float32 rounded to odd (bfloat16: ml_dtypes' float64 cast rounds through float32).
 
 Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, diff_beta) and core/stats.py.
 """
@@ -14,7 +15,8 @@ from bnbwd_cli.scratch import FLOAT64, Scratch
 # ---------------------------------------------------------------- float32 -> float16
 # NumPy's own float32 -> float16 cast was 2.5x slower here (1M elements: 54 vs 22 ms); these bit
 # manipulations give the same bits (round to nearest even, subnormals, inf, NaN) in a few vectorised
-# integer passes. The other way NumPy's cast is the faster one (numpy_core._Kernel._widen uses it).
+# integer passes. The other way NumPy's cast is the faster one (numpy_core._Kernel._widen uses it). Used only
+# where NumPy's float64 -> float16 cast would round twice (store).
 
 _U32 = np.uint32
 _F32_DENORM_MAGIC = np.array(((127 - 15) + (23 - 10) + 1) << 23, _U32)
@@ -62,12 +64,30 @@ def round_to_odd_float32(values: np.ndarray, out: np.ndarray) -> None:
     np.bitwise_or(bits, inexact, out=bits, casting="unsafe")
 
 
+def _half_cast_rounds_once() -> bool:
+    """Whether NumPy's own float64 -> float16 cast rounds once (npy_doublebits_to_halfbits or a hardware
+    conversion). A cast through float32 would round twice. Each probe lies beyond a float16 tie by less than
+    float32 holds, so a double rounding lands on the tie and rounds it to even."""
+    beyond_tie = np.array([1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 2.0**-25 + 2.0**-60])
+    return bool(np.array_equal(beyond_tie.astype(np.float16).astype(np.float64), [1 + 2.0**-10, -(1 + 2.0**-10), 2.0**-24]))
+
+
+HALF_CAST_ROUNDS_ONCE = _half_cast_rounds_once()
+
+
 def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
     """out (T1) = values (float64), rounded once (NaN stays NaN).
 
-    Returns the float32/float64 array the values were rounded through (out itself, or for f16/bf16 the
-    rounded-to-odd float32 copy): each step is monotone, so its min and max round to out's extremes.
+    Returns an array whose min and max round to out's extremes (every step is monotone): out itself (f32,
+    f64), the float64 values (f16 by NumPy's cast), or the rounded-to-odd float32 copy (bf16, or f16 where
+    NumPy's cast would round twice).
     """
+    if out.dtype == np.float16 and HALF_CAST_ROUNDS_ONCE:
+        # One cast instead of the float32 detour below: f16 (64,128,56,56), 2 threads, NumPy core 275 -> 202 ms
+        # NCX, 224 -> 188 ms NXC (bench/ab_core.py), the same bits (tests/test_kernels_tiling.py checks the two).
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(out, values, casting="unsafe")
+        return values
     if out.dtype == np.float16 or is_bfloat16(out.dtype):
         scratch = scratch or Scratch()
         odd = scratch.get("odd32", values.shape, np.dtype(np.float32))
