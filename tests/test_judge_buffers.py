@@ -80,7 +80,7 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-3], size=shape)).astype(dtype)
     job = sets._Job(("diff_src",), CompareSettings(), sets.tensor_layout(data_format, 3), 5)
     facts = model.channel_facts(inputs)
-    _, regression = sets._diff_src_pass(sets._DiffSrc(actual, reference, job, inputs, facts), detailed=False)
+    _, regression = sets._diff_src_pass(sets._DiffSrc(actual, reference, job, inputs, facts), detailed=False, regress=True)
     plain = ChannelRegression(5, regression.dtype)
     a3, r3, dy3, x3 = (view3(x, data_format) for x in (actual, reference, dy, src))
     for where in model.blocks(a3.shape, 150):
@@ -197,3 +197,33 @@ def test_to_float64_into_a_buffer_is_the_plain_upcast() -> None:
         assert np.array_equal(got, narrow.astype(np.float32).astype(np.float64))
         assert (got is buffer) == (dtype is not ml_dtypes.bfloat16)  # bfloat16 goes through float32, not out
     assert to_float64(values, out=buffer) is values  # float64 is itself: no copy
+
+
+@pytest.mark.parametrize("with_inputs", [True, False], ids=["scaled", "fixed"])
+def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_inputs: bool) -> None:
+    """--json/--verbose gather every output's details in the judging pass: the same document as computing them
+    in a second pass on first use, with one pass over diff_src instead of two."""
+    from bnbwd_cli.case import reference_outputs
+    from bnbwd_cli.render.json import report_document
+    from tests.conftest import make_inputs
+
+    rng = np.random.default_rng(14)
+    arrays = make_inputs(rng, (4, 6, 9, 7))
+    op = Op(*(arrays[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")), epsilon=1e-5, data_format="NCX")
+    reference = reference_outputs(op, ("diff_src", "diff_gamma", "diff_beta"))
+    actual = {name: value.copy() for name, value in reference.items()}
+    bits = actual["diff_src"].reshape(-1).view(np.uint32)
+    bits[::5] += rng.integers(1, 40, bits[::5].size).astype(np.uint32)  # some elements off by a few ulps
+    actual["diff_gamma"][::2] *= np.float32(1 + 3e-6)
+    passes = []
+    diff_src_pass = sets._diff_src_pass
+    monkeypatch.setattr(sets, "_diff_src_pass", lambda *args, **kw: passes.append(1) or diff_src_pass(*args, **kw))
+    documents = []
+    for up_front in (False, True):
+        passes.clear()
+        judging = Judging(CompareSettings(), details_up_front=up_front)
+        result = sets.compare_sets(actual, reference, judging, data_format="NCX", inputs=op if with_inputs else None)
+        documents.append(report_document(result, actual_label="a", reference_label="r"))  # reads every detail
+        assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
+    assert documents[0] == documents[1]
+    assert any(output["comparison"]["worst"] for output in documents[0]["outputs"]), "no details in the document"

@@ -6,7 +6,7 @@ Click parses (params.py: custom ParamTypes fail with exit 2), judge/ computes, r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +61,10 @@ def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_conso
     from bnbwd_cli.render import text as report
 
     _check_override_names(options, sets.actual, sets.reference)
-    result = compare_sets(sets.actual, sets.reference, options.judging, data_format=options.data_format,
-                          inputs=sets.inputs)
+    judging = options.judging
+    if json_target is not None or options.verbose:  # every output's details will be shown: gather them at once
+        judging = replace(judging, details_up_front=True)
+    result = compare_sets(sets.actual, sets.reference, judging, data_format=options.data_format, inputs=sets.inputs)
     if json_target != "-":
         report.render_report(stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
                              report.ReportStyle(verbose=options.verbose, brief=options.brief))

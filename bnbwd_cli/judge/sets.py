@@ -98,6 +98,7 @@ class _Job:
     settings: CompareSettings
     layout: Layout
     top_k: int
+    details_up_front: bool = False  # Judging.details_up_front
 
 
 def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
@@ -107,7 +108,8 @@ def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
 
 def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     setup = _setup(a, r, job)
-    return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup)
+    return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup,
+                          lazy_details=not job.details_up_front)
 
 
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, detailed: bool = True) -> Accumulator:
@@ -127,15 +129,15 @@ class _DiffSrc:
     facts: ChannelFacts
 
 
-def _diff_src_pass(case: _DiffSrc, detailed: bool) -> tuple[Accumulator, ChannelRegression | None]:
-    """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (summary pass)
-    or the details (the second pass, run only when they are asked for)."""
+def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accumulator, ChannelRegression | None]:
+    """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (the judging pass)
+    and/or the details (in the judging pass when asked for up front, else a second pass on first use)."""
     inputs, facts = case.inputs, case.facts
     state = _accumulator(case.a, case.r, case.job, inputs, detailed)
     model = diff_src_scale(facts, state.rule.scaled.unit, inputs.training)
     views = tuple(layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst, inputs.src))
     a3 = views[0]
-    regression = None if detailed else ChannelRegression(a3.shape[1], state.dtype)
+    regression = ChannelRegression(a3.shape[1], state.dtype) if regress else None
     scratch = Scratch()
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
@@ -153,12 +155,13 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool) -> tuple[Accumulator, Channel
 
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts) -> Comparison:
     case = _DiffSrc(a, r, job, inputs, facts)
-    state, regression = _diff_src_pass(case, detailed=False)
+    state, regression = _diff_src_pass(case, detailed=job.details_up_front, regress=True)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
-    # only a failing output's report or --verbose/--json shows them: a second pass on first use.
-    details_of = Once(lambda: _diff_src_pass(case, detailed=True)[0].details.finish(a, r, state.dtype))
+    # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
+    # pass on first use.
+    details_of = Once(lambda: _diff_src_pass(case, detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
     comparison = state.result(bias, details_of)
     return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
 
@@ -219,7 +222,8 @@ def compare_sets(
         problem = structural_problem(pair.name, a, r)
         comparison = None
         if problem is None:
-            job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top)
+            job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top,
+                       judging.details_up_front)
             comparison = _compare_pair(a, r, job, inputs, facts)
             comparison = replace(comparison, hints=comparison.hints + hint_rules.precision_hints(comparison, a))
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))

@@ -315,17 +315,21 @@ def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance,
     return state
 
 
-def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup = Setup()) -> Comparison:
+def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup = Setup(), *,
+                   lazy_details: bool = True) -> Comparison:
     """Compare two arrays of the same shape under fixed tolerances, element by element and as a whole.
 
     ``actual`` and ``reference``: same shape, floating dtypes (f64, f32, f16, bf16).
     ``setup``: the mismatch allowance, NaN handling, the dtype whose ULP grid applies (default: the
     coarser side's), the tensor's layout (for coordinates and the per-channel table; default: plain
-    indices, no per-channel table) and how many worst elements to keep. Its ``detailed`` is not used:
-    the details are computed on first use by a second pass (the Comparison keeps both arrays).
+    indices, no per-channel table) and how many worst elements to keep. Its ``detailed`` is not used: the
+    details are computed on first use by a second pass (the Comparison keeps both arrays), or with
+    ``lazy_details=False`` in the same pass (for a caller that will read them).
     Works in chunks of the flattened tensors, so memory stays bounded for large outputs.
     """
-    setup = replace(setup.resolved(actual, reference), detailed=False)
+    setup = replace(setup.resolved(actual, reference), detailed=not lazy_details)
+    if not lazy_details:
+        return _fixed_pass(actual, reference, tolerance, setup).result()
     detailed = replace(setup, detailed=True)
     details_of = Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
     return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of)

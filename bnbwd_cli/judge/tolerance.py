@@ -169,3 +169,6 @@ class Judging:
     only: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     top: int = 10
+    # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
+    # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).
+    details_up_front: bool = False
