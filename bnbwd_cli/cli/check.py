@@ -7,6 +7,7 @@ the op are `run`'s own option objects (with_run_options), so they cannot drift a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -77,9 +78,11 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     op = case.OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
                          training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")
+    # The JSON document holds every output's details: gather them in the judging pass, not in a second one.
+    judging = comparison.judging if json_target is None else replace(comparison.judging, details_up_front=True)
     outcomes = []
     for path in cases:
-        outcome = case.judge_file(path, op, comparison.judging, bf16=op_options["bf16_inputs"])
+        outcome = case.judge_file(path, op, judging, bf16=op_options["bf16_inputs"])
         outcomes.append(outcome)
         _print_case(console, outcome, comparison)
     console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
