@@ -33,7 +33,7 @@ MUTANTS = (
      'np.copyto(out, values, casting="unsafe")\n        return values',
      'np.copyto(out, values.astype(np.float32), casting="unsafe")\n        return values', "tests/test_kernels_tiling.py -k 'half or float16'"),
     ("numba's cache directory not reloaded", "bnbwd_cli/core/__init__.py", "            config.reload_config()\n",
-     "            pass\n", "tests/test_numba_cache.py -k imported_first"),
+     "            pass\n", "tests/test_numba_cache.py -k reinstall"),
 )
 
 

@@ -54,12 +54,17 @@ def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_p
 
 
 def test_compiled_kernels_survive_a_reinstall(tmp_path):
+    """Compiled once into the user cache, loaded from there after a reinstall. The first process imports numba
+    before bnbwd (as a user's own numba code, or a test module, would): numba reads NUMBA_CACHE_DIR when it is
+    imported, and without core.load_numba_core's reload the kernels went beside the installed source, lost at
+    every reinstall."""
     site, cache_home = tmp_path / "site", tmp_path / "cache"
     _install(site)
     # Compiled, and written to the user cache; each helper once: its callers pass it the same types (a prange
     # index as int64, no literal ints in tuples), else numba compiles a version per type tuple.
-    assert _run(site, cache_home) == (0, 1, 1, 1)
+    assert _run(site, cache_home, before="import numba\n") == (0, 1, 1, 1)
     assert list((cache_home / "bnbwd").rglob("*.nbi")), "no index in the user cache directory"
+    assert not list((site / "bnbwd_cli").rglob("*.nbi")), "cached beside the source"
     _install(site)  # reinstall: the package's own __pycache__ is gone
     hits, *helpers = _run(site, cache_home)
     assert hits > 0 and helpers == [0, 0, 0]  # loaded from the cache, helpers included: nothing compiled again
@@ -77,16 +82,3 @@ def test_an_edit_to_plan_starts_a_fresh_cache(monkeypatch, tmp_path):
     with open(package / "plan.py", "a") as plan_file:
         plan_file.write("\n# an edit\n")
     assert core.numba_cache_dir() != before
-
-
-def test_the_user_cache_is_used_when_numba_was_imported_first(tmp_path):
-    """numba reads NUMBA_CACHE_DIR when imported: a caller (or a test module) that imports it before bnbwd
-    must still get the user cache, not __pycache__ beside the installed source (missed on every reinstall)."""
-    site, cache_home = tmp_path / "site", tmp_path / "cache"
-    _install(site)
-    assert _run(site, cache_home, before="import numba\n") == (0, 1, 1, 1)
-    assert list((cache_home / "bnbwd").rglob("*.nbi")), "no index in the user cache directory"
-    assert not list((site / "bnbwd_cli").rglob("*.nbi")), "cached beside the source"
-    _install(site)
-    hits, *helpers = _run(site, cache_home, before="import numba\n")
-    assert hits > 0 and helpers == [0, 0, 0]
