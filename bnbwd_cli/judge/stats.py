@@ -8,7 +8,8 @@ minimum passing tolerance, NaN/Inf and zero counts) come from one cheap pass; th
 relative error, worst elements, per-channel table, histogram) cost about as much again and only a
 failing output's report or --verbose/--json shows them. They are computed lazily, by a second pass
 on first use (``Once``): here for the fixed rule, in judge/sets.py for the scaled rule's diff_src
-(which rebuilds its error scale for it); a Setup with ``detailed`` gathers them in the same pass.
+(which rebuilds its error scale for it); a Setup with ``detailed`` gathers them in the same pass, which
+--json and --verbose ask for up front (Judging.details_up_front), since they read every output's details.
 """
 
 from __future__ import annotations
