@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import re
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bnbwd_cli import core
 from bnbwd_cli.cli import main
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma")
@@ -25,11 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------- the numba JIT, compiled once a session
 
 _warm_up_process: subprocess.Popen | None = None
-# The kernels' cache directory, set before any test module imports numba_kernels: its dispatchers take the
-# cache directory when defined, and test modules import them directly (not through core.load_numba_core,
-# which sets it). Otherwise this process cached beside the source, never loaded what the warm-up compiled
-# and compiled it all again (a fresh checkout's cold suite 140-150 s instead of ~90 s).
-os.environ.setdefault("NUMBA_CACHE_DIR", str(core.numba_cache_dir()))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

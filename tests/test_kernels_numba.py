@@ -19,10 +19,15 @@ from pathlib import Path  # noqa: E402
 import numba  # noqa: E402
 
 from bnbwd_cli import core  # noqa: E402
-from bnbwd_cli.core import Op, choose_core, numba_core  # noqa: E402
+from bnbwd_cli.core import Op, choose_core  # noqa: E402
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
 from tests.conftest import save_npy_flags  # noqa: E402
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems  # noqa: E402
+
+# Through core.load_numba_core, as a run loads it: it sets the kernels' cache directory first (numba was imported
+# above, so it also reloads numba's settings). A direct import would cache beside the source and miss what the
+# session's warm-up compiled (conftest.numba_jit).
+numba_core = core.load_numba_core()
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
 
