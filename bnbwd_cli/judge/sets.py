@@ -161,7 +161,8 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: 
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
     # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
     # pass on first use.
-    details_of = Once(lambda: _diff_src_pass(case, detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
+    details_of = None if job.details_up_front else Once(
+        lambda: _diff_src_pass(case, detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
     comparison = state.result(bias, details_of)
     return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
 
