@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from bnbwd_cli.app.inputs import OpSettings, build_op, split_arrays
 from bnbwd_cli.app.judge import judge_outputs
-from bnbwd_cli.errors import ExitCode, InputError
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.status import Status, exit_code, suite_status
+from bnbwd_cli.status import Status, suite_status
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.sets import SetComparison
@@ -36,10 +36,6 @@ class CaseOutcome:
     def status(self) -> Status:
         """The comparison's status, or ERROR when the case could not be read or judged."""
         return Status.ERROR if self.result is None else self.result.status
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return exit_code(self.status)
 
 
 @dataclass(frozen=True)
