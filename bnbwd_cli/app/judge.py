@@ -1,16 +1,20 @@
 """Judge a kernel's outputs: against bnbwd's own, computed from the op's inputs (run --reference, check, the
-API), or against a reference file's (verify). The verdict is a judge.SetComparison; showing it is the caller's.
+API), or against a reference file's (verify: read_sets). The verdict is a judge.SetComparison; showing it is
+the caller's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnbwd_cli.app.inputs import OpSettings, build_op, read_inputs
 from bnbwd_cli.errors import InputError
+from bnbwd_cli.files.read import read_tensor_set
+from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.op import Op
 from bnbwd_cli.spec import OUTPUT_NAMES
 
@@ -31,6 +35,37 @@ class TensorSets:
     actual_label: str = "actual"
     reference_label: str = "reference"
     inputs: Op | None = None
+
+
+@dataclass(frozen=True)
+class FileSets:
+    """verify's files: the kernel's outputs (actual), the reference and, when given, the op's inputs (a bundle,
+    read as `bnbwd run` reads one: key_map renames its keys, op's given settings win over its entries).
+    bf16: keys (in any of them) whose 2-byte integer data is bfloat16."""
+
+    actual: str
+    reference: str
+    inputs_bundle: str | None = None
+    op: OpSettings = OpSettings()
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    bf16: tuple[str, ...] = ()
+
+
+def read_sets(files: FileSets, on_note: Callable[[str], None] | None = None) -> TensorSets:
+    """Read both sets (and the inputs); on_note hears the bundle's keys that were not used, once."""
+    actual = read_tensor_set(files.actual)
+    reference = read_tensor_set(files.reference)
+    found = reinterpret_bf16(files.bf16, {files.actual: actual, files.reference: reference})
+    inputs = None
+    if files.inputs_bundle is not None:
+        label = f"--inputs ({files.inputs_bundle})"
+        split = read_inputs(files.inputs_bundle, files.key_map, "--inputs")
+        found |= reinterpret_bf16(files.bf16, {label: split.inputs})
+        if split.note() and on_note is not None:
+            on_note(f"{label}: {split.note()}")
+        inputs = build_op(split.inputs, files.op.filled_from(split.attributes))
+    check_found(files.bf16, found, "ACTUAL, REFERENCE" + (" or --inputs" if files.inputs_bundle else ""))
+    return TensorSets(actual, reference, files.actual, files.reference, inputs)
 
 
 def compare(sets: TensorSets, judging: Judging, data_format: str | None = None) -> SetComparison:

@@ -1,4 +1,4 @@
-"""`bnbwd verify ACTUAL REFERENCE`: parse, read both sets (and --inputs through app/inputs.py), judge and show
+"""`bnbwd verify ACTUAL REFERENCE`: parse, read both sets and --inputs (app/judge.read_sets), judge and show
 the comparison (cli/report.py), exit with its code.
 """
 
@@ -9,20 +9,15 @@ from pathlib import Path
 
 import click
 
-from bnbwd_cli.app.inputs import OpSettings, build_op, read_inputs
-from bnbwd_cli.app.judge import TensorSets
+from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.app.judge import FileSets, read_sets
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_tensor_set
-from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
-from bnbwd_cli.op import Op
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/report.py).
 
 # --------------------------------------------------------------------------- command
-
-BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the arrays core.Op holds
 
 _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
@@ -105,19 +100,6 @@ class VerifyOptions:
     json_target: str | None
 
 
-def read_judge_inputs(options: VerifyOptions) -> Op:
-    """The op's inputs from --inputs (names, --map and attributes as for `bnbwd run`), checked as run checks them.
-    Inputs named in --bf16 (canonical names) holding int16/uint16 bits are read as bfloat16."""
-    label = f"--inputs ({options.inputs_bundle})"
-    split = read_inputs(options.inputs_bundle, options.comparison.judging.key_map, "--inputs")
-    reinterpret_bf16(options.bf16_keys, {label: split.inputs})
-    if split.note():
-        click.echo(f"note: {label}: {split.note()}", err=True)
-    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", not options.inference,
-                    options.variance_is_invstd)
-    return build_op(split.inputs, op.filled_from(split.attributes))
-
-
 @click.command("verify", help=_HELP, epilog=_EPILOG)
 @click.argument("actual")
 @click.argument("reference")
@@ -142,15 +124,10 @@ def verify(**kwargs) -> None:
     from bnbwd_cli.cli.report import report_comparison
     from bnbwd_cli.render.text import make_console
 
-    actual_set = read_tensor_set(options.actual)
-    reference_set = read_tensor_set(options.reference)
-    bf16_keys = options.bf16_keys
-    found = reinterpret_bf16(bf16_keys, {options.actual: actual_set, options.reference: reference_set})
-    inputs = None
-    if options.inputs_bundle is not None:
-        inputs = read_judge_inputs(options)
-        found |= {key for key in bf16_keys if key in BACKWARD_INPUTS and getattr(inputs, key) is not None}
-    check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if options.inputs_bundle else ""))
-    sets = TensorSets(actual_set, reference_set, options.actual, options.reference, inputs)
+    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", not options.inference,
+                    options.variance_is_invstd)
+    files = FileSets(options.actual, options.reference, options.inputs_bundle, op, options.comparison.judging.key_map,
+                     options.bf16_keys)
+    sets = read_sets(files, on_note=lambda note: click.echo(f"note: {note}", err=True))
     code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
     click.get_current_context().exit(code)
