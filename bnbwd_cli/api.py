@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import io
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from rich.console import Console
 
 from bnbwd_cli.app import judge as app_judge
 from bnbwd_cli.app.inputs import OpSettings, build_op
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.judge import SetComparison
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, PerOutput
 from bnbwd_cli.render import json as report_json
@@ -77,9 +79,27 @@ class Report:
         return f"<bnbwd Report {self.status}: {', '.join(f'{o.name} {o.status}' for o in self.result.outputs)}>"
 
 
+def _array(name: str, value: Any) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged lists, objects NumPy cannot take
+        raise InputError(f"{name}: not an array ({type(value).__name__}: {exc})") from None
+
+
 def _inputs(arrays: Mapping[str, Any], op: OpSettings):
-    """Array-likes -> checked Op (app/inputs.py, as every command checks them)."""
-    return build_op({name: np.asarray(value) for name, value in arrays.items() if value is not None}, op)
+    """Array-likes -> checked Op (app/inputs.py, as every command checks them); arguments of the wrong kind are
+    InputErrors too, never a TypeError or AttributeError from deep inside."""
+    if op.epsilon is not None and (isinstance(op.epsilon, bool) or not isinstance(op.epsilon, numbers.Real)):
+        raise InputError(f"epsilon is {op.epsilon!r}, expected a finite number > 0")
+    if not isinstance(op.data_format, str):
+        raise InputError(f"data_format is {op.data_format!r}, expected a layout name such as NCHW or NHWC")
+    return build_op({name: _array(name, value) for name, value in arrays.items() if value is not None}, op)
+
+
+def _outputs(actual: Any) -> dict[str, np.ndarray]:
+    if not isinstance(actual, Mapping):
+        raise InputError(f"actual is a {type(actual).__name__}, expected a mapping of output names to arrays")
+    return {key: _array(key, value) for key, value in actual.items()}
 
 
 def backward(src, diff_dst, mean, variance, gamma=None, *, epsilon: float, data_format: str = "NCX",
@@ -134,8 +154,7 @@ def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=Non
     op = OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
     problem = _inputs({"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma}, op)
     settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(float(max_units), {}))
-    arrays = {key: np.asarray(value) for key, value in actual.items()}
-    return Report(app_judge.judge_outputs(problem, arrays, Judging(settings=settings, key_map=dict(key_map or {}))))
+    return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=dict(key_map or {}))))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

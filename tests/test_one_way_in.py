@@ -86,3 +86,22 @@ def test_input_error_is_public_and_a_value_error():
     with pytest.raises(bnbwd_cli.InputError, match=r"^no epsilon: spec generic has no default"):
         x = np.ones((2, 3), np.float32)
         bnbwd_cli.backward(x, x, np.zeros(3, np.float32), np.ones(3, np.float32), epsilon=None, data_format="NC")
+
+
+GOOD = {"src": np.ones((2, 3), np.float32), "diff_dst": np.ones((2, 3), np.float32), "mean": np.zeros(3, np.float32),
+        "variance": np.ones(3, np.float32), "epsilon": 1e-5, "data_format": "NC"}
+
+
+@pytest.mark.parametrize(("change", "actual", "message"), [
+    ({"epsilon": "1e-5"}, None, r"^epsilon is '1e-5', expected a finite number > 0$"),
+    ({"data_format": 3}, None, r"^data_format is 3, expected a layout name"),
+    ({"src": [[1.0, 2.0], [3.0]]}, None, r"^src: not an array \(list: "),
+    ({}, [np.ones((2, 3))], r"^actual is a list, expected a mapping of output names to arrays$"),
+], ids=["epsilon-str", "format-int", "ragged-src", "actual-list"])
+def test_api_arguments_of_the_wrong_kind_are_input_errors(change, actual, message):
+    """Never a TypeError or AttributeError from deep inside: the API's one error for a bad input."""
+    with pytest.raises(bnbwd_cli.InputError, match=message):
+        if actual is None:
+            bnbwd_cli.backward(**{**GOOD, **change})
+        else:
+            bnbwd_cli.check(actual, **GOOD)
