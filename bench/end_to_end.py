@@ -233,7 +233,7 @@ def end_to_end_table(torch_python: str | None, threads: int, quick: bool, workdi
 
 if __name__ == "__main__":  # python bench/end_to_end.py [--quick]: this table alone
     sys.path.insert(0, str(ROOT))
-    from bnbwd_cli.core.budget import usable_cores
+    from bnbwd_cli.runtime import usable_cores
 
     python = sys.executable if subprocess.run([sys.executable, "-c", "import torch"]).returncode == 0 else None
     print("\n".join(end_to_end_table(python, usable_cores(), "--quick" in sys.argv, None)))

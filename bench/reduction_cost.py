@@ -24,7 +24,8 @@ SHAPE = (64, 128, 56 * 56)
 def build():
     from numba import njit, prange
 
-    from bnbwd_cli.core import load_numba_core, plan
+    from bnbwd_cli.core import plan
+    from bnbwd_cli.runtime import load_numba_core
 
     load_numba_core()  # the cache directory and thread policy, as a run sets them
     from bnbwd_cli.core import numba_kernels

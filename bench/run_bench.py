@@ -162,7 +162,8 @@ def dtype_of(name: str) -> np.dtype:
 
 
 def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str], str | None]:
-    from bnbwd_cli.core import Op, Settings, backward, numba_available
+    from bnbwd_cli.core import Op, Settings, backward
+    from bnbwd_cli.runtime import numba_available
 
     shapes = {"L2": (8, 32, 14, 14), "L3": (16, 64, 64, 64), "DRAM": (64, 128, 56, 56)}
     dtypes = ["float32", "bfloat16", "float16"]
@@ -268,7 +269,7 @@ def cli_table(args, threads: int) -> list[str]:
         runs = [("bnbwd run --no-stream --out-dir (loaded, NumPy core)", ["--out-dir", str(work / "a"), "--no-stream",
                                                                             "--core", "numpy"]),
                 ("bnbwd run --out-dir (default: streams)", ["--out-dir", str(work / "b")])]
-        from bnbwd_cli.core import numba_available
+        from bnbwd_cli.runtime import numba_available
 
         if numba_available():
             runs.insert(1, ("bnbwd run --no-stream --core numba --out-dir (loaded)",
@@ -305,7 +306,8 @@ def verify_table(args) -> list[str]:
 
 
 def accuracy_table(args, torch_python: str | None, threads: int) -> list[str]:
-    from bnbwd_cli.core import Op, Settings, backward, numba_available
+    from bnbwd_cli.core import Op, Settings, backward
+    from bnbwd_cli.runtime import numba_available
 
     cores = ["numpy", "numba"] if numba_available() else ["numpy"]
     m_target = 2_000_000 if args.quick else 10_000_000
@@ -375,7 +377,7 @@ def main() -> None:
     if args.torch_worker:
         torch_worker(args.torch_worker)
         return
-    from bnbwd_cli.core.budget import default_block_bytes, usable_cores
+    from bnbwd_cli.runtime import default_block_bytes, usable_cores
 
     threads = args.threads or usable_cores()
     torch_python = find_torch_python(args.torch_python)

@@ -7,10 +7,13 @@
 
 The functions live in bnbwd_cli/api.py, imported on first use: `import bnbwd_cli` (and so the
 `bnbwd` command's start-up) loads nothing heavy.
+InputError (a ValueError) is what a bad input raises, with the message the command line prints.
 """
 
-__version__ = "0.1.0"
-__all__ = ["Report", "assert_backward_close", "backward", "check"]
+from bnbwd_cli._version import __version__
+from bnbwd_cli.errors import InputError
+
+__all__ = ["InputError", "Report", "assert_backward_close", "backward", "check"]
 
 
 def __getattr__(name: str):

@@ -1,8 +1,9 @@
 """The Python API: bnbwd's backward pass and its judgement of a kernel, inside pytest, no subprocess.
 
-The same checks, core and judgement as `bnbwd run --reference` and `bnbwd check` (case.py): only the
-way arrays come in (arguments, not files) and the verdict goes out (a Report, not an exit code)
-differ. Errors in the inputs raise ValueError with the CLI's one-line message.
+The Python face of app/: the same input checks (app/inputs.py), core and judgement (app/judge.py) as
+`bnbwd run --reference` and `bnbwd check`; only the way arrays come in (arguments, not files) and the
+verdict goes out (a Report, not an exit code) differ. A bad input raises bnbwd_cli.InputError (a
+ValueError) with the CLI's one-line message, less its advice on flags.
 
 >>> import numpy as np, bnbwd_cli
 >>> rng = np.random.default_rng(0)
@@ -19,6 +20,7 @@ True
 from __future__ import annotations
 
 import io
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +28,14 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from bnbwd_cli import case
-from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.app import judge as app_judge
+from bnbwd_cli.app.inputs import OpSettings, build_op
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.judge import SetComparison
-from bnbwd_cli.judge.tolerance import CompareSettings, PerOutput
+from bnbwd_cli.judge.tolerance import CompareSettings, Judging, PerOutput
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report_text
+from bnbwd_cli.status import Status
 
 REFERENCE_LABEL = "bnbwd_cli.backward"
 REPORT_WIDTH = 120  # the CLI's width when piped: reports read the same in a log and in a terminal
@@ -49,11 +53,11 @@ class Report:
     actual_label: str = "kernel outputs"
 
     def __bool__(self) -> bool:
-        return self.result.status == "pass"
+        return self.result.status == Status.PASS
 
     @property
     def status(self) -> str:
-        return self.result.status
+        return self.result.status.value
 
     @property
     def text(self) -> str:
@@ -75,13 +79,27 @@ class Report:
         return f"<bnbwd Report {self.status}: {', '.join(f'{o.name} {o.status}' for o in self.result.outputs)}>"
 
 
-def _inputs(arrays: Mapping[str, Any], op: case.OpSettings):
-    """Array-likes -> checked core.Op; a bad input is a ValueError with the CLI's message."""
-    given = {name: np.asarray(value) for name, value in arrays.items() if value is not None}
+def _array(name: str, value: Any) -> np.ndarray:
     try:
-        return case.build_inputs(given, op, "inputs")
-    except BnbwdError as exc:
-        raise ValueError(exc.format_message()) from None
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged lists, objects NumPy cannot take
+        raise InputError(f"{name}: not an array ({type(value).__name__}: {exc})") from None
+
+
+def _inputs(arrays: Mapping[str, Any], op: OpSettings):
+    """Array-likes -> checked Op (app/inputs.py, as every command checks them); arguments of the wrong kind are
+    InputErrors too, never a TypeError or AttributeError from deep inside."""
+    if op.epsilon is not None and (isinstance(op.epsilon, bool) or not isinstance(op.epsilon, numbers.Real)):
+        raise InputError(f"epsilon is {op.epsilon!r}, expected a finite number > 0")
+    if not isinstance(op.data_format, str):
+        raise InputError(f"data_format is {op.data_format!r}, expected a layout name such as NCHW or NHWC")
+    return build_op({name: _array(name, value) for name, value in arrays.items() if value is not None}, op)
+
+
+def _outputs(actual: Any) -> dict[str, np.ndarray]:
+    if not isinstance(actual, Mapping):
+        raise InputError(f"actual is a {type(actual).__name__}, expected a mapping of output names to arrays")
+    return {key: _array(key, value) for key, value in actual.items()}
 
 
 def backward(src, diff_dst, mean, variance, gamma=None, *, epsilon: float, data_format: str = "NCX",
@@ -101,11 +119,11 @@ def backward(src, diff_dst, mean, variance, gamma=None, *, epsilon: float, data_
     (array([1., 1.]), array([-1.,  1.]))
     >>> backward(src, dy, np.zeros(3), src.var(0), epsilon=1e-5, data_format="NC")
     Traceback (most recent call last):
-    ValueError: inputs: mean has shape (3,), expected (2,) = C of src (NCX)
+    bnbwd_cli.errors.InputError: mean has shape (3,), expected (2,) = C of src (NCX)
     """
-    op = case.OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
+    op = OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
     problem = _inputs({"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma}, op)
-    return case.reference_outputs(problem, ("diff_src", "diff_gamma", "diff_beta"))
+    return app_judge.reference_outputs(problem, ("diff_src", "diff_gamma", "diff_beta"))
 
 
 def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=None, epsilon: float,
@@ -133,15 +151,10 @@ def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=Non
     >>> "FAIL (exit 1): numerical mismatch in diff_beta" in report.text
     True
     """
-    op = case.OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
+    op = OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
     problem = _inputs({"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma}, op)
     settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(float(max_units), {}))
-    arrays = {key: np.asarray(value) for key, value in actual.items()}
-    try:
-        result = case.judge(problem, arrays, case.Judging(settings=settings, key_map=dict(key_map or {})))
-    except BnbwdError as exc:
-        raise ValueError(exc.format_message()) from None
-    return Report(result)
+    return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=dict(key_map or {}))))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

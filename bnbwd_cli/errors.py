@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import enum
 
-import click
-
 
 class ExitCode(enum.IntEnum):
     """Stable exit codes: scripts and CI depend on them."""
@@ -19,14 +17,27 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM: 128 + 15; no partial output is left
 
 
-class BnbwdError(click.ClickException):
-    """A problem with the user's input: printed as one line, never a traceback."""
+class InputError(ValueError):
+    """A problem with the user's input: the command line prints it as one `error:` line and exits 3; the Python
+    API raises it as it is.
+
+    str(error) is the message; ``hint`` says what to type on the command line instead (e.g. "give --epsilon"),
+    so the API's message carries no CLI wording. format_message() is the CLI's line: message and hint.
+    """
 
     exit_code = ExitCode.INPUT
 
-    def format_message(self) -> str:
+    def __init__(self, message: str, hint: str | None = None) -> None:
         # One line, whatever the cause: newlines would break log greps.
-        return " ".join(self.message.split())
+        self.message = " ".join(str(message).split())
+        self.hint = hint
+        super().__init__(self.message)
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"error: {self.format_message()}", file=file, err=True)
+    def __str__(self) -> str:
+        return self.message
+
+    def format_message(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+BnbwdError = InputError  # the name files/ raises it by

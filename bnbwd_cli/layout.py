@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.errors import InputError
 
 # alias -> (canonical format, rank the alias fixes or None)
 FORMAT_ALIASES: dict[str, tuple[str, int | None]] = {
@@ -26,12 +26,12 @@ SPATIAL_LETTERS = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 
 def canonical_format(name: str) -> str:
-    """'nhwc' -> 'NXC'. Raises BnbwdError for an unknown name."""
+    """'nhwc' -> 'NXC'. Raises InputError for an unknown name."""
     try:
         return FORMAT_ALIASES[name.upper()][0]
     except KeyError:
         known = ", ".join(FORMAT_ALIASES)
-        raise BnbwdError(f"data_format is {name!r}, expected one of {known}") from None
+        raise InputError(f"data_format is {name!r}, expected one of {known}") from None
 
 
 def resolve_format(name: str, ndim: int) -> str:
@@ -39,7 +39,7 @@ def resolve_format(name: str, ndim: int) -> str:
     canonical = canonical_format(name)
     fixed_rank = FORMAT_ALIASES[name.upper()][1]
     if fixed_rank is not None and fixed_rank != ndim:
-        raise BnbwdError(f"data_format {name.upper()} needs a rank-{fixed_rank} src, found rank {ndim}")
+        raise InputError(f"data_format {name.upper()} needs a rank-{fixed_rank} src, found rank {ndim}")
     return canonical
 
 

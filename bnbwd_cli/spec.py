@@ -1,6 +1,6 @@
 """What each spec allows: input names and aliases, defaults, dtype rules; and input validation.
 
-Pure: raises BnbwdError with one precise line; knows nothing of files or terminals.
+Pure: raises InputError with one precise line; knows nothing of files or terminals.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.layout import FORMAT_ALIASES, channel_axis, other_format, resolve_format
 from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.dtypes import dtype_name as float_name  # None for dtypes that are not floats
@@ -112,7 +112,7 @@ def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str) -> tuple[dict[
         if name is None:
             check_bundle_keys([key], label)
         if name in inputs:
-            raise BnbwdError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
+            raise InputError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
         inputs[name], seen_as[name] = array, key
     return inputs, attributes
 
@@ -133,22 +133,22 @@ def check_bundle_keys(keys: list[str], label: str) -> None:
     for key in keys:
         if key not in ATTRIBUTE_KEYS and key not in IGNORED_KEYS and canonical_input_name(key) is None:
             known = ", ".join([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS])
-            raise BnbwdError(f"{label}: unknown key {key!r}; expected one of {known}")
+            raise InputError(f"{label}: unknown key {key!r}; expected one of {known}")
 
 
 def _attribute(key: str, array: np.ndarray, label: str) -> object:
     if array.ndim != 0:
-        raise BnbwdError(f"{label}: {key!r} must be a 0-d entry, found shape {array.shape}")
+        raise InputError(f"{label}: {key!r} must be a 0-d entry, found shape {array.shape}")
     if key == "epsilon":
         if array.dtype.kind not in "fiu":
-            raise BnbwdError(f"{label}: 'epsilon' must be a real number, found dtype {array.dtype}")
+            raise InputError(f"{label}: 'epsilon' must be a real number, found dtype {array.dtype}")
         return float(array)
     if array.dtype.kind not in "US":
-        raise BnbwdError(f"{label}: 'data_format' must be a string, found dtype {array.dtype}")
+        raise InputError(f"{label}: 'data_format' must be a string, found dtype {array.dtype}")
     value = array.item()
     text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
     if not text.strip():
-        raise BnbwdError(f"{label}: 'data_format' is empty; expected NCX, NXC or an alias (e.g. NCHW), or leave the entry out")
+        raise InputError(f"{label}: 'data_format' is empty; expected NCX, NXC or an alias (e.g. NCHW), or leave the entry out")
     return text
 
 
@@ -166,13 +166,13 @@ def resolve_epsilon(epsilon: float | None, profile: SpecProfile, variance_is_inv
 def check_epsilon(epsilon: float, profile: SpecProfile) -> float:
     """Epsilon > 0 and finite; rounded to float32 where the spec types it f32 (as the frameworks store it)."""
     if not math.isfinite(epsilon) or epsilon <= 0:
-        raise BnbwdError(f"epsilon is {epsilon!r}, expected a finite number > 0")
+        raise InputError(f"epsilon is {epsilon!r}, expected a finite number > 0")
     if not profile.epsilon_is_f32:
         return float(epsilon)
     with np.errstate(over="ignore", under="ignore"):
         rounded = float(np.float32(epsilon))
     if not math.isfinite(rounded) or rounded <= 0:
-        raise BnbwdError(f"epsilon {epsilon:g} is {rounded:g} as float32 (spec {profile.name} types it f32); "
+        raise InputError(f"epsilon {epsilon:g} is {rounded:g} as float32 (spec {profile.name} types it f32); "
                          "use a value float32 can hold")
     return rounded
 
@@ -188,31 +188,31 @@ def validate_inputs(
     """Check names, ranks, shapes and dtypes against the profile. Returns the canonical format."""
     for name in ("src", "diff_dst", "mean", "variance", *profile.required):
         if name not in inputs:
-            flag = "--" + name.replace("_", "-")
-            raise BnbwdError(f"missing input {name} (spec {profile.name}): give {flag} or a bundle key {name!r}")
+            raise InputError(f"missing input {name} (spec {profile.name}): no array named {name!r} or a spec's name for it",
+                             hint=f"--map THEIRS={name} reads your own name for it")
     for name, array in inputs.items():
         if float_name(array.dtype) is None:
-            raise BnbwdError(f"{name} has dtype {array.dtype}, expected a float type (f16, bf16, f32, f64)")
+            raise InputError(f"{name} has dtype {array.dtype}, expected a float type (f16, bf16, f32, f64)")
     src, diff_dst = inputs["src"], inputs["diff_dst"]
     if src.ndim < 2:
-        raise BnbwdError(f"src has rank {src.ndim} (shape {src.shape}), expected rank >= 2: (N, C, ...) or (N, ..., C)")
+        raise InputError(f"src has rank {src.ndim} (shape {src.shape}), expected rank >= 2: (N, C, ...) or (N, ..., C)")
     allowed = {name.upper() for name in profile.formats}
     if data_format.upper() not in allowed:
-        raise BnbwdError(f"data_format {data_format} is not allowed by spec {profile.name} (allowed: {', '.join(profile.formats)})")
+        raise InputError(f"data_format {data_format} is not allowed by spec {profile.name} (allowed: {', '.join(profile.formats)})")
     canonical = resolve_format(data_format, src.ndim)
     if diff_dst.shape != src.shape:
-        raise BnbwdError(f"diff_dst has shape {diff_dst.shape}, expected {src.shape} = shape of src")
+        raise InputError(f"diff_dst has shape {diff_dst.shape}, expected {src.shape} = shape of src")
     if diff_dst.dtype != src.dtype:
-        raise BnbwdError(f"diff_dst has dtype {dtype_label(diff_dst.dtype)}, expected {dtype_label(src.dtype)} = dtype of src")
+        raise InputError(f"diff_dst has dtype {dtype_label(diff_dst.dtype)}, expected {dtype_label(src.dtype)} = dtype of src")
     channels = src.shape[channel_axis(canonical, src.ndim)]
     for name in PARAM_NAMES:
         if name in inputs and inputs[name].shape != (channels,):
-            raise BnbwdError(f"{name} has shape {inputs[name].shape}, expected ({channels},) = C of src ({canonical})"
+            raise InputError(f"{name} has shape {inputs[name].shape}, expected ({channels},) = C of src ({canonical})"
                              + _layout_suggestion(inputs[name].shape, src.shape, canonical, profile))
     _check_types(inputs, profile)
     _check_variance(inputs["variance"], variance_is_invstd)
     if profile.paired_param_grads and (("diff_gamma" in outputs) != ("diff_beta" in outputs)):
-        raise BnbwdError("spec onednn produces diff_gamma and diff_beta both or neither; asked for one")
+        raise InputError("spec onednn produces diff_gamma and diff_beta both or neither; asked for one")
     return canonical
 
 
@@ -234,12 +234,12 @@ def _check_types(inputs: dict[str, np.ndarray], profile: SpecProfile) -> None:
     must_match = params if profile.same_param_dtypes else ["variance"]
     for name in must_match:
         if inputs[name].dtype != t2:
-            raise BnbwdError(
+            raise InputError(
                 f"{name} has dtype {dtype_label(inputs[name].dtype)}, expected {dtype_label(t2)} = dtype of mean "
                 f"(spec {profile.name})"
             )
     if not profile.allows_types(t1, t2):
-        raise BnbwdError(
+        raise InputError(
             f"spec {profile.name} does not allow src {dtype_label(t1)} with mean/variance {dtype_label(t2)} "
             f"(allowed src/stats: {profile.describe_types()})"
         )
@@ -251,12 +251,12 @@ def _check_variance(variance: np.ndarray, variance_is_invstd: bool) -> None:
         bad = np.flatnonzero(~(values > 0) | ~np.isfinite(values))
         if bad.size:
             c = int(bad[0])
-            raise BnbwdError(f"variance (as invstd) at c={c} is {float(values[c])!r}, expected finite > 0 ({bad.size} channels bad)")
+            raise InputError(f"variance (as invstd) at c={c} is {float(values[c])!r}, expected finite > 0 ({bad.size} channels bad)")
         return
     bad = np.flatnonzero(~(values >= 0))  # catches NaN too
     if bad.size:
         c = int(bad[0])
-        raise BnbwdError(
+        raise InputError(
             f"variance at c={c} is {float(values[c])!r}, expected >= 0 ({bad.size} channels bad; "
             "use --variance-is-invstd if it holds 1/sqrt(var+eps))"
         )

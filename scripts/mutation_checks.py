@@ -25,14 +25,14 @@ MUTANTS = (
      "tests/test_exit_codes.py -k 'exit_4 or traceback'"),
     ("--traceback prints one line", "bnbwd_cli/cli/main.py", "echo_error(format_exc().rstrip())",
      'echo_error("error: internal error")', "tests/test_exit_codes.py -k traceback"),
-    ("a mismatch exits 0", "bnbwd_cli/judge/sets.py", '"mismatch": ExitCode.MISMATCH', '"mismatch": ExitCode.OK',
+    ("a mismatch exits 0", "bnbwd_cli/status.py", "Status.MISMATCH: ExitCode.MISMATCH", "Status.MISMATCH: ExitCode.OK",
      "tests/test_exit_codes.py -k exit_1"),
     ("pair_sum drops its error term", "bnbwd_cli/core/plan.py", "return total, (lo_a + lo_b) + error",
      "return total, (lo_a + lo_b)", "tests/test_reproducible.py tests/test_core.py -m 'not numba'"),
     ("float16 cast through float32 (double rounding)", "bnbwd_cli/core/rounding.py",
      'np.copyto(out, values, casting="unsafe")\n        return values',
      'np.copyto(out, values.astype(np.float32), casting="unsafe")\n        return values', "tests/test_kernels_tiling.py -k 'half or float16'"),
-    ("numba's cache directory not reloaded", "bnbwd_cli/core/__init__.py", "            config.reload_config()\n",
+    ("numba's cache directory not reloaded", "bnbwd_cli/runtime.py", "            config.reload_config()\n",
      "            pass\n", "tests/test_numba_cache.py -k reinstall"),
 )
 

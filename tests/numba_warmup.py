@@ -12,7 +12,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from bnbwd_cli.core import Op, Settings, backward, load_numba_core
+from bnbwd_cli.core import Op, Settings, backward
+from bnbwd_cli.runtime import load_numba_core
 
 DTYPES = (np.float64, np.float32, ml_dtypes.bfloat16, np.float16)
 # The core's paths (core/numba_core.run): planes fused (C >= 2 * threads), planes in (channel, chunk) tasks

@@ -439,7 +439,8 @@ def test_file_size_limit_is_a_clean_error(out: Path, tmp_path: Path, target: str
 TRUNCATE_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from bnbwd_cli import core, streaming
+    from bnbwd_cli import core
+    from bnbwd_cli.app import streaming
     from bnbwd_cli.cli import main
 
     victim, real = sys.argv.pop(1), core.backward
@@ -475,7 +476,7 @@ SIGTERM_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np
-    from bnbwd_cli import streaming
+    from bnbwd_cli.app import streaming
     from bnbwd_cli.files import write as files_write
     from bnbwd_cli.cli import main
 

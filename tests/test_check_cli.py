@@ -108,8 +108,10 @@ def test_usage_errors_exit_2(cli):
 
 def test_run_options_are_runs_own_and_apply_when_the_file_does_not_say(cli, rng, tmp_path):
     by_name = {p.name: p for p in main.get_command(None, "run").params}
-    shared = [p for p in main.get_command(None, "check").params if p.name in ("epsilon", "data_format", "spec", "inference")]
-    assert len(shared) == 4 and all(p is by_name[p.name] for p in shared)
+    op_names = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_inputs")
+    shared = [p for p in main.get_command(None, "check").params if p.name in op_names]
+    # One definition each (cli/params.py): the same flags, types, defaults and help as run's.
+    assert len(shared) == 6 and all(p.to_info_dict() == by_name[p.name].to_info_dict() for p in shared)
     inputs = make_inputs(rng, (2, 3, 4, 4))  # NCHW
     inference = bnbwd_cli.backward(*(inputs[k] for k in ("src", "diff_dst", "mean", "variance", "gamma")),
                                    epsilon=1e-4, data_format="NCHW", training=False)

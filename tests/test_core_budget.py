@@ -1,10 +1,10 @@
-"""The NumPy core's default tile budget: the rule measured on two cache sizes (core/budget.py)."""
+"""The NumPy core's default tile budget: the rule measured on two cache sizes (runtime.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bnbwd_cli.core import budget
+from bnbwd_cli import runtime
 
 MIB = 1 << 20
 
@@ -17,5 +17,5 @@ MIB = 1 << 20
     ({}, 2, 4 * MIB),  # the OS does not say
 ])
 def test_default_block_bytes(monkeypatch, caches, threads, expected):
-    monkeypatch.setattr(budget, "cache_sizes", lambda: caches)
-    assert budget.default_block_bytes(threads) == expected
+    monkeypatch.setattr(runtime, "cache_sizes", lambda: caches)
+    assert runtime.default_block_bytes(threads) == expected

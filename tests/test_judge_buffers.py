@@ -203,7 +203,7 @@ def test_to_float64_into_a_buffer_is_the_plain_upcast() -> None:
 def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_inputs: bool) -> None:
     """--json/--verbose gather every output's details in the judging pass: the same document as computing them
     in a second pass on first use, with one pass over diff_src instead of two."""
-    from bnbwd_cli.case import reference_outputs
+    from bnbwd_cli.app.judge import reference_outputs
     from bnbwd_cli.render.json import report_document
     from tests.conftest import make_inputs
 

@@ -18,16 +18,17 @@ from pathlib import Path  # noqa: E402
 
 import numba  # noqa: E402
 
-from bnbwd_cli import core  # noqa: E402
-from bnbwd_cli.core import Op, choose_core  # noqa: E402
+from bnbwd_cli import runtime  # noqa: E402
+from bnbwd_cli.op import Op  # noqa: E402
+from bnbwd_cli.runtime import choose_core  # noqa: E402
 from bnbwd_cli.core.reference import reference_backward  # noqa: E402
 from tests.conftest import save_npy_flags  # noqa: E402
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems  # noqa: E402
 
-# Through core.load_numba_core, as a run loads it: it sets the kernels' cache directory first (numba was imported
+# Through runtime.load_numba_core, as a run loads it: it sets the kernels' cache directory first (numba was imported
 # above, so it also reloads numba's settings). A direct import would cache beside the source and miss what the
 # session's warm-up compiled (conftest.numba_jit).
-numba_core = core.load_numba_core()
+numba_core = runtime.load_numba_core()
 
 DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
 
@@ -136,7 +137,7 @@ def test_auto_core_choice_depends_on_size_alone(tmp_path, monkeypatch):
     # Small inputs stay on NumPy whether or not numba is loaded already (numba's start-up costs more).
     assert "bnbwd_cli.core.numba_core" in sys.modules
     assert choose_core("auto", _op(src), None) == "numpy"
-    monkeypatch.setattr(core, "AUTO_NUMBA_MIN_BYTES", 8)
+    monkeypatch.setattr(runtime, "AUTO_NUMBA_MIN_BYTES", 8)
     assert choose_core("auto", _op(src), None) == "numba"
     path = tmp_path / "src.npy"
     np.save(path, src)
@@ -171,7 +172,7 @@ def test_cli_core_option(cli, tmp_path, rng, core):
 
 
 def test_cli_core_numba_missing_is_a_usage_error(cli, monkeypatch):
-    monkeypatch.setattr(core, "numba_available", lambda: False)
+    monkeypatch.setattr(runtime, "numba_available", lambda: False)
     result = cli("run", "--core", "numba", "x.npz")
     assert result.exit_code == 2
     assert "numba" in result.output + (result.stderr if hasattr(result, "stderr") else "")

@@ -8,8 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bnbwd_cli import streaming
-from bnbwd_cli.core import mapped, plan
+from bnbwd_cli.app import streaming
+from bnbwd_cli.core import plan
+from bnbwd_cli.files import mapped
 from bnbwd_cli.core import rounding
 from bnbwd_cli.core.rounding import float_to_half
 from bnbwd_cli.core import Op

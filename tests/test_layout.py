@@ -79,3 +79,93 @@ def test_no_function_outside_core_takes_more_than_six_parameters_or_sixty_lines(
             if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
                 too_long.append(f"{label}: {node.end_lineno - node.lineno + 1} lines")
     assert not too_wide and not too_long, (too_wide, too_long)
+
+
+# Calls flow down (DESIGN.md section 6): the faces (the package's __init__, then cli/ and api.py) -> app/ -> the
+# parts (render/, judge/, core/, files/, runtime.py, which may use one another) -> the leaves. Every import counts,
+# those inside functions and under TYPE_CHECKING too: a lazy import is still a dependency.
+LEAVES = {"spec.py", "layout.py", "dtypes.py", "errors.py", "op.py", "_version.py", "status.py", "scratch.py"}
+PARTS = ("render/", "judge/", "core/", "files/", "runtime.py")
+COMMANDS = {"cli/run.py", "cli/verify.py", "cli/check.py"}
+
+
+def rank(name: str) -> int:
+    """4 the package's __init__, 3 a face (cli/, api.py, __main__.py), 2 app/, 1 a part, 0 a leaf."""
+    if name == "__init__.py":
+        return 4
+    if name.startswith("cli/") or name in ("api.py", "__main__.py"):
+        return 3
+    if name.startswith("app/"):
+        return 2
+    if name.startswith(PARTS):
+        return 1
+    assert name in LEAVES, f"{name}: a module in no layer (add it to one, here and in docs/architecture.md)"
+    return 0
+
+
+def module_file(dotted: str) -> str | None:
+    """bnbwd_cli.a.b -> "a/b.py" or "a/b/__init__.py" (relative to the package), None when no such module."""
+    parts = dotted.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    for candidate in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py"):
+        if (PACKAGE / candidate).is_file():
+            return candidate
+    return None
+
+
+def imported(tree: ast.Module) -> set[str]:
+    """The package's modules a module imports (as files relative to the package)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            # `from bnbwd_cli.app import run`: the module bnbwd_cli.app.run when there is one, else bnbwd_cli.app.
+            names = [f"{node.module}.{alias.name}" if module_file(f"{node.module}.{alias.name}") else node.module
+                     for alias in node.names]
+        else:
+            continue
+        found |= {module_file(name) for name in names if name.split(".")[0] == "bnbwd_cli"}
+    return found - {None}
+
+
+def _is_cli(name: str) -> bool:
+    return name.startswith("cli/") or name == "__main__.py"
+
+
+def test_imports_flow_down():
+    upward, sideways = [], []
+    for name, tree in modules().items():
+        for target in imported(tree):
+            if rank(target) > rank(name):
+                upward.append(f"{name} -> {target}")
+            elif rank(target) == rank(name) == 3 and _is_cli(name) != _is_cli(target):
+                sideways.append(f"{name} -> {target}")  # cli/ and api.py: two faces of app/, neither uses the other
+            elif name in COMMANDS and target in COMMANDS and name != target:
+                sideways.append(f"{name} -> {target}")  # commands share through app/, cli/params.py, cli/report.py
+    assert not upward and not sideways, (upward, sideways)
+
+
+def test_the_walker_sees_lazy_imports():
+    """The guard above could pass by seeing nothing: run's lazy import of the report is found."""
+    assert "cli/report.py" in imported(modules()["cli/run.py"])
+    assert {"app/run.py", "app/inputs.py"} <= imported(modules()["cli/run.py"])
+
+
+def test_app_and_core_never_print_nor_parse():
+    """app/ and core/ take arguments and return values: no click, no rich, no print, no sys.stdout/stderr, no
+    os.environ (the environment is runtime.py's)."""
+    offenders = []
+    for name, tree in modules().items():
+        if not name.startswith(("app/", "core/")):
+            continue
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, (ast.Import, ast.ImportFrom, ast.Call, ast.Attribute)) else ""
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and any(word in text for word in ("click", "rich")):
+                offenders.append(f"{name}:{node.lineno} {text}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "print":
+                offenders.append(f"{name}:{node.lineno} {text}")
+            elif isinstance(node, ast.Attribute) and text in ("sys.stdout", "sys.stderr", "os.environ"):
+                offenders.append(f"{name}:{node.lineno} {text}")
+    assert not offenders, offenders

@@ -45,7 +45,8 @@ def test_run_without_the_map_a_required_input_is_still_missing(cli, dump):
     result = cli("run", path)
     assert result.exit_code == 3
     assert result.stderr.strip().splitlines()[-1] == \
-        "error: missing input diff_dst (spec generic): give --diff-dst or a bundle key 'diff_dst'"
+        ("error: missing input diff_dst (spec generic): no array named 'diff_dst' or a spec's name for it; "
+         "--map THEIRS=diff_dst reads your own name for it")
 
 
 def test_verify_inputs_file_holding_outputs_and_either_side_holding_inputs(cli, dump, tmp_path):

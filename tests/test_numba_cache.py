@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from bnbwd_cli import core  # noqa: E402
+from bnbwd_cli import runtime  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # One small NCX problem with >= 2 channels a thread: only the fused plane kernel compiles (float64: one signature).
@@ -46,7 +46,7 @@ def _run(site: Path, cache_home: Path, before: str = "") -> tuple[int, ...]:
 
 def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = core.numba_cache_dir()
+    path = runtime.numba_cache_dir()
     assert path.parent == tmp_path / "bnbwd" and "numba-" in path.name
     from bnbwd_cli import __version__
 
@@ -56,7 +56,7 @@ def test_cache_dir_is_keyed_by_versions_and_respects_the_user(monkeypatch, tmp_p
 def test_compiled_kernels_survive_a_reinstall(tmp_path):
     """Compiled once into the user cache, loaded from there after a reinstall. The first process imports numba
     before bnbwd (as a user's own numba code, or a test module, would): numba reads NUMBA_CACHE_DIR when it is
-    imported, and without core.load_numba_core's reload the kernels went beside the installed source, lost at
+    imported, and without runtime.load_numba_core's reload the kernels went beside the installed source, lost at
     every reinstall."""
     site, cache_home = tmp_path / "site", tmp_path / "cache"
     _install(site)
@@ -75,10 +75,10 @@ def test_an_edit_to_plan_starts_a_fresh_cache(monkeypatch, tmp_path):
     are part of the directory's name: an edit there must not load kernels compiled from the old plan.py."""
     package = tmp_path / "core"
     package.mkdir()
-    for name in core.NUMBA_SOURCES:
-        (package / name).write_bytes((Path(core.__file__).parent / name).read_bytes())
-    monkeypatch.setattr(core, "__file__", str(package / "__init__.py"))
-    before = core.numba_cache_dir()
+    for name in runtime.NUMBA_SOURCES:
+        (package / name).write_bytes((Path(runtime.__file__).parent / "core" / name).read_bytes())
+    monkeypatch.setattr(runtime, "__file__", str(tmp_path / "runtime.py"))
+    before = runtime.numba_cache_dir()
     with open(package / "plan.py", "a") as plan_file:
         plan_file.write("\n# an edit\n")
-    assert core.numba_cache_dir() != before
+    assert runtime.numba_cache_dir() != before

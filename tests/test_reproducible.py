@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bnbwd_cli import streaming
+from bnbwd_cli.app import streaming
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
 from bnbwd_cli.core import rounding
@@ -101,7 +101,7 @@ def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape
 @pytest.mark.numba
 def test_numba_core_gives_the_numpy_core_bits(rng, shape, data_format, dtype):
     pytest.importorskip("numba")
-    from bnbwd_cli.core import load_numba_core
+    from bnbwd_cli.runtime import load_numba_core
 
     if not load_numba_core().supports(dtype):
         pytest.skip("float16 needs hardware half conversions in the numba core")

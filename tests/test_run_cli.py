@@ -370,10 +370,10 @@ def test_missing_file_and_key(cli, bundle, tmp_path):
 # ------------------------------------------------------------------ usage and output errors
 
 
-def test_missing_epsilon_is_usage_error(cli, tmp_path, rng):
+def test_missing_epsilon_is_an_input_error(cli, tmp_path, rng):
+    """Not click's own usage error: the bundle could have held it (tests/test_one_way_in.py: every command alike)."""
     path = save_bundle(tmp_path / "in.npz", make_inputs(rng, (2, 3, 4), "NCX"))
-    result = cli("run", path, "--format", "NCX")
-    assert result.exit_code == 2 and "missing --epsilon" in result.stderr
+    assert_one_error(cli("run", path, "--format", "NCX"), r"no epsilon: .*; give --epsilon$")
 
 
 @pytest.mark.parametrize("args,pattern", [
@@ -431,7 +431,7 @@ def test_large_npy_inputs_stream_by_themselves(cli, tmp_path, rng, monkeypatch, 
     # so), with the same results; an explicit --core numba keeps them in memory instead of refusing.
     if "numba" in extra:
         pytest.importorskip("numba")
-    from bnbwd_cli import streaming
+    from bnbwd_cli.app import streaming
 
     monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 1)
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
@@ -462,7 +462,7 @@ def test_auto_stream_skips_blocks_that_reread_the_file(cli, tmp_path, rng, monke
                                                        one_channel_blocks, streamed):
     """Large .npy inputs stream by themselves, unless every block would read src's whole file (short runs); a
     share of available memory still makes them stream, whatever the runs."""
-    from bnbwd_cli import streaming
+    from bnbwd_cli.app import streaming
 
     canonical = "NCX" if data_format == "NCHW" else "NXC"
     arrays = make_inputs(rng, shape, canonical)
@@ -499,7 +499,7 @@ def assert_same_outputs(first: dict, second: dict, exact: bool) -> None:
 
 
 def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, monkeypatch):
-    from bnbwd_cli import streaming
+    from bnbwd_cli.app import streaming
 
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")
     flags = save_npy_flags(tmp_path, arrays)
@@ -518,7 +518,7 @@ def test_small_npy_inputs_and_stdout_output_stay_in_memory(cli, tmp_path, rng, m
 def test_core_numba_streams_inputs_too_large_to_load(cli, tmp_path, rng, monkeypatch):
     # Over a quarter of available memory the inputs stream by blocks of channels, which are in memory: numba runs them.
     pytest.importorskip("numba")
-    from bnbwd_cli import streaming
+    from bnbwd_cli.app import streaming
 
     monkeypatch.setattr(streaming, "available_memory", lambda: 64)
     arrays = make_inputs(rng, (3, 4, 5, 6), "NCX")

@@ -259,7 +259,7 @@ def test_inputs_options_need_inputs_and_a_bad_bundle_is_exit_3(cli, tmp_path):
     with np.load(bundle) as z:
         np.savez(no_eps, **{k: z[k] for k in z.files if k != "epsilon"})
     missing = cli("verify", kernel, ref, "--inputs", str(no_eps))
-    assert missing.exit_code == 2 and "give --epsilon" in missing.stderr
+    assert missing.exit_code == 3 and "give --epsilon" in missing.stderr
 
 
 def test_numbers_are_not_cut_at_80_columns(cli, tmp_path, monkeypatch):

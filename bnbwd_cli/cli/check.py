@@ -1,8 +1,8 @@
 """`bnbwd check CASE...`: many kernel dumps (inputs and outputs in one file) judged in one process.
 
-Click only: parse, judge each case through case.judge_file (the judgement of `run --reference`),
-print a line per case and a summary (render/cases.py), exit 0, 1 or 3. The options that describe
-the op are `run`'s own option objects (with_run_options), so they cannot drift apart.
+Click only: parse, judge the cases through app/check.py (the judgement of `run --reference`), print a
+line per case as it is judged and a summary (render/cases.py), exit 0, 1 or 3. The options that describe
+the op are run's own definitions (cli/params.op_options), so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import click
 
-from bnbwd_cli import case
+from bnbwd_cli.app import check as app_check
+from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
+from bnbwd_cli.status import exit_code
 
-# The reports (render/, rich) are imported when a check runs: `bnbwd run` imports this module for its
-# command only (tests/test_startup.py).
-
-RUN_OPTIONS = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_inputs")
+# The reports (render/, rich) are imported when a check runs.
 
 _HELP = """Judge kernel outputs saved next to the inputs they came from, one case per file.
 
@@ -54,18 +53,9 @@ Examples:
 """
 
 
-def with_run_options(command: click.Command, run: click.Command) -> click.Command:
-    """Give `command` the very option objects `run` declares for the op (one definition, one help text)."""
-    shared = [param for param in run.params if param.name in RUN_OPTIONS]
-    missing = set(RUN_OPTIONS) - {param.name for param in shared}
-    if missing:
-        raise RuntimeError(f"run has no option {sorted(missing)}")  # a renamed option must be renamed here too
-    command.params[1:1] = shared  # after the CASE argument
-    return command
-
-
 @click.command("check", help=_HELP, epilog=_EPILOG)
 @click.argument("cases", nargs=-1, required=True, metavar="CASE...")
+@op_options
 @fsync_option
 @comparison_options(with_format=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
@@ -75,23 +65,20 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
 
     if json_target is not None and json_target != "-":
         files_write.vet_destination(json_target, [Path(c) for c in cases], "--json")
-    op = case.OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
-                         training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
+    op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
+                    training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")
     # The JSON document holds every output's details: gather them in the judging pass, not in a second one.
     judging = comparison.judging if json_target is None else replace(comparison.judging, details_up_front=True)
-    outcomes = []
-    for path in cases:
-        outcome = case.judge_file(path, op, judging, bf16=op_options["bf16_inputs"])
-        outcomes.append(outcome)
-        _print_case(console, outcome, comparison)
+    request = app_check.CaseRequest(op, judging, bf16=op_options["bf16_inputs"])
+    outcomes = app_check.judge_cases(cases, request, on_case=lambda outcome: _print_case(console, outcome, comparison))
     console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
     if json_target is not None:
         files_write.write_text(json_target, report_cases.cases_document(outcomes), fsync=fsync)
-    click.get_current_context().exit(report_cases.exit_code(outcomes))
+    click.get_current_context().exit(exit_code(app_check.suite_verdict(outcomes)))
 
 
-def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
+def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
     from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 
@@ -100,12 +87,3 @@ def _print_case(console, outcome: case.CaseOutcome, comparison: ComparisonOption
         report_text.render_report(console, outcome.result, report_text.Labels(outcome.path, "bnbwd"),
                                   report_text.ReportStyle(verbose=False, brief=comparison.brief))
         console.print()
-
-
-def _share_run_options() -> None:
-    from bnbwd_cli.cli.run import run
-
-    with_run_options(check, run)
-
-
-_share_run_options()  # once, when the group first looks `check` up (cli/main.COMMANDS)

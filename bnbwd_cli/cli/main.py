@@ -11,11 +11,23 @@ import warnings
 
 import click
 
-from bnbwd_cli import __version__
-from bnbwd_cli.errors import BnbwdError, ExitCode
+from bnbwd_cli._version import __version__
+from bnbwd_cli.errors import ExitCode, InputError
 from bnbwd_cli.files.common import reason
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class InputFailed(click.ClickException):
+    """An InputError on its way out of a command: one `error:` line, exit 3."""
+
+    exit_code = ExitCode.INPUT
+
+    def __init__(self, error: InputError) -> None:
+        super().__init__(error.format_message())
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"error: {self.message}", file=file, err=True)
 
 
 class Terminated(KeyboardInterrupt):
@@ -104,8 +116,10 @@ class BnbwdGroup(click.Group):
                 # NumPy's "invalid value encountered" lines are noise: a run counts and reports NaN/Inf itself.
                 warnings.simplefilter("ignore", RuntimeWarning)
                 return super().invoke(ctx)
+        except InputError as exc:
+            raise InputFailed(exc) from None
         except MemoryError:
-            raise BnbwdError("out of memory; try --stream (inputs as .npy files) or a smaller --block-size") from None
+            raise InputFailed(InputError("out of memory", "try --stream (inputs as .npy files) or a smaller --block-size")) from None
         except KeyboardInterrupt as exc:
             ctx.exit(_interrupted(exc))
         except OSError as exc:  # writing the report to stdout or stderr failed (closed, full device)

@@ -13,7 +13,7 @@ import click
 
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, Judging, MaxMismatch, PerOutput
 from bnbwd_cli.layout import FORMAT_ALIASES
-from bnbwd_cli.spec import OUTPUT_NAMES
+from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
 
 class ArraySource(click.ParamType):
@@ -243,3 +243,28 @@ fsync_option = click.option(
     "--fsync", is_flag=True,
     help="fsync each output file and its directory before the command ends (survives a power loss; slower). "
     "Without it outputs are still atomic: complete under their name, or absent.")
+
+
+# The options that describe the op, one definition each: `run` declares them among its own, `check` takes them all
+# (op_options) as the defaults for cases that do not say.
+epsilon_option = click.option("--epsilon", type=float,
+                              help="Added to the variance (tensorflow default 1e-4; others: required).")
+format_option = click.option("--format", "data_format", type=FORMAT_CHOICE,
+                             help="Layout: NCX or NXC, or an alias (NC, NCW, NWC, NCHW, NHWC, NCDHW, NDHWC).  "
+                             "[default: the spec's]")
+spec_option = click.option("--spec", type=click.Choice(list(PROFILES)), default="generic", show_default=True,
+                           help="Whose defaults and dtype rules apply.")
+inference_option = click.option("--inference", is_flag=True,
+                                help="TF is_training=False: diff_src = gamma*invstd*diff_dst.")
+invstd_option = click.option("--variance-is-invstd", is_flag=True,
+                             help="variance holds 1/sqrt(var+eps) (cuDNN reserve space); epsilon unused.")
+bf16_option = click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
+                           help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, "
+                           "...) or, with --reference, a key of KERNEL_OUT. Repeatable.")
+
+
+def op_options(f: Callable) -> Callable:
+    """All six, in run's order."""
+    for option in reversed((epsilon_option, format_option, spec_option, inference_option, invstd_option, bf16_option)):
+        f = option(f)
+    return f

@@ -1,32 +1,27 @@
-"""`bnbwd run`: parse, gather inputs, call the core once, write, render (and judge with --reference)."""
+"""`bnbwd run`: parse, call app/run.py (and app/judge.py with --reference), render, exit."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
-import numpy as np
 
-from bnbwd_cli import core as compute_core
-from bnbwd_cli import streaming
-from bnbwd_cli.case import read_inputs
+from bnbwd_cli import runtime
+from bnbwd_cli.app import run as app_run
+from bnbwd_cli.app.inputs import OpSettings
 from bnbwd_cli.cli.main import CONTEXT, echo_error
-from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList,
-                                  comparison_options, fsync_option)
-from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files import blocks as files_blocks
+from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
+                                  comparison_options, epsilon_option, format_option, fsync_option, inference_option,
+                                  invstd_option, spec_option)
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
-from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
-from bnbwd_cli.run_summary import RunFacts
+from bnbwd_cli.files.read import split_source
+from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
-
 
 
 RUN_EPILOG = """\b
@@ -101,34 +96,13 @@ class RunOptions:
     def has_file_output(self) -> bool:
         return self.out_dir is not None or (self.output is not None and self.output != "-")
 
-
-@dataclass
-class Prepared:
-    """The op as read and checked: inputs (arrays, or NpyBlocks when streamed) and the resolved attributes."""
-
-    inputs: dict
-    data_format: str  # as given (e.g. NHWC)
-    canonical: str  # NCX or NXC
-    epsilon: float
-    stream: bool
-
-    def op_fields(self, options: RunOptions) -> dict:
-        """The keyword arguments core.Op and streaming.StreamedRun share."""
-        return {"epsilon": self.epsilon, "data_format": self.canonical, "training": not options.inference,
-                "variance_is_invstd": options.variance_is_invstd}
-
-    def arrays(self, inputs: dict | None = None) -> tuple:
-        """src, diff_dst, mean, variance, gamma (None when absent): the op's positional arrays."""
-        inputs = self.inputs if inputs is None else inputs
-        return inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma")
-
-
-@dataclass(frozen=True)
-class Computed:
-    arrays: dict[str, np.ndarray]
-    stats: dict
-    core: str
-    elapsed_s: float
+    def request(self) -> app_run.RunRequest:
+        op = OpSettings(self.epsilon, self.data_format, self.spec, not self.inference, self.variance_is_invstd)
+        return app_run.RunRequest(
+            bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
+            destination=app_run.Destination(self.output, self.out_dir, self.fsync),
+            compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
+            key_map=self.comparison.judging.key_map, bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
@@ -139,21 +113,17 @@ class Computed:
 @click.option("--variance", type=ArraySource(), help="Per-channel batch variance, shape (C,).")
 @click.option("--gamma", type=ArraySource(), help="Per-channel scale (optional: 1 if absent).")
 @click.option("--beta", type=ArraySource(), help="Per-channel shift: checked, not used by the math.")
-@click.option("--epsilon", type=float, help="Added to the variance (tensorflow default 1e-4; others: required).")
-@click.option("--format", "data_format", type=FORMAT_CHOICE,
-              help="Layout: NCX or NXC, or an alias (NC, NCW, NWC, NCHW, NHWC, NCDHW, NDHWC).  [default: the spec's]")
-@click.option("--spec", type=click.Choice(list(PROFILES)), default="generic", show_default=True,
-              help="Whose defaults and dtype rules apply.")
-@click.option("--inference", is_flag=True, help="TF is_training=False: diff_src = gamma*invstd*diff_dst.")
-@click.option("--variance-is-invstd", is_flag=True, help="variance holds 1/sqrt(var+eps) (cuDNN reserve space); epsilon unused.")
+@epsilon_option
+@format_option
+@spec_option
+@inference_option
+@invstd_option
 @click.option("--outputs", type=OutputList(), default=",".join(OUTPUT_NAMES), show_default=True,
               help="Which outputs to produce.")
 @click.option("--no-param-grads", is_flag=True, help="Produce diff_src only (same as --outputs diff_src).")
 @click.option("-o", "--output", metavar="OUT.npz|-", help="Write the outputs to one .npz (- = stdout).")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Write DIR/diff_src.npy etc. (DIR is created when missing).")
-@click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
-              help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, ...) or, "
-              "with --reference, a key of KERNEL_OUT. Repeatable.")
+@bf16_option
 @click.option("--threads", type=click.IntRange(min=1), help="Worker threads.  [default: usable cores]")
 @click.option("--block-size", type=ByteSize(minimum=MIN_BLOCK_BYTES),
               help=f"Cache budget of one tile, e.g. 8M; smaller values are raised to {MIN_BLOCK_BYTES >> 10}K.  "
@@ -180,15 +150,15 @@ def run(no_param_grads: bool, **kwargs) -> None:
     options = RunOptions(**kwargs)
     _check_usage(options)
     destinations = _vet_paths(options)
+    request = options.request()
     with contextlib.ExitStack() as stack:
-        prepared = _prepare(options, stack)
+        prepared = app_run.prepare(request, stack)
+        if prepared.note and not options.quiet:
+            echo_error(f"note: {prepared.note}")
         stderr_console = None if options.quiet else _console(stderr=True)
-        computed = _compute(options, prepared, stack, stderr_console)
+        computed = _compute(request, prepared, stack, stderr_console)
         written = [str(p) for p in destinations] or (["-"] if options.output == "-" else [])
-        facts = RunFacts(spec=options.spec, data_format=prepared.data_format.upper(), canonical_format=prepared.canonical,
-                         epsilon=None if options.variance_is_invstd else prepared.epsilon, training=not options.inference,
-                         inputs=prepared.inputs, outputs=computed.arrays, written=written, elapsed_s=computed.elapsed_s,
-                         core=computed.core, stream=prepared.stream, stats=computed.stats)
+        facts = app_run.facts(request, prepared, computed, written)
         stdout_busy = options.output == "-" or options.json_target == "-"
         report_console = _console(stderr=stdout_busy) if not options.quiet or options.reference is not None else None
         if options.json_target and options.reference is None:
@@ -201,7 +171,7 @@ def run(no_param_grads: bool, **kwargs) -> None:
 
             render_run(report_console, stderr_console, facts)
         if options.reference is not None:
-            click.get_current_context().exit(_judge_reference(options, prepared, computed.arrays, report_console))
+            click.get_current_context().exit(_judge_reference(options, request, prepared, computed, report_console))
 
 
 def _check_usage(options: RunOptions) -> None:
@@ -215,7 +185,9 @@ def _check_usage(options: RunOptions) -> None:
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
     if options.output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
-    if options.core == "numba" and not compute_core.numba_available():
+    if options.stream and not options.has_file_output:
+        raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
+    if options.core == "numba" and not runtime.numba_available():
         raise click.UsageError("--core numba needs numba, which is not installed: pip install 'bnbwd[fast]'")
     if options.bf16_outputs and options.reference is None:
         raise click.UsageError(f"--bf16 {options.bf16_outputs[0]}: not an input ({', '.join(INPUT_NAMES)}); "
@@ -234,7 +206,7 @@ def _vet_paths(options: RunOptions) -> list[Path]:
         if any(json_path.resolve() == path.resolve() for path in destinations):
             raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
     if options.reference is not None and not Path(options.reference).exists():
-        raise BnbwdError(f"reference {options.reference}: no such file or directory")
+        raise InputError(f"reference {options.reference}: no such file or directory")
     return destinations
 
 
@@ -260,134 +232,30 @@ def _reference_paths(options: RunOptions) -> list[Path]:
     return [path / f"{name}.npy" for name in options.outputs] if path.is_dir() else [path]
 
 
-def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
-    """Read the bundle and the flagged inputs (streamed ones as blocks), resolve format and epsilon, validate."""
-    profile = PROFILES[options.spec]
-    split = read_inputs(options.bundle, options.comparison.judging.key_map) if options.bundle else None  # --map renames inputs
-    inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
-    if split and split.note() and not options.quiet:
-        echo_error(f"note: bundle ({options.bundle}): {split.note()}")
-    data_format = options.data_format or attributes.get("data_format") or profile.default_format
-    stream = options.stream
-    # Large .npy inputs stream by themselves (unless their blocks would be short runs). With --core numba only those
-    # too large to load safely do, and then the refusal below says why.
-    if stream is None:
-        stream = options.has_file_output and streaming.should_stream(options.sources, data_format,
-                                                                     memory_only=options.core == "numba")
-    if stream and not options.has_file_output:
-        raise click.UsageError("--stream writes diff_src through a file: give -o OUT.npz or --out-dir DIR")
-    for name, source in options.sources.items():
-        blocks = files_blocks.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
-        if blocks is not None:
-            stack.callback(blocks.close)
-        inputs[name] = blocks if blocks is not None else read_array(source, name)
-    bf16_names = [key for key in options.bf16_inputs if key in INPUT_NAMES]
-    check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
-    epsilon = _resolve_epsilon(options.epsilon, attributes, profile, options.variance_is_invstd)
-    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
-                                outputs=options.outputs)
-    if profile.paired_param_grads and "diff_gamma" not in options.outputs:
-        inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
-    return Prepared(inputs, data_format, canonical, epsilon, stream)
-
-
-def _compute(options: RunOptions, prepared: Prepared, stack: contextlib.ExitStack, stderr_console) -> Computed:  # noqa: ANN001
-    """Run the backward pass once (in memory, or streamed through the output file) and write the outputs."""
-    progress_bar, on_progress = None, None
-    if stderr_console is not None and stderr_console.is_terminal and prepared.inputs["src"].nbytes >= PROGRESS_MIN_BYTES:
+def _compute(request: app_run.RunRequest, prepared: app_run.Prepared, stack: contextlib.ExitStack,
+             stderr_console) -> app_run.Computed:  # noqa: ANN001
+    """The run, with a progress bar on a terminal when it takes long enough to want one."""
+    on_progress = None
+    if stderr_console is not None and stderr_console.is_terminal and prepared.op.src.nbytes >= PROGRESS_MIN_BYTES:
         from bnbwd_cli.render.run import progress_bar as make_bar  # rich: only when a bar shows
 
         progress_bar, on_progress = make_bar(stderr_console)
-    started = time.perf_counter()
-    if progress_bar:
         stack.callback(progress_bar.stop)
         progress_bar.start()
-    if prepared.stream:
-        arrays, stats, ran = _run_streamed(options, prepared, on_progress)
-    else:
-        op = compute_core.Op(*prepared.arrays(), **prepared.op_fields(options))
-        result = compute_core.backward(op, compute_core.Settings(
-            outputs=options.outputs, block_bytes=options.block_size, threads=options.threads, progress=on_progress,
-            core=options.core))
-        arrays, ran = {name: getattr(result, name) for name in options.outputs}, result.core
-        stats = {name: result.stats[name] for name in options.outputs if name in result.stats}  # from the write pass
-    elapsed = time.perf_counter() - started
-    if progress_bar:
+    computed = app_run.compute(request, prepared, on_progress)
+    if on_progress is not None:
         progress_bar.stop()
-    if not prepared.stream:
-        _write_outputs(arrays, options)
-    return Computed(arrays, stats, ran, elapsed)
+    return computed
 
 
-def _judge_reference(options: RunOptions, prepared: Prepared, arrays: dict, console) -> int:  # noqa: ANN001
+def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared: app_run.Prepared,
+                     computed: app_run.Computed, console) -> int:  # noqa: ANN001
     """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back."""
-    from bnbwd_cli.cli.verify import TensorSets, report_comparison  # verify's module: only when judging
+    from bnbwd_cli.cli.report import report_comparison  # the comparison and its report: only when judging
 
-    # The inputs give every element its error scale (streamed inputs are read whole here: the judge needs them).
-    full = {name: read_array(options.sources[name], name) if isinstance(value, files_blocks.NpyBlocks) else value
-            for name, value in prepared.inputs.items()}
-    problem = compute_core.Op(*prepared.arrays(full), **prepared.op_fields(options))
-    kernel = read_tensor_set(options.reference)
-    check_found(options.bf16_outputs, reinterpret_bf16(options.bf16_outputs, {options.reference: kernel}),
-                options.reference)
-    sets = TensorSets(kernel, arrays, actual_label=options.reference, reference_label="bnbwd run", inputs=problem)
-    comparison = replace(options.comparison, data_format=prepared.canonical)  # run's --format names the axes
+    sets = app_run.reference_sets(request, prepared, computed.arrays, options.reference)
+    comparison = replace(options.comparison, data_format=prepared.op.data_format)  # run's --format names the axes
     return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync)
-
-
-def _write_outputs(arrays: dict[str, np.ndarray], options: RunOptions) -> None:
-    """In-memory outputs: an .npz (a file, a FIFO or device, or stdout) or a directory of .npy files."""
-    if options.output == "-":
-        files_write.write_stdout(files_write.npz_bytes(arrays))
-    elif options.output is not None:
-        files_write.write_npz(Path(options.output), arrays, fsync=options.fsync)
-    elif options.out_dir is not None:
-        files_write.write_npy_dir(options.out_dir, arrays, fsync=options.fsync)
-
-
-def _run_streamed(options: RunOptions, prepared: Prepared, progress) -> tuple[dict, dict, str]:  # noqa: ANN001
-    """--stream: diff_src written by blocks into a temp file, committed with the other outputs, all or nothing.
-
-    Returns (outputs, stats of the streamed ones, core that ran); a streamed diff_src is a shape-only stand-in
-    unless --reference needs it (then it is read back).
-    """
-    import tempfile  # only here: it costs start-up time that `run` without --stream need not pay
-
-    src = prepared.inputs["src"]
-    run_options = streaming.StreamedRun(**prepared.op_fields(options), outputs=options.outputs,
-                                        block_bytes=options.block_size, threads=options.threads, core=options.core)
-    out_dir, fsync = options.out_dir, options.fsync
-    with contextlib.ExitStack() as stack:
-        if out_dir is not None:
-            outset = stack.enter_context(files_write.OutputSet(fsync=fsync))
-            staged_path = out_dir / "diff_src.npy"
-        else:
-            outset = stack.enter_context(files_write.staging())
-            destination = Path(options.output)
-            directory = Path(tempfile.gettempdir()) if files_write.is_write_through(destination) else destination.parent
-            staged_path = directory / f"{destination.name}.diff_src.npy"
-        writer = outset.new_npy(staged_path, src.shape, src.dtype) if "diff_src" in options.outputs else None
-        result = streaming.run_streamed(prepared.inputs, run_options, writer, progress)
-        arrays = {name: getattr(result, name) for name in options.outputs if name != "diff_src"}
-        stats = {}
-        if writer is not None:
-            keep = options.reference is not None
-            diff_src = writer.read_all() if keep else np.broadcast_to(np.zeros((), src.dtype), src.shape)
-            arrays = {"diff_src": diff_src, **arrays}
-            stats["diff_src"] = result.diff_src_stats
-        if out_dir is not None:
-            files_write.write_npy_dir(out_dir, {k: v for k, v in arrays.items() if k != "diff_src"}, outputs=outset)
-        else:
-            files_write.write_npz_with_streamed(destination, arrays, {"diff_src": writer} if writer else {}, fsync=fsync)
-    return arrays, stats, result.core
-
-
-def _resolve_epsilon(flag: float | None, attributes: dict, profile, variance_is_invstd: bool) -> float:
-    """--epsilon, else the bundle's 'epsilon', else the spec's default; required unless variance is invstd."""
-    epsilon = resolve_epsilon(flag if flag is not None else attributes.get("epsilon"), profile, variance_is_invstd)
-    if epsilon is None:
-        raise click.UsageError(f"missing --epsilon (spec {profile.name} has no default and the bundle has no 'epsilon')")
-    return epsilon
 
 
 def _console(stderr: bool):

@@ -1,83 +1,23 @@
-"""`bnbwd verify`, and report_comparison, the judgement `run --reference` shares.
-
-Click parses (params.py: custom ParamTypes fail with exit 2), judge/ computes, render/ prints.
+"""`bnbwd verify ACTUAL REFERENCE`: parse, read both sets and --inputs (app/judge.read_sets), judge and show
+the comparison (cli/report.py), exit with its code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
-from bnbwd_cli.case import read_inputs
+from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.app.judge import FileSets, read_sets
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
-from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_tensor_set
-from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
-from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 
-if TYPE_CHECKING:
-    from bnbwd_cli.core import Op
-
-# The comparison (judge/) and the report (render/, rich) are imported where they are used: `bnbwd run`
-# without --reference loads this module for its options only (tests/test_startup.py guards that).
-
-def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any], reference: Mapping[str, Any]) -> None:
-    known = set(actual) | set(reference)
-    for option, names in options.judging.settings.output_names().items():
-        unknown = sorted(names - known)
-        if unknown:
-            flag = "--" + option.replace("_", "-")
-            raise click.UsageError(f"{flag} names {', '.join(unknown)}, which is not an output (outputs: {', '.join(sorted(known))})")
-
-
-@dataclass(frozen=True)
-class TensorSets:
-    """What a comparison judges: the kernel's outputs (actual) and the reference, their names in the report,
-    and the op's inputs when known (then the outputs are judged by the error model)."""
-
-    actual: Mapping[str, np.ndarray]
-    reference: Mapping[str, np.ndarray]
-    actual_label: str = "actual"
-    reference_label: str = "reference"
-    inputs: Op | None = None
-
-
-def report_comparison(sets: TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,  # noqa: ANN001
-                      fsync: bool = False) -> ExitCode:
-    """Compare two tensor sets, print the report (and JSON), return the exit code.
-
-    ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
-    Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
-    """
-    from bnbwd_cli.judge.sets import compare_sets
-    from bnbwd_cli.render import json as report_json
-    from bnbwd_cli.render import text as report
-
-    _check_override_names(options, sets.actual, sets.reference)
-    judging = options.judging
-    if json_target is not None or options.verbose:  # every output's details will be shown: gather them at once
-        judging = replace(judging, details_up_front=True)
-    result = compare_sets(sets.actual, sets.reference, judging, data_format=options.data_format, inputs=sets.inputs)
-    if json_target != "-":
-        report.render_report(stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
-                             report.ReportStyle(verbose=options.verbose, brief=options.brief))
-    if json_target is not None:
-        document = report_json.report_document(result, actual_label=sets.actual_label, reference_label=sets.reference_label)
-        files_write.write_text(json_target, report_json.document_text(document), fsync=fsync)
-    report.print_problems(result)
-    return result.exit_code
-
+# The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/report.py).
 
 # --------------------------------------------------------------------------- command
-
-BACKWARD_INPUTS = ("src", "diff_dst", "mean", "variance", "gamma")  # the arrays core.Op holds
 
 _DEFAULTS_BLOCK = "\n".join(f"  {name:>4}  {tolerance_text(tol)}" for name, tol in DEFAULT_TOLERANCES.items())
 
@@ -160,30 +100,6 @@ class VerifyOptions:
     json_target: str | None
 
 
-def read_judge_inputs(options: VerifyOptions) -> Op:
-    """The op's inputs from --inputs (names, --map and attributes as for `bnbwd run`), checked like run checks them.
-    Inputs named in --bf16 (canonical names) holding int16/uint16 bits are read as bfloat16."""
-    from bnbwd_cli.core import Op
-
-    label = f"--inputs ({options.inputs_bundle})"
-    split = read_inputs(options.inputs_bundle, options.comparison.judging.key_map, "--inputs")
-    inputs, attributes = split.inputs, split.attributes
-    reinterpret_bf16(options.bf16_keys, {label: inputs})
-    if split.note():
-        click.echo(f"note: {label}: {split.note()}", err=True)
-    profile = PROFILES["generic"]
-    data_format = options.comparison.data_format or attributes.get("data_format") or profile.default_format
-    epsilon = resolve_epsilon(options.epsilon if options.epsilon is not None else attributes.get("epsilon"), profile,
-                              options.variance_is_invstd)
-    if epsilon is None:
-        raise click.UsageError(f"{label}: give --epsilon (the bundle has no 'epsilon' entry)")
-    canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
-                                outputs=OUTPUT_NAMES)
-    return Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-                          epsilon=epsilon, data_format=canonical, training=not options.inference,
-                          variance_is_invstd=options.variance_is_invstd)
-
-
 @click.command("verify", help=_HELP, epilog=_EPILOG)
 @click.argument("actual")
 @click.argument("reference")
@@ -205,17 +121,13 @@ def verify(**kwargs) -> None:
         bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
         files_write.vet_destination(json_target, _input_files(options.actual) + _input_files(options.reference) + bundle,
                                     "--json")
+    from bnbwd_cli.cli.report import report_comparison
     from bnbwd_cli.render.text import make_console
 
-    actual_set = read_tensor_set(options.actual)
-    reference_set = read_tensor_set(options.reference)
-    bf16_keys = options.bf16_keys
-    found = reinterpret_bf16(bf16_keys, {options.actual: actual_set, options.reference: reference_set})
-    inputs = None
-    if options.inputs_bundle is not None:
-        inputs = read_judge_inputs(options)
-        found |= {key for key in bf16_keys if key in BACKWARD_INPUTS and getattr(inputs, key) is not None}
-    check_found(bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if options.inputs_bundle else ""))
-    sets = TensorSets(actual_set, reference_set, options.actual, options.reference, inputs)
+    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", not options.inference,
+                    options.variance_is_invstd)
+    files = FileSets(options.actual, options.reference, options.inputs_bundle, op, options.comparison.judging.key_map,
+                     options.bf16_keys)
+    sets = read_sets(files, on_note=lambda note: click.echo(f"note: {note}", err=True))
     code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
     click.get_current_context().exit(code)

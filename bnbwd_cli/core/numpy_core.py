@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.core import mapped, plan, stats
+from bnbwd_cli.core import plan, stats
+from bnbwd_cli.files import mapped
 from bnbwd_cli.core.plan import Group, Tile
 from bnbwd_cli.core.rounding import store
 from bnbwd_cli.scratch import FLOAT64, Scratch

@@ -15,7 +15,7 @@ from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis
 
 if TYPE_CHECKING:
-    from bnbwd_cli.core import Op
+    from bnbwd_cli.op import Op
 
 
 def exact_sum(values: np.ndarray) -> float:

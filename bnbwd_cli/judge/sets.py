@@ -26,9 +26,10 @@ from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
+from bnbwd_cli.status import Status, exit_code
 
 if TYPE_CHECKING:
-    from bnbwd_cli.core import Op
+    from bnbwd_cli.op import Op
 
 # diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
 # 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
@@ -70,15 +71,15 @@ class SetComparison:
         return self.problems + tuple(o.problem for o in self.outputs if o.problem is not None)
 
     @property
-    def status(self) -> str:
-        """"structural" beats "mismatch" beats "pass"."""
+    def status(self) -> Status:
+        """Structural beats mismatch beats pass."""
         if self.all_problems:
-            return "structural"
-        return "mismatch" if any(o.status == "fail" for o in self.outputs) else "pass"
+            return Status.STRUCTURAL
+        return Status.MISMATCH if any(o.status == "fail" for o in self.outputs) else Status.PASS
 
     @property
     def exit_code(self) -> ExitCode:
-        return {"pass": ExitCode.OK, "mismatch": ExitCode.MISMATCH, "structural": ExitCode.INPUT}[self.status]
+        return exit_code(self.status)
 
 
 def tensor_layout(data_format: str | None, ndim: int) -> Layout:

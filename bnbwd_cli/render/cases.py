@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bnbwd_cli.case import CaseOutcome
-from bnbwd_cli.judge import OutputResult
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render.text import decisive_number
+from bnbwd_cli.status import Status, exit_code, suite_status
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge import OutputResult, SetComparison
+
+
+class CaseOutcome(Protocol):
+    """What a line and the document show of one case (app/check.py's CaseOutcome)."""
+
+    path: str
+    result: SetComparison | None
+    error: str | None
+    notes: tuple[str, ...]
+
+    @property
+    def status(self) -> Status: ...
 
 
 def _output_cell(output: OutputResult) -> str:
@@ -26,31 +40,25 @@ def case_line(outcome: CaseOutcome) -> str:
     if outcome.result is None:
         return f"ERROR {outcome.error}"
     result = outcome.result
-    line = f"{'PASS ' if result.status == 'pass' else 'FAIL '} {outcome.path}: "
+    line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {outcome.path}: "
     line += ", ".join(_output_cell(o) for o in result.outputs)
-    if result.status == "structural":
+    if result.status == Status.STRUCTURAL:
         line += f"; error: {result.all_problems[0].message}"
     hints = [h for o in result.outputs if o.status == "fail" for h in o.comparison.hints]
     line += f"; hint: {hints[0]}" if hints else ""
     return line + "".join(f"; {note}" for note in outcome.notes)
 
 
-def exit_code(outcomes: Sequence[CaseOutcome]) -> int:
-    """3 if a case could not be read or compared, else 1 if one failed, else 0."""
-    codes = {outcome.exit_code for outcome in outcomes}
-    return 3 if 3 in codes else 1 if 1 in codes else 0
-
-
 def summary_line(outcomes: Sequence[CaseOutcome]) -> str:
     """The verdict over all cases, naming those that did not pass."""
-    code = exit_code(outcomes)
-    if code == 0:
+    verdict = suite_status(o.status for o in outcomes)
+    if verdict == Status.PASS:
         return f"PASS: {len(outcomes)} case(s), every output within tolerance"
-    failed = [o.path for o in outcomes if o.exit_code == 1]
-    broken = [o.path for o in outcomes if o.exit_code == 3]
+    failed = [o.path for o in outcomes if o.status == Status.MISMATCH]
+    broken = [o.path for o in outcomes if o.status in (Status.STRUCTURAL, Status.ERROR)]
     parts = [f"{len(failed)} failed ({', '.join(failed)})"] if failed else []
     parts += [f"{len(broken)} could not be judged ({', '.join(broken)})"] if broken else []
-    return f"FAIL (exit {code}): {len(outcomes)} case(s), {'; '.join(parts)}"
+    return f"FAIL (exit {int(exit_code(verdict))}): {len(outcomes)} case(s), {'; '.join(parts)}"
 
 
 def cases_document(outcomes: Sequence[CaseOutcome]) -> str:
@@ -60,10 +68,10 @@ def cases_document(outcomes: Sequence[CaseOutcome]) -> str:
         report = None
         if outcome.result is not None:
             report = report_json.report_document(outcome.result, actual_label=outcome.path, reference_label="bnbwd")
-        cases.append({"case": outcome.path, "status": outcome.status, "exit_code": outcome.exit_code,
+        cases.append({"case": outcome.path, "status": outcome.status, "exit_code": int(exit_code(outcome.status)),
                       "error": outcome.error, "notes": list(outcome.notes), "report": report})
-    code = exit_code(outcomes)
+    verdict = suite_status(o.status for o in outcomes)
     document = {"schema_version": report_json.CHECK_SCHEMA_VERSION, "tool": "bnbwd check",
-                "status": {0: "pass", 1: "mismatch", 3: "error"}[code], "exit_code": code,
+                "status": verdict, "exit_code": int(exit_code(verdict)),
                 "summary": summary_line(outcomes), "cases": cases}
     return report_json.document_text(document)

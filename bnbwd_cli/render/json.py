@@ -28,7 +28,7 @@ from bnbwd_cli.layout import coordinates
 if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
     from bnbwd_cli.judge import SetComparison
     from bnbwd_cli.judge.stats import Bias, Comparison, Located
-    from bnbwd_cli.run_summary import RunFacts
+    from bnbwd_cli.render.run import RunFacts
 
 SCHEMA_VERSION = 2  # the comparison report (verify, run --reference)
 RUN_SCHEMA_VERSION = 1  # run --json

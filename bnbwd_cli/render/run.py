@@ -1,18 +1,41 @@
-"""What `bnbwd run` shows a person: the summary table, the non-finite warning, the progress bar.
+"""What `bnbwd run` shows a person: the summary table, the non-finite warning, the progress bar; and RunFacts,
+the facts of one run that this module and render/json.py show.
 
 rich is imported where a function uses it: `run -q` renders nothing and never loads it (tests/test_startup.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from bnbwd_cli.dtypes import dtype_label
-from bnbwd_cli.run_summary import RunFacts
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from bnbwd_cli.core.stats import OutputStats
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One `bnbwd run`: the op's settings as given, its inputs and outputs, where they went, how it ran, and each
+    output's statistics (min/max over finite values, NaN/Inf count)."""
+
+    spec: str
+    data_format: str
+    canonical_format: str
+    epsilon: float | None
+    training: bool
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    written: list[str]
+    elapsed_s: float
+    core: str
+    stream: bool  # out of core: inputs and diff_src moved by channel blocks
+    stats: dict[str, OutputStats]
 
 
 def progress_bar(console):  # noqa: ANN001 - a rich Console

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.blocks import NpyBlocks, npy_data_bytes, open_npy_blocks
 from bnbwd_cli.files.common import available_memory
 from bnbwd_cli.files.write import NpyBlockWriter
@@ -51,7 +51,7 @@ def _rereads_file(source: str | None, data_format: str | None) -> bool:
     """Whether streaming src by blocks of channels would read its whole file once per block."""
     try:
         blocks = open_npy_blocks(source, "src") if source and data_format else None
-    except BnbwdError:
+    except InputError:
         return False  # unreadable: the read reports it
     if blocks is None:
         return False
@@ -60,7 +60,7 @@ def _rereads_file(source: str | None, data_format: str | None) -> bool:
             return False
         axis = channel_axis(data_format, blocks.ndim)
         return blocks.reads_whole_rows(axis, block_width(per_channel_bytes(blocks.shape, blocks.dtype.itemsize, axis)))
-    except BnbwdError:
+    except InputError:
         return False  # an unknown format: validation reports it
     finally:
         blocks.close()

@@ -1,0 +1,153 @@
+"""The impure edge of the cores: what the machine and the environment offer, never what the result is.
+
+Loading the optional numba core (its cache directory, OpenMP's wait policy), which core runs
+($BNBWD_CORE, numba installed, memory-mapped data), worker threads and the NumPy core's tile budget
+(cache sizes from sysfs). core/ asks here and stays the math.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bnbwd_cli._version import __version__
+from bnbwd_cli.files.mapped import file_mappings
+from bnbwd_cli.op import Op
+
+CORES = ("auto", "numpy", "numba")
+# core="auto" picks numba for inputs this big only. Measured per fresh process (a `bnbwd run` calls the core once),
+# f32 (N,128,56,56) both layouts, 2 threads, warm on-disk cache, best of 3 (a busy 2-core EPYC, so ~2x a quiet
+# machine's times): import numba + cached-kernel load + first call ~1.0-1.3 s at N=1 vs 16-33 ms for the NumPy core;
+# each further MB of src costs the NumPy core 7.6-10 ms and numba 3.8-5.8 ms (first call: fresh pages included),
+# so numba breaks even at 260-290 MB. Below 256 MiB, core="numba" opts in.
+AUTO_NUMBA_MIN_BYTES = 256 << 20
+
+DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
+MIN_BLOCK_BYTES = 4 << 20  # tile budgets measured best on 8 and 32 MiB L3s: see default_block_bytes
+MAX_BLOCK_BYTES = 8 << 20
+
+NUMBA_SOURCES = ("numba_kernels.py", "numba_bits.py", "plan.py")  # core/'s files numba_kernels' code is built from
+
+
+def numba_available() -> bool:
+    """Whether the optional compiled core can be used (numba installed); does not import numba."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
+    """"numpy" or "numba". auto: numba for in-memory src of AUTO_NUMBA_MIN_BYTES or more (its start-up costs more
+    below), when installed and supporting the dtype, unless $BNBWD_CORE is "numpy"; memory-mapped data stays
+    on the NumPy core (it keeps RSS bounded)."""
+    if core == "numpy" or op.src.size == 0:
+        return "numpy"
+    if core == "auto":
+        if os.environ.get("BNBWD_CORE", "").lower() == "numpy" or op.src.nbytes < AUTO_NUMBA_MIN_BYTES:
+            return "numpy"
+        if file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
+            return "numpy"
+    elif not numba_available():
+        raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
+    return "numba" if load_numba_core().supports(op.src.dtype) else "numpy"
+
+
+def load_numba_core():
+    """The numba core module, imported on first use.
+
+    Idle OpenMP workers sleep instead of spinning: on a small, shared machine a spinning worker steals the core
+    the next kernel launch waits on (measured: 0.15 ms launches became 4-8 ms). numba reads OMP_WAIT_POLICY when
+    it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        os.environ["NUMBA_CACHE_DIR"] = str(numba_cache_dir())
+        if "numba" in sys.modules:
+            # numba read its settings when it was imported (by the user's own code, or a test module): without a
+            # reload our kernels cached beside the installed source, missed the user cache every run and compiled
+            # again (the cold test suite paid the whole JIT twice, +55 s).
+            from numba.core import config
+
+            config.reload_config()
+    from bnbwd_cli.core import numba_core
+
+    return numba_core
+
+
+def numba_cache_dir() -> Path:
+    """Where the compiled kernels are cached: a user cache directory keyed by numba's version and the bytes of
+    the compiled code's source files.
+
+    numba's default, __pycache__ beside the installed source, goes with every reinstall (and may not be
+    writable); a directory outside the package keeps the kernels across a reinstall of the same code. numba
+    checks only the file a cached function is defined in (numba_kernels.py), not plan.py whose arithmetic
+    it compiles in: the digest of both in the name makes an edit to either start a fresh cache instead of
+    loading stale kernels. Set (before numba is first imported) only when the user has not set NUMBA_CACHE_DIR.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        numba_version = version("numba")
+    except PackageNotFoundError:
+        numba_version = "unknown"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}-{_compiled_source_digest()}"
+
+
+def _compiled_source_digest() -> str:
+    """A short hash of every source file the numba kernels are compiled from."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in NUMBA_SOURCES:
+        digest.update((Path(__file__).parent / "core" / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)  # sysfs is read once a process (it cost ~0.9 ms a call)
+def cache_sizes() -> dict[int, int]:
+    """Data/unified cache size in bytes by level, from sysfs (Linux); empty elsewhere."""
+    cache_dir = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = {}
+    for index in cache_dir.glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified"):
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            sizes[level] = int(text.rstrip("KMG")) * scale
+    return sizes
+
+
+def default_block_bytes(threads: int) -> int:
+    """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count): half the thread's
+    share of the last-level cache, but never under MIN_BLOCK_BYTES nor over MAX_BLOCK_BYTES.
+
+    Re-measured after the lane sums became one call (ab_core, CPU time, 2 threads, 32 MiB L3): 8 MiB holds a
+    whole f32 (64, ., 56, 56) channel plane with its float64 scratch, so both passes fuse (3 tensor passes
+    of memory traffic, not 5): NCX f32 261 -> 193 ms, NXC 236 -> 211 ms against 4 MiB. Before that change:
+
+    Small tiles cost per-call overhead (a tile is ~20 NumPy calls), big ones fall out of cache between the
+    reduce and the write pass. Measured, f32 and f16 (64,128,56,56) both layouts, 2 threads (bench/ab_core.py,
+    tables in bench/RESULTS.md): on a 32 MiB-L3 EPYC 4 MiB was best or tied in every cell (0.42-0.90x naive
+    NumPy), 1-2 MiB up to 1.4x naive for f16, 16 MiB 0.6-0.7x; on an 8 MiB-L3 machine (issue 15) the old
+    rule's 2 MiB was no faster than naive NumPy and 4-8 MiB were best. This rule gives 8 MiB and 4 MiB there.
+    """
+    sizes = cache_sizes()
+    last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8
+    shared = max(sizes, default=0) >= 3  # an L3 is shared by the cores; L1/L2 are per core
+    share = last_level // max(threads, 1) if shared else last_level
+    return int(min(max(share // 2, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
+
+
+def usable_cores() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
