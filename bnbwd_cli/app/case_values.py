@@ -36,7 +36,7 @@ class Recipe:
     """How a case's values are drawn.
 
     centre: "plain" (|mean|/sd <= ~2), "offset" (|mean|/sd = OFFSET_RATIO) or "tiny" (variance ~ epsilon);
-    diff_dst: "plain" (a per-channel offset plus noise), "relu" (zero where the forward output
+    diff_dst: "plain" (a per-channel mean of +-0.25..1 plus noise of sd 1), "relu" (zero where the forward output
     gamma*xhat + beta <= 0), "pool" (a global average pool's gradient, constant over positions, ReLU-masked)
     or "rising" (per-channel means 1..3: running sums only grow); gamma: "varied" (0.25..2, every fourth
     channel negative), "ones", "near_one" (1 +- 0.02) or "some_zero" (varied, every third channel 0);
@@ -153,7 +153,8 @@ def _gamma(kind: str, u: np.ndarray) -> np.ndarray:
 
 def _diff_dst(name: str, recipe: Recipe, u: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
     channels, batch, positions = shape
-    offset = 1.0 + 2.0 * u if recipe.diff_dst == "rising" else 2.0 * u - 1.0
+    centred = 2.0 * u - 1.0  # a per-channel mean of +-(0.25 .. 1): so that a missing diff_beta/M shows everywhere
+    offset = 1.0 + 2.0 * u if recipe.diff_dst == "rising" else np.sign(centred) * (0.25 + 0.75 * np.abs(centred))
     if recipe.diff_dst == "pool":  # d(mean over positions)/dx: one value per (n, c), divided by the positions
         pooled = bell(stream_key(name, "diff_dst"), channels * batch).reshape(channels, batch, 1)
         values = np.broadcast_to((offset[:, None, None] + pooled) / positions, shape)

@@ -224,8 +224,20 @@ def case_arrays(spec: CaseSpec, settings: SuiteSettings) -> dict[str, np.ndarray
     values = draw(spec.name, spec.recipe, (c, n, spec.positions), dtype_from_name(DTYPES[settings.dtype]))
     layout = canonical_format(settings.data_format)
     return {"src": _lay_out(values.src, spec.shape, layout), "diff_dst": _lay_out(values.diff_dst, spec.shape, layout),
-            "mean": values.mean, "variance": values.variance, "gamma": values.gamma,
+            "mean": values.mean.astype(STATS_DTYPE), "variance": values.variance.astype(STATS_DTYPE),
+            "gamma": values.gamma.astype(STATS_DTYPE),
             "epsilon": np.array(spec.recipe.epsilon, np.float64), "data_format": np.array(layout)}
+
+
+def case_members(spec: CaseSpec, settings: SuiteSettings) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The (shape, dtype) of each array case_arrays gives, without drawing a value (for --max-bytes)."""
+    n, c, *spatial = spec.shape
+    stored = spec.shape if canonical_format(settings.data_format) == "NCX" else (n, *spatial, c)
+    data = dtype_from_name(DTYPES[settings.dtype])
+    layout = canonical_format(settings.data_format)
+    return {"src": (stored, data), "diff_dst": (stored, data), "mean": ((c,), np.dtype(STATS_DTYPE)),
+            "variance": ((c,), np.dtype(STATS_DTYPE)), "gamma": ((c,), np.dtype(STATS_DTYPE)),
+            "epsilon": ((), np.dtype(np.float64)), "data_format": ((), np.array(layout).dtype)}
 
 
 def _lay_out(values: np.ndarray, shape: tuple[int, ...], layout: str) -> np.ndarray:
@@ -251,11 +263,12 @@ def write_suite(settings: SuiteSettings, directory: Path, progress: Progress | N
             if rank is not None and len(spec.shape) != rank:
                 left_out.append((spec.name, f"rank {len(spec.shape)}: --format {settings.data_format} is rank {rank}"))
                 continue
+            size = suite_files.npz_size(case_members(spec, settings))
+            if settings.max_bytes is not None and total + size > settings.max_bytes:
+                left_out.append((spec.name, f"{size} bytes: over --max-bytes {settings.max_bytes}"))
+                continue
             arrays = case_arrays(spec, settings)
             data = suite_files.npz_bytes(arrays)
-            if settings.max_bytes is not None and total + len(data) > settings.max_bytes:
-                left_out.append((spec.name, f"{len(data)} bytes: over --max-bytes {settings.max_bytes}"))
-                continue
             (building / f"{spec.name}.npz").write_bytes(data)
             total += len(data)
             written.append(WrittenCase(spec, f"{spec.name}.npz", arrays["src"].shape, len(data),

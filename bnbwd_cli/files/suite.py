@@ -31,27 +31,42 @@ ZIP_VERSION = 20  # 2.0: what a stored member needs
 MADE_BY_UNIX = 3 << 8
 FILE_MODE = 0o644 << 16  # external attributes: a regular file, rw-r--r--
 ZIP32_LIMIT = 0xFFFFFFFF
+ZIP_LOCAL_SIZE, ZIP_CENTRAL_SIZE, ZIP_END_SIZE = 30, 46, 22  # the fixed parts of the three records
 
 
 def _descr(dtype: np.dtype) -> str:
-    """The .npy descr of a little-endian array; bfloat16 as np.save stores it (raw |V2)."""
+    """The .npy descr of a little-endian array; bfloat16 as np.save stores it ('<V2': raw 2-byte void)."""
     if dtype.kind == "V" or dtype.name == "bfloat16":
-        return "|V2"
+        return "<V2"
     return np.dtype(dtype).newbyteorder("<").str
+
+
+def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The .npy (format 1.0) header of a C-ordered, little-endian array, padded to 64 bytes as np.save pads it."""
+    if dtype.kind not in "fUV" and dtype.name != "bfloat16":
+        raise ValueError(f"npy_header: unsupported dtype {dtype}")
+    header = f"{{'descr': '{_descr(dtype)}', 'fortran_order': False, 'shape': {tuple(int(n) for n in shape)!r}, }}"
+    padding = -(len(NPY_MAGIC) + 2 + len(header) + 1) % NPY_ALIGN
+    text = (header + " " * padding + "\n").encode("latin1")
+    return NPY_MAGIC + struct.pack("<H", len(text)) + text
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
     """A C-ordered, little-endian .npy (format 1.0) of `array`."""
     array = np.asarray(array)
-    if array.dtype.kind not in "fUV" and array.dtype.name != "bfloat16":
-        raise ValueError(f"npy_bytes: unsupported dtype {array.dtype}")
     descr = _descr(array.dtype)
-    shape = tuple(int(n) for n in array.shape)
-    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape!r}, }}"
-    padding = -(len(NPY_MAGIC) + 2 + len(header) + 1) % NPY_ALIGN
-    text = (header + " " * padding + "\n").encode("latin1")
-    data = array if descr == "|V2" else array.astype(descr, copy=False)
-    return NPY_MAGIC + struct.pack("<H", len(text)) + text + np.ascontiguousarray(data).tobytes()
+    data = array if descr == "<V2" else array.astype(descr, copy=False)
+    return npy_header(array.shape, array.dtype) + np.ascontiguousarray(data).tobytes()
+
+
+def npz_size(members: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> int:
+    """The size npz_bytes gives arrays of these (shape, dtype), known before any value is drawn."""
+    size = ZIP_END_SIZE
+    for key, (shape, dtype) in members.items():
+        name = len(f"{key}.npy".encode())
+        size += ZIP_LOCAL_SIZE + ZIP_CENTRAL_SIZE + 2 * name + len(npy_header(shape, dtype))
+        size += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return size
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
