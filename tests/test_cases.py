@@ -299,3 +299,18 @@ def test_resnet50_preset_under_a_cap(tmp_path):
 def test_no_case_fits_is_an_input_error(tmp_path, cli):
     assert_one_error(cli("cases", "--max-bytes", "100", "-o", tmp_path / "s"), r"no case fits")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_readme_recipe_runs_and_every_case_passes(tmp_path, cli, monkeypatch):
+    """README's "Test suites for your kernel": its command, then its loop with its NumPy kernel."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Test suites for your kernel"):readme.index("## What bnbwd guarantees")]
+    command = re.search(r"```bash\n(bnbwd cases .*)\n```", section).group(1)
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    assert cli(*shlex.split(command)[1:]).exit_code == 0
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - our own README; asserts every case passes
+    manifest = json.loads((tmp_path / "suite" / "manifest.json").read_text())
+    assert all((tmp_path / "suite" / f"{case['name']}.out.npz").is_file() for case in manifest["cases"])
+    size = sum(case["bytes"] for case in manifest["cases"]) / 2**20
+    assert f"{len(manifest['cases'])} small input bundles ({size:.1f} MiB in f32" in section  # README's numbers

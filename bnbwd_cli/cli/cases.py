@@ -17,8 +17,8 @@ _HELP = """Write a suite of test cases for your kernel: NAME.npz input bundles a
 
 Each NAME.npz holds src, diff_dst, mean, variance, gamma, a 0-d epsilon and
 data_format (what `bnbwd run` reads). Your kernel reads it and writes
-NAME.out.npz (diff_src, diff_gamma, diff_beta) beside it; bnbwd then judges each
-case (`bnbwd check`, or bnbwd_cli.check() in Python). The cases are chosen to
+NAME.out.npz (diff_src, diff_gamma, diff_beta) beside it; bnbwd judges each case
+(bnbwd_cli.check() in Python; README: "Test suites for your kernel"). The cases are chosen to
 expose the bugs that N(0,1) data at one shape hides: M prime and M = k*block +- 1
 (blocks 32..1024), C not a multiple of 8, N = 1, 1x1, non-square, 1-D and 3-D
 images, |mean|/sd = 1e4, variance ~ epsilon, gamma 0 / 1 / varied, ReLU-masked
@@ -31,7 +31,7 @@ The same command writes the same bytes (for a given bnbwd version): the values
 come from a fixed counter-based generator, the archives have a fixed date.
 DIR must be new or empty; the suite appears there complete or not at all.
 --dtype sets src and diff_dst (mean, variance, gamma are float32; bfloat16 is
-stored as np.save stores it, raw |V2). A --format that fixes a rank (NCHW,
+stored as np.save stores it, raw 2-byte void). A --format that fixes a rank (NCHW,
 NHWC, ...) keeps only the cases of that rank.
 """
 
@@ -55,8 +55,8 @@ Examples:
                    f"{app_cases.TINY_ELEMENTS} elements; resnet50: ResNet-50's batch-norm shapes, batch "
                    f"{app_cases.RESNET50_BATCH} (~110 MB in f32).")
 @click.option("--max-bytes", type=ByteSize(), default=None, metavar="SIZE",
-              help="Cap on the suite's size (e.g. 8M): cases that would pass it are left out, in order, and the "
-                   "manifest names them.")
+              help="Cap on the suite's size (e.g. 8M): the cases are taken in order, each one that would pass the "
+                   "cap is left out, and the manifest names it.")
 def cases(out_dir: Path, dtype: str, data_format: str, preset: str, max_bytes: int | None) -> None:
     settings = app_cases.SuiteSettings(dtype=dtype.lower(), data_format=data_format.upper(), preset=preset,
                                        max_bytes=max_bytes)
