@@ -10,7 +10,6 @@ targets and why its data exposes them. The same settings write the same bytes (c
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import suite as suite_files
 from bnbwd_cli.layout import FORMAT_ALIASES, canonical_format
+from bnbwd_cli.render.json import document_text
 
 # The bug classes a case can target: stable ids (the manifest's `targets`), one line each.
 BUG_CLASSES = {
@@ -316,4 +316,4 @@ def manifest_json(suite: Suite) -> str:
                    "why": c.spec.why, "bytes": c.nbytes, "sha256": c.sha256} for c in suite.cases],
         "left_out": [{"name": name, "why": why} for name, why in suite.left_out],
     }
-    return json.dumps(document, indent=1) + "\n"
+    return document_text(document)
