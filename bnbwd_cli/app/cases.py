@@ -232,9 +232,9 @@ def case_arrays(spec: CaseSpec, settings: SuiteSettings) -> dict[str, np.ndarray
 def case_members(spec: CaseSpec, settings: SuiteSettings) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """The (shape, dtype) of each array case_arrays gives, without drawing a value (for --max-bytes)."""
     n, c, *spatial = spec.shape
-    stored = spec.shape if canonical_format(settings.data_format) == "NCX" else (n, *spatial, c)
-    data = dtype_from_name(DTYPES[settings.dtype])
     layout = canonical_format(settings.data_format)
+    stored = spec.shape if layout == "NCX" else (n, *spatial, c)
+    data = dtype_from_name(DTYPES[settings.dtype])
     return {"src": (stored, data), "diff_dst": (stored, data), "mean": ((c,), np.dtype(STATS_DTYPE)),
             "variance": ((c,), np.dtype(STATS_DTYPE)), "gamma": ((c,), np.dtype(STATS_DTYPE)),
             "epsilon": ((), np.dtype(np.float64)), "data_format": ((), np.array(layout).dtype)}
@@ -278,8 +278,8 @@ def write_suite(settings: SuiteSettings, directory: Path, progress: Progress | N
         if not written:
             raise BnbwdError(f"no case fits: {left_out[0][0]} is left out ({left_out[0][1]})" if left_out else "no case")
         suite = Suite(settings, tuple(written), tuple(left_out))
-        (building / MANIFEST_TEXT).write_text(manifest_text(suite))
-        (building / MANIFEST_JSON).write_text(manifest_json(suite))
+        (building / MANIFEST_TEXT).write_text(manifest_text(suite), encoding="utf-8")
+        (building / MANIFEST_JSON).write_text(manifest_json(suite), encoding="utf-8")
     return suite
 
 
