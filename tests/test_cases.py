@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import bnbwd_cli
-from bnbwd_cli import case as case_module
+from bnbwd_cli.app import inputs as app_inputs
 from bnbwd_cli.app import cases as app_cases
 from bnbwd_cli.files import suite as suite_files
 from tests import case_bugs, zoo
@@ -165,12 +165,11 @@ def test_the_suite_has_the_shapes_and_data_it_promises(suites):
 def test_cases_read_back_through_bnbwd_as_run_inputs(suites):
     directory, manifest = suites("bf16", "NXC")
     for entry in manifest["cases"]:
-        split = case_module.read_inputs(str(directory / entry["file"]), {})
+        split = app_inputs.read_inputs(str(directory / entry["file"]), {})
         assert split.attributes == {"epsilon": entry["epsilon"], "data_format": "NXC"}
         assert sorted(split.inputs) == ["diff_dst", "gamma", "mean", "src", "variance"] and not split.unused
         assert split.inputs["src"].dtype == zoo.BF16 and list(split.inputs["src"].shape) == entry["shape"]
-        case_module.build_inputs(split.inputs, case_module.OpSettings(epsilon=entry["epsilon"], data_format="NXC"),
-                                 entry["name"])
+        app_inputs.build_op(split.inputs, app_inputs.OpSettings(epsilon=entry["epsilon"], data_format="NXC"))
 
 
 def test_npz_bytes_match_numpys_own_members():

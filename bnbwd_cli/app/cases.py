@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bnbwd_cli import __version__
+from bnbwd_cli._version import __version__
 from bnbwd_cli.app.case_values import Recipe, draw
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
