@@ -20,7 +20,7 @@ from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, B
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_array, read_tensor_set, split_source
+from bnbwd_cli.files.read import read_array, read_tensor_set, source_files
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 from bnbwd_cli.run_summary import RunFacts
@@ -247,17 +247,15 @@ def _output_paths(options: RunOptions) -> list[str | Path]:
 
 
 def _input_paths(options: RunOptions) -> list[Path]:
-    paths = [options.bundle] if options.bundle else []
-    paths += [split_source(source)[0] for source in options.sources.values()]
-    return [Path(p) for p in paths if p != "-"]
+    sources = [options.bundle] if options.bundle else []
+    return [path for source in [*sources, *options.sources.values()] for path in source_files(source)]
 
 
 def _reference_paths(options: RunOptions) -> list[Path]:
     """The files --reference would read, so that no output overwrites them (a run compared with itself)."""
     if not options.reference:
         return []
-    path = Path(options.reference)
-    return [path / f"{name}.npy" for name in options.outputs] if path.is_dir() else [path]
+    return source_files(options.reference)
 
 
 def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:

@@ -139,6 +139,24 @@ def split_source(source: str) -> tuple[str, str]:
     return source, ""
 
 
+TENSOR_SUFFIXES = (".npy", ".npz", sniff.SAFETENSORS_SUFFIX)
+
+
+def source_files(source: str) -> list[Path]:
+    """The files an input argument may read, however it is named, so that no output replaces one: a path
+    (also `FILE.npz:key` and `raw:DTYPE:SHAPE:PATH`), or a directory's tensor files (.npy, .npz, .safetensors).
+    Outputs are compared with these by device and inode (files/write.py), so links to them count too."""
+    if source == "-":
+        return []
+    path = Path(split_source(source)[0])
+    if path.is_dir():
+        try:
+            return sorted(entry for entry in path.iterdir() if entry.suffix.lower() in TENSOR_SUFFIXES)
+        except OSError:
+            return [path]
+    return [path]
+
+
 def _read_npy_path(path: Path, what: str) -> np.ndarray:
     try:
         with path.open("rb") as stream:
