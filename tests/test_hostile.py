@@ -12,6 +12,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,50 @@ def bnbwd(*args, cwd: Path | None = None, stdin=None, timeout: float = 60, preex
     return subprocess.run([sys.executable, "-m", "bnbwd_cli", *map(str, args)], cwd=cwd, stdin=stdin, input=input,
                           capture_output=stdin is None or input is not None, timeout=timeout, preexec_fn=preexec_fn,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A finished CLI process: its exit status, stderr, peak resident memory and wall time."""
+
+    returncode: int
+    stderr: bytes
+    peak_mib: float
+    seconds: float
+
+
+def measured(args, stdin=None) -> Measured:
+    """The CLI in a process of its own, its own peak RSS taken from wait4 (not the children's running maximum)."""
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "bnbwd_cli", *map(str, args)], stdin=stdin,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stderr = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return Measured(process.returncode, stderr, usage.ru_maxrss / 1024, time.monotonic() - started)
+
+
+_baseline_mib: list[float] = []
+
+
+def baseline_mib(tmp_path_factory) -> float:  # noqa: ANN001
+    """The CLI's own peak memory judging two tiny files: the interpreter, NumPy, click, rich."""
+    if not _baseline_mib:
+        path = tmp_path_factory.mktemp("baseline") / "tiny.npz"
+        np.savez(path, x=np.zeros(4, np.float32))
+        _baseline_mib.append(measured(["verify", path, path]).peak_mib)
+    return _baseline_mib[0]
+
+
+def assert_rejected_within_budget(args, pattern: str, tmp_path_factory, stdin=None) -> Measured:  # noqa: ANN001
+    """Exit 3 with one error line, at most 64 MiB over the CLI's own peak; seconds are asserted loosely (a hang
+    guard: the suite shares two cores with other jobs), the measured time is in the result."""
+    result = measured(args, stdin)
+    assert result.returncode == 3, result.stderr
+    error_line(result.stderr, pattern)
+    assert result.peak_mib <= baseline_mib(tmp_path_factory) + 64, (result.peak_mib, baseline_mib(tmp_path_factory))
+    assert result.seconds < 10, result.seconds
+    return result
 
 
 @pytest.fixture
@@ -135,3 +181,155 @@ def test_run_outputs_over_raw_or_linked_inputs(cli, tmp_path: Path, arrays) -> N
     assert_one_error(cli(*base, "--out-dir", tmp_path), "diff_gamma.npy: is also an input")
     assert digest(tmp_path / "src.bin") == before
     assert np.array_equal(np.load(tmp_path / "gamma.npy"), arrays["gamma"])
+
+
+# ---------------------------------------------------------------- malformed headers and shapes: exit 3, never 4
+
+
+def safetensors_bytes(header: dict | bytes, data: bytes = b"") -> bytes:
+    import json
+    import struct
+
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def nested(depth: int, opening: bytes, closing: bytes) -> bytes:
+    return opening * depth + b"1" + closing * depth
+
+
+@pytest.mark.parametrize("header, pattern", [
+    ({"src": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, r"dtype \['F32'\], which bnbwd cannot read"),
+    ({"src": {"dtype": {"F32": 1}, "shape": [2], "data_offsets": [0, 8]}}, r"dtype \{'F32': 1\}, which"),
+    ({"src": {"dtype": 32, "shape": [2], "data_offsets": [0, 8]}}, r"dtype 32, which"),
+    ({"src": {"dtype": None, "shape": [2], "data_offsets": [0, 8]}}, r"dtype None, which"),
+    ({"src": ["F32"]}, r"dtype \['F32'\], which"),
+    (b'{"src":' + nested(5000, b"[", b"]") + b"}", r"nested too deeply"),
+    (b'{"src":' + nested(5000, b'{"a":', b"}") + b"}", r"nested too deeply"),
+    (b'{"src":{"dtype":"F32","shape":[' + b"9" * 5000 + b'],"data_offsets":[0,8]}}', r"not a valid \.safetensors"),
+    ({"src": {"dtype": "F32", "shape": [1] * 70, "data_offsets": [0, 4]}}, r"shape \[1, 1, .*at most 32 integers"),
+    ({"src": {"dtype": "F32", "shape": [0, 2**61, 2**61], "data_offsets": [0, 0]}}, r"at most 32 integers"),
+    ({"src": {"dtype": "F32", "shape": [2**64], "data_offsets": [0, 0]}}, r"at most 32 integers"),
+    ({"src": {"dtype": "F32", "shape": [2], "data_offsets": [0, 2**70]}}, r"data_offsets .*outside"),
+    ({"src": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, r"shape \[2\.0\]"),
+], ids=["dtype-list", "dtype-dict", "dtype-int", "dtype-null", "entry-list", "nested-lists", "nested-objects",
+        "5000-digit-dim", "70-dims", "zero-times-huge", "dim-2**64", "offset-2**70", "float-dim"])
+def test_malformed_safetensors_headers_exit_3(cli, tmp_path: Path, header, pattern: str) -> None:
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(safetensors_bytes(header, b"\0" * 8))
+    assert_one_error(cli("verify", path, path), r"bad\.safetensors.*" + pattern)
+    assert_one_error(cli("run", "--src", f"{path}:src", "--diff-dst", f"{path}:src", "--mean", f"{path}:src",
+                         "--variance", f"{path}:src", "--epsilon", EPSILON), pattern)
+
+
+@pytest.mark.parametrize("shape, pattern", [
+    ("x".join(["1"] * 70), r"shape has 70 dimensions, at most 32"),
+    ("9" * 5000, r"describes more bytes than any file holds"),
+    ("99999999999x99999999999", r"describes more bytes"),
+    ("0x2305843009213693951x2305843009213693951", r"describes more bytes"),
+    ("18446744073709551616", r"describes more bytes"),
+    ("4x-2", r"is not dimensions joined by 'x'"),
+    ("4x" + "0" * 5000 + "6", r"needs 96 bytes, the file holds 8"),  # leading zeros: a small number, read as such
+], ids=["70-dims", "5000-digit-dim", "product-overflow", "zero-times-huge", "dim-2**64", "negative", "zero-padded"])
+def test_malformed_raw_shapes_exit_3(cli, tmp_path: Path, shape: str, pattern: str) -> None:
+    data = tmp_path / "d.bin"
+    data.write_bytes(b"\0" * 8)
+    result = cli("verify", f"raw:f32:{shape}:{data}", f"raw:f32:2:{data}")
+    assert_one_error(result, pattern)
+    assert len(result.stderr) < 600  # a 5000-digit shape is quoted, not echoed whole
+
+
+def test_huge_safetensors_header_is_refused_before_parsing(tmp_path: Path, tmp_path_factory) -> None:
+    """A header of hundreds of thousands of empty tensors (tens of MB of JSON, gigabytes once parsed): refused from
+    its size or from its count of JSON values, in a process that never grows past the budget."""
+    entries = b",".join(b'"t%d":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}' % i for i in range(40000))
+    small = tmp_path / "many.safetensors"  # under 8 MiB, over the value count
+    small.write_bytes(safetensors_bytes(b"{" + entries + b"}"))
+    metadata = b",".join(b'"%d":""' % i for i in range(300000))
+    flat = tmp_path / "flat.safetensors"  # one object of 300k members: few brackets, many commas
+    flat.write_bytes(safetensors_bytes(b'{"__metadata__":{' + metadata + b"}}"))
+    big = tmp_path / "big.safetensors"
+    with big.open("wb") as stream:
+        stream.write(safetensors_bytes(b"{" + b" " * (20 << 20) + b"}"))
+    for path, pattern in [(small, "more than 262144 JSON values"), (flat, "more than 262144 JSON values"),
+                          (big, r"header is \d+ bytes, more than the 8388608")]:
+        assert_rejected_within_budget(["verify", path, path], pattern, tmp_path_factory)
+
+
+# ---------------------------------------------------------------- special files: no hang, no SIGBUS
+
+
+@pytest.mark.parametrize("command", ["check", "verify"])
+def test_a_fifo_named_npy_in_a_directory_is_refused_not_waited_on(tmp_path: Path, case_dir: Path, command: str) -> None:
+    os.mkfifo(case_dir / "zz.npy")  # no writer ever opens it: reading it would block forever
+    args = ["check", case_dir, "--epsilon", EPSILON] if command == "check" else ["verify", case_dir, case_dir]
+    result = bnbwd(*args, timeout=30)
+    assert result.returncode == 3, result.stderr
+    lines = (result.stderr + result.stdout).decode()
+    assert "zz.npy: not a regular file" in lines and "Traceback" not in lines
+
+
+def test_a_fifo_as_a_raw_dump_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.bin")
+    result = bnbwd("verify", f"raw:f32:4:{tmp_path / 'pipe.bin'}", f"raw:f32:4:{tmp_path / 'pipe.bin'}", timeout=30)
+    assert result.returncode == 3
+    error_line(result.stderr, r"pipe\.bin.*not a regular file")
+
+
+def test_a_fifo_member_of_a_reference_directory_on_run_is_refused(cli, tmp_path: Path, case_dir: Path, arrays) -> None:
+    kernel = tmp_path / "kernel"
+    kernel.mkdir()
+    os.mkfifo(kernel / "diff_src.npy")
+    flags = [item for name in ("src", "diff_dst", "mean", "variance", "gamma")
+             for item in (f"--{name.replace('_', '-')}", case_dir / f"{name}.npy")]
+    result = bnbwd("run", *flags, "--epsilon", EPSILON, "--format", "NCHW", "-o", tmp_path / "o.npz",
+                   "--reference", kernel, "-q", timeout=30)
+    assert result.returncode == 3
+    error_line(result.stderr, r"diff_src\.npy: not a regular file")
+
+
+def test_safetensors_truncated_while_read_is_an_error_not_sigbus(cli, tmp_path: Path, arrays, monkeypatch) -> None:
+    """The file shrinks between the header check and the data read: a clean exit 3 (a mapped file would SIGBUS)."""
+    from bnbwd_cli.files import safetensors_file
+
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "b.safetensors"
+    safetensors_numpy.save_file({name: arrays[name] for name in ("src", "diff_dst", "mean", "variance", "gamma")},
+                                str(path))
+    vetted = safetensors_file.read_header
+
+    def truncate_after_vetting(*args, **kwargs):
+        entries = vetted(*args, **kwargs)
+        os.truncate(path, path.stat().st_size // 2)
+        return entries
+
+    monkeypatch.setattr(safetensors_file, "read_header", truncate_after_vetting)
+    assert_one_error(cli("run", path, "--epsilon", EPSILON, "-q", "-o", tmp_path / "o.npz"),
+                     r"b\.safetensors.*changed size while it was read")
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_no_reader_maps_a_file(cli, tmp_path: Path, arrays, monkeypatch) -> None:
+    """Every input format read with mmap forbidden: nothing maps an input (a truncated mapping is SIGBUS)."""
+    import mmap
+
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    names = ("src", "diff_dst", "mean", "variance", "gamma")
+    safetensors_numpy.save_file({name: arrays[name] for name in names}, str(tmp_path / "b.safetensors"))
+    save_bundle(tmp_path / "b.npz", {name: arrays[name] for name in names})
+    arrays["src"].tofile(tmp_path / "src.bin")
+
+    class RefusedMap(mmap.mmap):  # still a type: isinstance checks elsewhere keep working
+        def __new__(cls, *args, **kwargs):
+            raise AssertionError("an input was memory-mapped")
+
+    class RefusedMemmap(np.memmap):
+        def __new__(cls, *args, **kwargs):
+            raise AssertionError("an input was memory-mapped")
+
+    monkeypatch.setattr(mmap, "mmap", RefusedMap)
+    monkeypatch.setattr(np, "memmap", RefusedMemmap)
+    for bundle in ("b.safetensors", "b.npz"):
+        result = cli("run", tmp_path / bundle, "--epsilon", EPSILON, "--format", "NCHW", "-q", "-o", tmp_path / "o.npz",
+                     "--src", f"raw:f32:{'x'.join(map(str, SHAPE))}:{tmp_path / 'src.bin'}")
+        assert result.exit_code == 0, result.output

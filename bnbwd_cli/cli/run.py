@@ -42,8 +42,7 @@ Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
 output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
 plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
-PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key] (pip install
-'bnbwd[safetensors]'), raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
+PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
 raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
 (stdin, one array). The bundle may be an .npz or a .safetensors file.
 PyTorch .pt/.pth files are pickles: refused, with how to convert them.

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import tokenize
+from pathlib import Path
+from typing import BinaryIO
+
+from bnbwd_cli.errors import BnbwdError
 
 # Errors numpy raises on malformed .npy bytes; anything else is a bug and keeps its traceback.
 # (tokenize.TokenError: NumPy tokenizes some headers; TypeError/OverflowError: header values of the wrong
@@ -15,6 +21,41 @@ def reason(exc: BaseException) -> str:
     """An exception as a short single-line reason."""
     text = " ".join(str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc).split())
     return (text or type(exc).__name__)[:200]
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """A name for an error line, at most `limit` characters (the middle elided)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]}...{text[-half:]}"
+
+
+def short_repr(value: object, limit: int = 200) -> str:
+    """repr(value) for an error line, at most `limit` characters (the middle elided): hostile values can be huge
+    or nested thousands deep (reprlib stops at a few levels)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = shortener.maxlong = limit
+    try:
+        text = shortener.repr(value)
+    except ValueError:  # an int beyond Python's 4300-digit str limit
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return clip(text, limit)
+
+
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """`path` opened for reading, refused unless it is a regular file. Opened without blocking, so a FIFO swapped in
+    for a file (or listed in a directory) is an error, never a wait for a writer that never comes."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BnbwdError(f"{what}: not a regular file (a FIFO, device or socket); not reading it")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def available_memory() -> int | None:

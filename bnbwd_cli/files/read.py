@@ -8,8 +8,8 @@ against the bytes actually present (file size, zip member size) before any data 
 member's declared size and compression ratio are checked before it is inflated, and members the
 caller does not want are never inflated; stdin must start with a .npy or zip magic and is read only
 as far as its header declares. Nothing here is memory-mapped: data is read with explicit reads, so a
-file truncated while it is read is a clean error, never SIGBUS (the safetensors package maps its files:
-files/safetensors_file.py checks the size again after reading). Raw 2-byte void arrays (`|V2`) are
+file truncated while it is read is a clean error, never SIGBUS (.safetensors too: files/safetensors_file.py
+reads the format itself rather than through the package, which maps its files). Raw 2-byte void arrays (`|V2`) are
 how np.save stores ml_dtypes.bfloat16, so they are read back as bfloat16.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import common, raw, sniff
-from bnbwd_cli.files.common import READ_ERRORS, reason
+from bnbwd_cli.files.common import READ_ERRORS, open_regular, reason
 from bnbwd_cli.files.npy import read_capped, read_exactly, read_npy_stream
 from bnbwd_cli.files.npz import read_npz, read_npz_key
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
@@ -159,7 +159,7 @@ def source_files(source: str) -> list[Path]:
 
 def _read_npy_path(path: Path, what: str) -> np.ndarray:
     try:
-        with path.open("rb") as stream:
+        with open_regular(path, what) as stream:
             return read_npy_stream(stream, os.fstat(stream.fileno()).st_size, what)
     except READ_ERRORS as exc:
         raise BnbwdError(f"{what}: cannot read {path} ({reason(exc)})") from None
