@@ -109,7 +109,7 @@ def case_dir(tmp_path: Path, arrays) -> Path:
 
 def test_check_json_over_a_case_file_in_a_listed_directory(cli, case_dir: Path) -> None:
     before = digest(case_dir / "src.npy")
-    assert_one_error(cli("check", case_dir, "--epsilon", EPSILON, "--json", case_dir / "src.npy"),
+    assert_one_error(cli("check", case_dir, "--epsilon", EPSILON, "--format", "NCHW", "--json", case_dir / "src.npy"),
                      r"--json .*src\.npy: is also an input")
     assert digest(case_dir / "src.npy") == before
 
@@ -119,7 +119,7 @@ def test_check_json_over_a_case_reached_by_symlink_or_hard_link(cli, case_dir: P
     os.link(case_dir / "gamma.npy", tmp_path / "hard.npy")
     before = {name: digest(case_dir / name) for name in ("mean.npy", "gamma.npy")}
     for target in ("soft.npy", "hard.npy"):
-        assert_one_error(cli("check", case_dir, "--epsilon", EPSILON, "--json", tmp_path / target), "is also an input")
+        assert_one_error(cli("check", case_dir, "--epsilon", EPSILON, "--format", "NCHW", "--json", tmp_path / target), "is also an input")
     assert {name: digest(case_dir / name) for name in before} == before
 
 
@@ -262,7 +262,7 @@ def test_huge_safetensors_header_is_refused_before_parsing(tmp_path: Path, tmp_p
 @pytest.mark.parametrize("command", ["check", "verify"])
 def test_a_fifo_named_npy_in_a_directory_is_refused_not_waited_on(tmp_path: Path, case_dir: Path, command: str) -> None:
     os.mkfifo(case_dir / "zz.npy")  # no writer ever opens it: reading it would block forever
-    args = ["check", case_dir, "--epsilon", EPSILON] if command == "check" else ["verify", case_dir, case_dir]
+    args = ["check", case_dir, "--epsilon", EPSILON, "--format", "NCHW"] if command == "check" else ["verify", case_dir, case_dir]
     result = bnbwd(*args, timeout=30)
     assert result.returncode == 3, result.stderr
     lines = (result.stderr + result.stdout).decode()
@@ -333,3 +333,96 @@ def test_no_reader_maps_a_file(cli, tmp_path: Path, arrays, monkeypatch) -> None
         result = cli("run", tmp_path / bundle, "--epsilon", EPSILON, "--format", "NCHW", "-q", "-o", tmp_path / "o.npz",
                      "--src", f"raw:f32:{'x'.join(map(str, SHAPE))}:{tmp_path / 'src.bin'}")
         assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------- special paths written through
+
+
+@pytest.fixture
+def bundle(tmp_path: Path, arrays) -> Path:
+    return Path(save_bundle(tmp_path / "b.npz", arrays, epsilon=1e-3, data_format="NCHW"))
+
+
+def npz_keys(data: bytes) -> list[str]:
+    import io
+
+    with np.load(io.BytesIO(data)) as archive:
+        return sorted(archive.files)
+
+
+OUTPUT_KEYS = ["diff_beta", "diff_gamma", "diff_src"]
+
+
+@pytest.mark.parametrize("alias", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_output_to_a_descriptor_alias_redirected_to_a_file_is_written_through(tmp_path: Path, bundle: Path,
+                                                                             alias: str) -> None:
+    link_before = os.readlink("/dev/stdout")
+    target = tmp_path / "grads.npz"
+    with target.open("wb") as stdout:
+        result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "-q", "-o", alias], stdout=stdout,
+                                stderr=subprocess.PIPE, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert os.path.islink("/dev/stdout") and os.readlink("/dev/stdout") == link_before
+    assert npz_keys(target.read_bytes()) == OUTPUT_KEYS
+    assert not list(Path("/dev").glob(".stdout.*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("flags", [["-o", "/dev/null"], ["--json", "/dev/null", "-o", "{tmp}/o.npz"],
+                                   ["-o", "/dev/stdout", "--json", "/dev/null"]])
+def test_output_to_dev_null_exits_0(tmp_path: Path, bundle: Path, flags: list[str]) -> None:
+    result = bnbwd("run", bundle, "-q", *[flag.format(tmp=tmp_path) for flag in flags])
+    assert result.returncode == 0, result.stderr
+    assert Path("/dev/null").is_char_device()
+    if "/dev/stdout" in flags:
+        assert npz_keys(result.stdout) == OUTPUT_KEYS
+
+
+def test_reports_to_dev_null_and_a_pipe_from_verify_and_check(tmp_path: Path, case_dir: Path) -> None:
+    assert bnbwd("verify", case_dir, case_dir, "--json", "/dev/null").returncode == 0
+    assert bnbwd("check", case_dir, "--epsilon", EPSILON, "--format", "NCHW", "--json", "/dev/null").returncode == 0
+    result = bnbwd("verify", case_dir, case_dir, "--json", "/dev/stdout", "--brief")
+    assert result.returncode == 0 and b'"schema_version"' in result.stdout
+
+
+def test_output_to_a_fifo_is_written_through_as_a_forward_only_archive(tmp_path: Path, bundle: Path) -> None:
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    result = bnbwd("run", bundle, "-q", "-o", fifo)
+    data, _ = reader.communicate(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert fifo.is_fifo() and npz_keys(data) == OUTPUT_KEYS
+
+
+def test_output_to_a_terminal_alias_is_refused(tmp_path: Path, bundle: Path) -> None:
+    """-o /dev/stdout on a terminal is refused as `-o -` is: binary data would go to the screen."""
+    import pty
+
+    parent, child = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "-q", "-o", "/dev/stdout"],
+                                stdout=child, stderr=subprocess.PIPE, timeout=60,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(child)
+        os.close(parent)
+    assert result.returncode == 3
+    error_line(result.stderr, r"output /dev/stdout: is a terminal")
+
+
+@pytest.mark.parametrize("name", [b"grads\xff.npz", b"\xfe\xfd.npz", b"caf\xe9.npz"])
+def test_non_utf8_output_names_are_written_and_shown_escaped(tmp_path: Path, bundle: Path, name: bytes) -> None:
+    target = os.fsencode(tmp_path) + b"/" + name
+    report = os.fsencode(tmp_path) + b"/r" + name + b".json"
+    result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "-o", target, "--json", report],
+                            capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(target) and os.path.exists(report)
+    assert npz_keys(Path(os.fsdecode(target)).read_bytes()) == OUTPUT_KEYS
+    assert not [entry for entry in os.listdir(os.fsencode(tmp_path)) if entry.startswith(b".")]
+    missing_dir = os.fsencode(tmp_path) + b"/" + name + b"/x.npz"
+    failed = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "-o", missing_dir],
+                            capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert failed.returncode == 3
+    shown = name.decode("utf-8", "backslashreplace")
+    assert error_line(failed.stderr, "does not exist").count(shown) == 2

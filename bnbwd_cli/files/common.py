@@ -31,6 +31,11 @@ def clip(text: str, limit: int = 200) -> str:
     return f"{text[:half]}...{text[-half:]}"
 
 
+def display(path: str | os.PathLike) -> str:
+    """A file name for a message: bytes that are not UTF-8 shown as Python escapes (out\\xff.npz), never a crash."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def short_repr(value: object, limit: int = 200) -> str:
     """repr(value) for an error line, at most `limit` characters (the middle elided): hostile values can be huge
     or nested thousands deep (reprlib stops at a few levels)."""

@@ -28,7 +28,7 @@ from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
-from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.common import display, reason
 
 COPY_CHUNK = 16 << 20
 TEMP_SUFFIX = ".tmp"
@@ -37,13 +37,73 @@ TEMP_SUFFIX = ".tmp"
 # ---------------------------------------------------------------- destinations
 
 
+def is_descriptor_alias(path: Path) -> bool:
+    """/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: a name for an open descriptor, whatever it points to
+    (a pipe, a terminal, or the regular file the shell redirected it to). Replacing it would replace /dev's link."""
+    parent = os.path.realpath(path.parent)
+    return parent == "/dev" and path.name in ("stdout", "stderr") or (
+        parent.startswith("/proc/") and parent.endswith("/fd"))
+
+
 def is_write_through(path: Path) -> bool:
-    """A FIFO or character device: written to directly, never replaced."""
+    """A FIFO, a character device (`/dev/null`) or a descriptor alias (`/dev/stdout`): written to directly, never
+    replaced by a file."""
+    if is_descriptor_alias(path):
+        return True
     try:
         mode = path.stat().st_mode
     except OSError:
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _is_terminal(path: Path) -> bool:
+    """Whether a character device (or /dev/stdout's descriptor) is a terminal; a FIFO is never opened to ask (that
+    would block, or fail, without a reader)."""
+    try:
+        if not stat.S_ISCHR(path.stat().st_mode):
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
+
+
+class ForwardOnly(io.RawIOBase):
+    """A write-through target as a stream that cannot seek or tell. zipfile then writes the archive front to back
+    (sizes after each member): /dev/null answers tell() with 0 after any write, which would corrupt a seeking writer,
+    and a pipe cannot seek at all."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "wb", buffering=COPY_CHUNK)  # noqa: SIM115 - closed with this stream
+        super().__init__()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
+        return self._file.write(data)
+
+    def tell(self) -> int:
+        raise OSError(errno.ESPIPE, "a write-through target cannot tell its position")
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._file.flush()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                super().close()  # flushes first
+            finally:
+                if hasattr(self, "_file"):  # absent when open() failed in __init__
+                    self._file.close()
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -56,23 +116,27 @@ def _same_file(a: Path, b: Path) -> bool:
 def vet_destination(target: str | Path, inputs: list[Path], what: str = "output") -> Path:
     """Fail before any work if `target` cannot be written or would overwrite an input. Returns it as a Path."""
     text = os.fspath(target)
+    shown = display(text)
     if not text:
         raise BnbwdError(f"{what} '': empty file name")
     path = Path(text)
     if text.endswith(os.sep) or path.is_dir():
-        raise BnbwdError(f"{what} {text}: is a directory, expected a file name")
+        raise BnbwdError(f"{what} {shown}: is a directory, expected a file name")
     for source in inputs:
         if _same_file(path, source) or path.resolve() == source.resolve():
-            raise BnbwdError(f"{what} {text}: is also an input ({source}); refusing to overwrite it")
+            raise BnbwdError(f"{what} {shown}: is also an input ({display(source)}); refusing to overwrite it")
     if is_write_through(path):
+        if _is_terminal(path):
+            raise BnbwdError(f"{what} {shown}: is a terminal; refusing to write binary data or a report there "
+                             "(redirect it to a file)")
         return path
     if path.exists() and not path.is_file():
-        raise BnbwdError(f"{what} {text}: exists and is not a regular file, a FIFO or a character device")
+        raise BnbwdError(f"{what} {shown}: exists and is not a regular file, a FIFO or a character device")
     parent = path.parent
     if not parent.is_dir():
-        raise BnbwdError(f"{what} {text}: directory {parent} does not exist")
+        raise BnbwdError(f"{what} {shown}: directory {display(parent)} does not exist")
     if not os.access(parent, os.W_OK):
-        raise BnbwdError(f"{what} {text}: directory {parent} is not writable")
+        raise BnbwdError(f"{what} {shown}: directory {display(parent)} is not writable")
     return path
 
 
@@ -102,7 +166,7 @@ def vet_destinations(targets: list[str | Path], inputs: list[Path]) -> list[Path
     for i, a in enumerate(paths):
         for b in paths[:i]:
             if a.resolve() == b.resolve() and not is_write_through(a):
-                raise BnbwdError(f"output {a}: named twice; give each output its own file")
+                raise BnbwdError(f"output {display(a)}: named twice; give each output its own file")
     return paths
 
 
@@ -121,7 +185,7 @@ def temp_path(path: Path) -> Path:
     directory = path.parent
     tag = os.urandom(4).hex()  # what secrets.token_hex(4) does, without importing secrets (start-up time)
     room = _name_max(directory) - len(f"..{tag}{TEMP_SUFFIX}".encode())
-    name = path.name.encode()[: max(room, 1)].decode(errors="ignore")
+    name = os.fsdecode(os.fsencode(path.name)[: max(room, 1)])  # bytes as the file system has them, UTF-8 or not
     return directory / f".{name}.{tag}{TEMP_SUFFIX}"
 
 
@@ -135,8 +199,9 @@ def create_temp(path: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise BnbwdError(f"output {path}: cannot create a file in {path.parent} ({reason(exc)})") from None
-    raise BnbwdError(f"output {path}: cannot find a free temp name in {path.parent}")
+            raise BnbwdError(f"output {display(path)}: cannot create a file in {display(path.parent)} "
+                             f"({reason(exc)})") from None
+    raise BnbwdError(f"output {display(path)}: cannot find a free temp name in {display(path.parent)}")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -179,14 +244,17 @@ class OutputSet:
     @staticmethod
     def _raise(exc: BaseException, where: Path | None) -> None:
         if isinstance(exc, OSError):
-            name = f"output {where}" if where is not None else "output"
+            name = f"output {display(where)}" if where is not None else "output"
             raise BnbwdError(f"{name}: write failed ({reason(exc)}); nothing was written") from None
         raise exc
 
     def new_file(self, path: Path) -> BinaryIO:
         """A binary stream whose bytes become `path` at commit."""
         if is_write_through(path):
-            stream = open(path, "wb", buffering=COPY_CHUNK)  # noqa: SIM115 - closed at commit/abort
+            try:
+                stream = ForwardOnly(path)
+            except OSError as exc:
+                raise BnbwdError(f"output {display(path)}: cannot open it for writing ({reason(exc)})") from None
             self._entries.append((path, None, stream))
             return stream
         fd, temp = create_temp(path)
