@@ -426,3 +426,74 @@ def test_non_utf8_output_names_are_written_and_shown_escaped(tmp_path: Path, bun
     assert failed.returncode == 3
     shown = name.decode("utf-8", "backslashreplace")
     assert error_line(failed.stderr, "does not exist").count(shown) == 2
+
+
+# ---------------------------------------------------------------- the judge's numerics near the float64 limits
+
+F64_MAX = float(np.finfo(np.float64).max)
+
+
+def verify_json(cli, tmp_path: Path, actual: np.ndarray, reference: np.ndarray, *flags: str) -> tuple[int, dict]:
+    import json
+
+    for side, values in (("a", actual), ("r", reference)):
+        (tmp_path / side).mkdir(exist_ok=True)
+        np.save(tmp_path / side / "x.npy", values)
+    result = cli("verify", tmp_path / "a", tmp_path / "r", "--json", "-", *flags)
+    assert result.exit_code in (0, 1), result.output
+    document = json.loads(result.stdout)  # strict JSON: no NaN or Infinity anywhere
+    return result.exit_code, document["outputs"][0]["comparison"]
+
+
+@pytest.mark.parametrize("actual, reference", [
+    (np.full(16, 1.7e308), np.zeros(16)),
+    (np.zeros(16), np.full(16, 1.7e308)),
+    (np.full(16, F64_MAX), np.full(16, -F64_MAX)),  # |a - r| overflows although both are finite
+    (np.array([F64_MAX, -F64_MAX] * 8), np.full(16, 1e308)),
+    (np.full(16, 1e308), np.full(16, 9e307)),
+], ids=["max-vs-zero", "zero-vs-max", "max-vs-minus-max", "mixed-signs", "top-decade"])
+def test_values_near_the_float64_limit_are_a_mismatch_not_a_crash(cli, tmp_path: Path, actual, reference) -> None:
+    code, comparison = verify_json(cli, tmp_path, actual, reference)
+    assert code == 1 and not comparison["passed"]
+    assert sum(b["count"] for b in comparison["histogram"]) <= 16
+    assert all(isinstance(b["high"], float) for b in comparison["histogram"])
+    text = cli("verify", tmp_path / "a", tmp_path / "r", "--verbose")  # the rich report's histogram too
+    assert text.exit_code == 1, text.output
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-200, 1e-160, 1e160, 1e200, 1e300])
+def test_relative_l2_is_the_same_at_any_scale(cli, tmp_path: Path, scale: float) -> None:
+    """||a - r|| / ||r|| does not depend on the scale: squares of 1e200 overflow, of 1e-200 underflow."""
+    rng = np.random.default_rng(5)
+    reference = rng.uniform(0.5, 1.0, 64)
+    actual = reference * (1 + rng.normal(0, 1e-6, 64))
+    (tmp_path / "unit").mkdir()
+    _, unit = verify_json(cli, tmp_path / "unit", actual, reference)
+    _, scaled = verify_json(cli, tmp_path, actual * scale, reference * scale)
+    assert unit["rel_l2"] == pytest.approx(scaled["rel_l2"], rel=1e-9)
+    assert 1e-8 < scaled["rel_l2"] < 1e-5 and scaled["rel_l2_passed"] is False
+
+
+def test_one_ulp_apart_at_1e200_passes(cli, tmp_path: Path) -> None:
+    reference = np.full(16, 1e200)
+    code, comparison = verify_json(cli, tmp_path, np.nextafter(reference, np.inf), reference)
+    assert code == 0 and comparison["rel_l2_passed"] and comparison["rel_l2"] < 1e-15
+
+
+def test_sum_of_squares_keeps_ordinary_sums_bit_for_bit() -> None:
+    """Chunks of ordinary values are summed exactly as before (the scaling is only for chunks that over/underflow)."""
+    from bnbwd_cli.judge.accumulators import SumOfSquares
+
+    rng = np.random.default_rng(9)
+    chunks = [rng.normal(size=1000) for _ in range(5)]
+    total = SumOfSquares()
+    for chunk in chunks:
+        total.add(chunk)
+    plain = 0.0
+    for chunk in chunks:
+        plain += float(np.einsum("i,i->", chunk, chunk))
+    assert total.exponent == 0 and total.total == plain
+    mixed = SumOfSquares()
+    for chunk in (np.full(4, 1e300), np.full(4, 1e-300), np.full(4, 1e300)):
+        mixed.add(chunk)
+    assert mixed.norm() == pytest.approx(np.sqrt(8) * 1e300, rel=1e-12)
