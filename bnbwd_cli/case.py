@@ -57,14 +57,14 @@ def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], l
     seen_as: dict[str, str] = {}
     outputs: dict[str, np.ndarray] = {}
     unused: list[str] = []
-    for key, array in arrays.items():
+    for key in arrays:  # by key: a member no rule uses is never read (arrays may be a files.read.LazyArrays)
         name = key_map.get(key, key)
         if is_input_key(name):
             if name in renamed:
                 raise BnbwdError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
-            renamed[name], seen_as[name] = array, key
+            renamed[name], seen_as[name] = arrays[key], key
         elif canonical_key(key, key_map) in OUTPUT_ALIASES.values():
-            outputs[key] = array
+            outputs[key] = arrays[key]
         else:
             unused.append(key)
     inputs, attributes = inputs_from_bundle(renamed, label)

@@ -48,15 +48,34 @@ class Measured:
     seconds: float
 
 
+# The CLI run by runpy, its peak resident memory (VmHWM: this process image's own, since exec) written at exit.
+# (wait4's ru_maxrss would count the pytest process the child was forked from.)
+_PEAK_WRAPPER = """
+import atexit, os, runpy, sys
+def report():
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["BNBWD_TEST_PEAK"], "w") as out:
+        out.write(peak)
+atexit.register(report)
+sys.argv = ["bnbwd", *sys.argv[1:]]
+runpy.run_module("bnbwd_cli", run_name="__main__")
+"""
+
+
 def measured(args, stdin=None) -> Measured:
-    """The CLI in a process of its own, its own peak RSS taken from wait4 (not the children's running maximum)."""
-    started = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "bnbwd_cli", *map(str, args)], stdin=stdin,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    return Measured(process.returncode, stderr, usage.ru_maxrss / 1024, time.monotonic() - started)
+    """The CLI in a process of its own, with its peak resident memory and wall time."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        peak_file = Path(scratch) / "peak"
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, *map(str, args)], stdin=stdin,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "BNBWD_TEST_PEAK": str(peak_file)})
+        seconds = time.monotonic() - started
+        peak_kib = int(peak_file.read_text())
+    return Measured(result.returncode, result.stderr, peak_kib / 1024, seconds)
 
 
 _baseline_mib: list[float] = []
@@ -497,3 +516,220 @@ def test_sum_of_squares_keeps_ordinary_sums_bit_for_bit() -> None:
     for chunk in (np.full(4, 1e300), np.full(4, 1e-300), np.full(4, 1e300)):
         mixed.add(chunk)
     assert mixed.norm() == pytest.approx(np.sqrt(8) * 1e300, rel=1e-12)
+
+
+# ---------------------------------------------------------------- memory before validation
+
+
+def npz_archive(arrays: dict[str, np.ndarray], method=None, stream: bool = False, zip64: bool = False) -> bytes:
+    """An .npz's bytes: any zip method; `stream`: written as zipfile writes to a pipe (sizes after each member)."""
+    import io
+    import zipfile
+
+    from tests.conftest import npy_bytes
+
+    class Unseekable(io.RawIOBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:  # noqa: ANN001
+            self.data += data
+            return len(data)
+
+    target = Unseekable() if stream else io.BytesIO()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED if method is None else method) as archive:
+        for key, array in arrays.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=zip64) as member:
+                member.write(npy_bytes(array))
+    return bytes(target.data) if stream else target.getvalue()
+
+
+def endless(prefix: bytes, filler: bytes = b"y\n") -> subprocess.Popen:
+    """A process writing `prefix`, then `filler` forever (until its reader goes): a pipe that never ends."""
+    code = f"import sys\nsys.stdout.buffer.write({prefix!r})\nblock = {filler!r} * 65536\nwhile True: sys.stdout.buffer.write(block)"
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def first_member_header(arrays) -> bytes:
+    """The first local header and the first bytes of a stored member, then nothing: a valid-looking start."""
+    return npz_archive(arrays)[:200]
+
+
+@pytest.mark.parametrize("prefix, pattern", [
+    (b"PK\x03\x04", r"member compressed with method \d+, which zipfile does not read"),
+    (b"PK\x03\x04" + b"\0" * 26, r"b'y\\ny\\n' where a member header was expected"),  # an empty member, then junk
+    (b"PK\x03\x04\x14\0\x01\0" + b"\0" * 22, "an encrypted member"),
+    ("first-member", "a stored .npy member that does not start with the .npy magic"),
+], ids=["yes", "junk-after-empty-member", "encrypted", "junk-member-data"])
+def test_an_endless_pipe_posing_as_an_npz_is_refused_at_once(tmp_path_factory, arrays, prefix, pattern: str) -> None:
+    if prefix == "first-member":  # a real local header for a 1 MiB stored member, then no .npy inside
+        import struct
+
+        prefix = b"PK\x03\x04" + struct.pack("<HHHHHIIIHH", 20, 0, 0, 0, 0, 0, 1 << 20, 1 << 20, 7, 0) + b"src.npy"
+    writer = endless(prefix)
+    try:
+        assert_rejected_within_budget(["run", "-", "-o", tmp_path_factory.mktemp("o") / "o.npz"], pattern,
+                                      tmp_path_factory, stdin=writer.stdout)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_an_endless_tail_after_a_valid_archive_is_refused(tmp_path_factory, arrays) -> None:
+    writer = endless(npz_archive(arrays), b"\0")
+    try:
+        assert_rejected_within_budget(["run", "-", "-o", tmp_path_factory.mktemp("o") / "o.npz"],
+                                      r"more than 16777216 bytes after its last member", tmp_path_factory,
+                                      stdin=writer.stdout)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.parametrize("form", ["stored", "deflate", "bzip2", "lzma", "streamed", "streamed-deflate", "zip64"])
+def test_valid_archives_on_stdin_still_read(cli, tmp_path: Path, arrays, bundle: Path, form: str) -> None:
+    import zipfile
+
+    bundle_arrays = {**arrays, "epsilon": np.array(1e-3), "data_format": np.array("NCHW")}
+    method = {"deflate": zipfile.ZIP_DEFLATED, "bzip2": zipfile.ZIP_BZIP2, "lzma": zipfile.ZIP_LZMA,
+              "streamed-deflate": zipfile.ZIP_DEFLATED}.get(form)
+    data = npz_archive(bundle_arrays, method, stream=form.startswith("streamed"), zip64=form == "zip64")
+    expected = cli("run", bundle, "-q", "-o", tmp_path / "expected.npz")
+    assert expected.exit_code == 0, expected.output
+    result = cli("run", "-", "-q", "-o", tmp_path / "got.npz", input=data)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "got.npz").read_bytes() == (tmp_path / "expected.npz").read_bytes()
+
+
+def test_stdin_npz_under_a_virtual_memory_limit(tmp_path: Path, bundle: Path) -> None:
+    """No allocation is sized by MemAvailable: under `ulimit -v` a small archive on stdin is read in chunks."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2_000_000 * 1024, 2_000_000 * 1024))
+
+    with bundle.open("rb") as stdin:
+        result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "-", "-q", "-o", tmp_path / "o.npz"],
+                                stdin=stdin, capture_output=True, timeout=60, preexec_fn=limit,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"})
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert npz_keys((tmp_path / "o.npz").read_bytes()) == OUTPUT_KEYS
+
+
+def bomb_members(arrays, method, big_shape=(64, 1024, 1024)) -> bytes:
+    """A small archive whose `extra` member inflates to a valid .npy of zeros (256 MiB by default), written in
+    chunks (the test never holds it)."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy_format
+
+    from tests.conftest import npy_bytes
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", method) as archive:
+        for key, array in arrays.items():
+            archive.writestr(f"{key}.npy", npy_bytes(array))
+        with archive.open("extra.npy", "w", force_zip64=True) as member:
+            npy_format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": big_shape})
+            zeros = bytes(16 << 20)
+            for _ in range(int(np.prod(big_shape)) * 4 // len(zeros)):
+                member.write(zeros)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("command", ["verify", "check"])
+def test_members_nothing_compares_are_never_inflated(tmp_path_factory, tmp_path: Path, arrays, case_dir: Path,
+                                                     command: str) -> None:
+    """A 2 MB archive with a 2 GB member that no rule uses: judged within the budget, the member never inflated."""
+    import zipfile
+
+    outputs = {name: np.load(case_dir / f"{name}.npy") for name in OUTPUT_KEYS}
+    members = {**outputs, **(arrays if command == "check" else {})}
+    path = tmp_path / "case.npz"
+    path.write_bytes(bomb_members(members, zipfile.ZIP_DEFLATED, big_shape=(32, 1024, 1024)))  # 128 MiB
+    assert path.stat().st_size < 1 << 20
+    reference = tmp_path / "ref.npz"
+    np.savez(reference, **outputs)
+    args = (["verify", path, reference] if command == "verify"
+            else ["check", path, "--epsilon", EPSILON, "--format", "NCHW"])
+    result = measured(args)
+    assert result.returncode == 0, result.stderr
+    assert result.peak_mib <= baseline_mib(tmp_path_factory) + 64, result.peak_mib
+
+
+@pytest.mark.parametrize("method", ["bzip2", "lzma"])
+def test_every_compression_method_is_held_to_the_ratio_bound(tmp_path_factory, tmp_path: Path, arrays,
+                                                             method: str) -> None:
+    import zipfile
+
+    method_id = {"bzip2": zipfile.ZIP_BZIP2, "lzma": zipfile.ZIP_LZMA}[method]
+    bundle = tmp_path / "bomb.npz"
+    bundle.write_bytes(bomb_members({**arrays, "epsilon": np.array(1e-3)}, method_id, big_shape=(4, 1024, 1024)))
+    assert_rejected_within_budget(["run", bundle, "-q", "--format", "NCHW", "-o", tmp_path / "o.npz", "--src",
+                                   f"{bundle}:extra"], rf"{method} member declares \d+ bytes from \d+ compressed, "
+                                  "more than deflate can produce", tmp_path_factory)
+
+
+def lying_member_archive(method: str, payload_bytes: int, declared: int) -> bytes:
+    """An archive whose one member, extra.npy, is a valid .npy of `payload_bytes` of zeros compressed with `method`,
+    while its headers declare `declared` bytes: a liar no ratio check sees."""
+    import bz2
+    import io
+    import lzma
+    import struct
+    import zipfile
+    import zlib
+
+    from numpy.lib import format as npy_format
+
+    header = io.BytesIO()
+    npy_format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (payload_bytes,)})
+    plain = header.getvalue() + bytes(payload_bytes)
+    if method == "bzip2":
+        data, method_id = bz2.compress(plain), zipfile.ZIP_BZIP2
+    else:
+        lzma1 = {"id": lzma.FILTER_LZMA1, "preset": 0}
+        compressor = lzma.LZMACompressor(lzma.FORMAT_RAW, filters=[lzma1])
+        properties = lzma._encode_filter_properties(lzma1)
+        data = b"\x09\x04" + struct.pack("<H", len(properties)) + properties + compressor.compress(plain) + compressor.flush()
+        method_id = zipfile.ZIP_LZMA
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("extra.npy", data)
+    archive_bytes = bytearray(buffer.getvalue())
+    crc = zlib.crc32(plain[:declared])
+    struct.pack_into("<HHHI", archive_bytes, 8, method_id, 0, 0, crc)  # local header: method, time, date, CRC
+    struct.pack_into("<I", archive_bytes, 22, declared)  # local header: uncompressed size
+    central = archive_bytes.rindex(b"PK\x01\x02")
+    struct.pack_into("<HHHI", archive_bytes, central + 10, method_id, 0, 0, crc)
+    struct.pack_into("<I", archive_bytes, central + 24, declared)
+    return bytes(archive_bytes)
+
+
+@pytest.mark.parametrize("method", ["bzip2", "lzma"])
+def test_a_member_inflating_past_its_declared_size_stops_there(tmp_path_factory, tmp_path: Path, method: str) -> None:
+    """The directory says 4 KiB, the data inflate to 128 MiB: refused at its .npy header, in bounded memory (zipfile's
+    own bzip2 and lzma readers inflate a whole read's worth before truncating to the declared size)."""
+    path = tmp_path / "liar.npz"
+    path.write_bytes(lying_member_archive(method, 128 << 20, 4096))
+    assert path.stat().st_size < 1 << 20
+    assert_rejected_within_budget(["verify", path, path], r"liar\.npz:extra: header declares shape \(134217728,\)",
+                                  tmp_path_factory)
+
+
+def test_bounded_inflate_reads_no_more_than_asked_and_checks_the_crc(tmp_path: Path) -> None:
+    import zipfile
+
+    from bnbwd_cli.files.npz import open_member
+
+    for method in ("bzip2", "lzma"):
+        path = tmp_path / f"{method}.npz"
+        path.write_bytes(lying_member_archive(method, 1 << 20, 4096))
+        with zipfile.ZipFile(path) as archive, open_member(archive, archive.getinfo("extra.npy")) as stream:
+            sizes = [len(stream.read(1000)) for _ in range(6)]
+        assert sizes == [1000, 1000, 1000, 1000, 96, 0]

@@ -45,14 +45,6 @@ def read_exactly_into(stream: BinaryIO, size: int) -> tuple[np.ndarray, int]:
     return buffer, got
 
 
-def read_capped(stream: BinaryIO, cap: int, what: str) -> bytes:
-    """The whole stream, refusing one longer than `cap` bytes (an endless pipe fails, not memory)."""
-    data = read_exactly(stream, cap + 1)
-    if len(data) > cap:
-        raise BnbwdError(f"{what}: more than {cap} bytes (the memory available); refusing to read further")
-    return data
-
-
 @dataclass(frozen=True)
 class NpyHeader:
     """A vetted .npy header: where the data starts and what it holds."""

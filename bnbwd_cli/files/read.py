@@ -20,17 +20,17 @@ import io
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files import common, raw, sniff
+from bnbwd_cli.files import raw, sniff
 from bnbwd_cli.files.common import READ_ERRORS, open_regular, reason
-from bnbwd_cli.files.npy import read_capped, read_exactly, read_npy_stream
-from bnbwd_cli.files.npz import read_npz, read_npz_key
+from bnbwd_cli.files.npy import read_exactly, read_npy_stream
+from bnbwd_cli.files.npz import read_npz, read_npz_key, spool_archive
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
 
 # ---------------------------------------------------------------- sniffing
@@ -110,7 +110,8 @@ def _read_once_arrays(source: str, what: str, npz_only: bool = False, **npz_opti
     """A read-once source: an ndarray for a .npy, a dict for an .npz (read whole, capped: zip needs seeking)."""
     with _read_once(source, what, npz_only) as sniffed:
         if _is_zip(sniffed.head):
-            return read_npz(io.BytesIO(read_capped(sniffed, common.memory_cap(), what)), what, **npz_options)
+            with spool_archive(sniffed, what) as spool:
+                return read_npz(spool, what, **npz_options)
         return read_npy_stream(sniffed, None, what)
 
 
@@ -221,17 +222,81 @@ def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[st
     return read_npz(path, label, check_keys=check_keys, only=only)
 
 
-def read_tensor_set(source: str) -> dict[str, np.ndarray]:
+class LazyArrays(MutableMapping):
+    """Arrays by key whose names (and headers) are known up front and whose data are read on first access: a
+    member nothing compares (a kernel's extra outputs, a bundle's inputs) is never inflated."""
+
+    def __init__(self, keys: Iterable[str], load: Callable[[str], np.ndarray]) -> None:
+        self._keys = list(dict.fromkeys(keys))
+        self._load = load
+        self._loaded: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._loaded:
+            if key not in self._keys:
+                raise KeyError(key)
+            self._loaded[key] = self._load(key)
+        return self._loaded[key]
+
+    def __setitem__(self, key: str, array: np.ndarray) -> None:
+        if key not in self._keys:
+            self._keys.append(key)
+        self._loaded[key] = array
+
+    def __delitem__(self, key: str) -> None:
+        self._keys.remove(key)
+        self._loaded.pop(key, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._keys))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
+def _npz_members(path: Path, source: str) -> LazyArrays:
+    """An .npz's arrays, every member's header vetted now (declared sizes, compression ratio), data on access."""
+    from bnbwd_cli.files.npz import vet_members
+
+    keys = vet_members(path, source)
+    return LazyArrays(keys, lambda key: read_npz_key(path, key, f"{source}:{key}"))
+
+
+def _safetensors_members(path: Path, source: str) -> LazyArrays:
+    from bnbwd_cli.files.safetensors_file import read_header
+
+    keys = list(read_header(path, source))
+    return LazyArrays(keys, lambda key: read_safetensors(path, source, only=[key])[key])
+
+
+def _directory_members(path: Path, source: str) -> LazyArrays:
+    """A directory's .npy files by stem; each must be a regular file (checked now, without opening any: a FIFO
+    would block), read on access."""
+    files = sorted(path.glob("*.npy"))
+    if not files:
+        raise BnbwdError(f"{source}: directory holds no .npy files")
+    for file in files:
+        try:
+            regular = stat.S_ISREG(file.stat().st_mode)
+        except OSError as exc:
+            raise BnbwdError(f"{file}: cannot read ({reason(exc)})") from None
+        if not regular:
+            raise BnbwdError(f"{file}: not a regular file (a FIFO, device or socket); not reading it")
+    by_stem = {file.stem: file for file in files}
+    return LazyArrays(by_stem, lambda key: _read_npy_path(by_stem[key], str(by_stem[key])))
+
+
+def read_tensor_set(source: str) -> MutableMapping[str, np.ndarray]:
     """Arrays by key from a .npy (key = stem), an .npz or .safetensors (its keys), a raw dump (key = stem),
-    a directory of .npy files (stems) or a pipe."""
+    a directory of .npy files (stems) or a pipe. Files with several arrays are read lazily (LazyArrays)."""
     if raw.is_raw(source):
         return {raw.parse_raw(source).path.stem: raw.read_raw(source, source)}
     path = Path(source)
     if path.is_dir():
-        files = sorted(path.glob("*.npy"))
-        if not files:
-            raise BnbwdError(f"{source}: directory holds no .npy files")
-        return {file.stem: _read_npy_path(file, str(file)) for file in files}
+        return _directory_members(path, source)
     if not path.exists():
         raise BnbwdError(f"{source}: no such file or directory")
     if is_pipe_like(path):
@@ -239,7 +304,7 @@ def read_tensor_set(source: str) -> dict[str, np.ndarray]:
         return {path.stem: result} if isinstance(result, np.ndarray) else result
     kind = sniff.file_kind(path, source)
     if kind == "safetensors":
-        return read_safetensors(path, source)
+        return _safetensors_members(path, source)
     if kind == "npz":
-        return read_npz(path, source)
+        return _npz_members(path, source)
     return {path.stem: _read_npy_path(path, source)}
