@@ -71,11 +71,12 @@ def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], l
     return Split(inputs, attributes, outputs, tuple(unused))
 
 
-def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle") -> Split:
+def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle", declared: bool = False) -> Split:
     """The inputs and attributes of a bundle (.npz path, pipe or '-'); members that can hold neither are
-    never inflated (they may be a kernel's large outputs): they are only named in the Split's note."""
+    never inflated (they may be a kernel's large outputs): they are only named in the Split's note.
+    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after)."""
     keys: list[str] = []
-    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map))
+    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map), declared=declared)
     split = split_arrays(arrays, key_map, f"{what} (stdin)" if source == "-" else f"{what} ({source})")
     return replace(split, unused=tuple(key for key in keys if key not in arrays))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, assert_one_error, error_line, make_inputs, save_bundle
+from tests.conftest import ROOT, assert_one_error, error_line, make_inputs, npy_bytes, save_bundle
 
 SHAPE = (4, 8, 6, 6)
 EPSILON = "1e-3"
@@ -733,3 +733,71 @@ def test_bounded_inflate_reads_no_more_than_asked_and_checks_the_crc(tmp_path: P
         with zipfile.ZipFile(path) as archive, open_member(archive, archive.getinfo("extra.npy")) as stream:
             sizes = [len(stream.read(1000)) for _ in range(6)]
         assert sizes == [1000, 1000, 1000, 1000, 96, 0]
+
+
+def sparse_npy(path: Path, shape: tuple[int, ...]) -> Path:
+    """A valid float32 .npy of `shape` whose data is a hole (no disk, no time): large inputs in a test."""
+    from numpy.lib import format as npy_format
+
+    with path.open("wb") as stream:
+        npy_format.write_array_header_1_0(stream, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        stream.truncate(stream.tell() + int(np.prod(shape)) * 4)
+    return path
+
+
+BIG = (16, 16, 512, 512)  # 256 MiB of float32
+
+
+@pytest.mark.parametrize("form", ["npy", "raw", "npz-key"])
+def test_run_reports_a_shape_mismatch_from_the_headers_before_reading_a_large_src(
+        tmp_path_factory, tmp_path: Path, form: str) -> None:
+    import zipfile
+
+    src = sparse_npy(tmp_path / "src.npy", BIG)
+    if form == "raw":
+        raw_file = tmp_path / "src.bin"
+        with raw_file.open("wb") as stream:
+            stream.truncate(int(np.prod(BIG)) * 4)
+        source = f"raw:f32:{'x'.join(map(str, BIG))}:{raw_file}"
+    elif form == "npz-key":
+        archive = tmp_path / "big.npz"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as out:
+            out.write(src, "src.npy")  # stored: a quarter GiB the test writes once
+        source = f"{archive}:src"
+    else:
+        source = str(src)
+    np.save(tmp_path / "stats.npy", np.ones(7, np.float32))  # C is 16
+    stats = tmp_path / "stats.npy"
+    assert_rejected_within_budget(["run", "--src", source, "--diff-dst", source, "--mean", stats, "--variance", stats,
+                                   "--epsilon", EPSILON, "--format", "NCHW", "-o", tmp_path / "o.npz"],
+                                  r"mean has shape \(7,\), expected \(16,\)", tmp_path_factory)
+
+
+def test_run_reports_a_bundle_shape_mismatch_before_inflating_its_src(tmp_path_factory, tmp_path: Path) -> None:
+    import zipfile
+
+    src = sparse_npy(tmp_path / "src.npy", (8, 16, 512, 512))  # 128 MiB
+    bundle = tmp_path / "bundle.npz"
+    with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as out:
+        out.write(src, "src.npy")
+        out.write(src, "diff_dst.npy")
+        for name in ("mean", "variance"):
+            out.writestr(f"{name}.npy", npy_bytes(np.ones(7, np.float32)))
+    assert_rejected_within_budget(["run", bundle, "--epsilon", EPSILON, "--format", "NCHW", "-o", tmp_path / "o.npz"],
+                                  r"mean has shape \(7,\), expected \(16,\)", tmp_path_factory)
+
+
+def test_declared_inputs_are_read_after_the_checks_and_give_the_same_outputs(cli, tmp_path: Path) -> None:
+    """Inputs over DECLARED_MIN_BYTES go through the Declared path; the outputs are those of plain in-memory inputs."""
+    from bnbwd_cli.files.npy import DECLARED_MIN_BYTES
+
+    arrays = make_inputs(np.random.default_rng(3), (4, 16, 64, 64))
+    assert arrays["src"].nbytes >= DECLARED_MIN_BYTES
+    bundle = save_bundle(tmp_path / "b.npz", arrays, epsilon=1e-3, data_format="NCHW")
+    for name in ("src", "diff_dst"):
+        np.save(tmp_path / f"{name}.npy", arrays[name])
+    a = cli("run", bundle, "-q", "-o", tmp_path / "a.npz")
+    b = cli("run", bundle, "--src", tmp_path / "src.npy", "--diff-dst", tmp_path / "diff_dst.npy", "-q",
+            "-o", tmp_path / "flags.npz")
+    assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "flags.npz").read_bytes()

@@ -20,7 +20,8 @@ from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, B
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_array, read_tensor_set, source_files
+from bnbwd_cli.files.npy import Declared
+from bnbwd_cli.files.read import declared_array, read_array, read_tensor_set, source_files
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 from bnbwd_cli.run_summary import RunFacts
@@ -260,7 +261,8 @@ def _reference_paths(options: RunOptions) -> list[Path]:
 def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
     """Read the bundle and the flagged inputs (streamed ones as blocks), resolve format and epsilon, validate."""
     profile = PROFILES[options.spec]
-    split = read_inputs(options.bundle, options.comparison.judging.key_map) if options.bundle else None  # --map renames inputs
+    split = (read_inputs(options.bundle, options.comparison.judging.key_map, declared=True)  # --map renames inputs
+             if options.bundle else None)
     inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
     if split and split.note() and not options.quiet:
         echo_error(f"note: bundle ({options.bundle}): {split.note()}")
@@ -277,12 +279,19 @@ def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
         blocks = files_blocks.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
         if blocks is not None:
             stack.callback(blocks.close)
-        inputs[name] = blocks if blocks is not None else read_array(source, name)
+        inputs[name] = blocks if blocks is not None else declared_array(source, name)
     bf16_names = [key for key in options.bf16_inputs if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
     epsilon = _resolve_epsilon(options.epsilon, attributes, profile, options.variance_is_invstd)
+    # Large src/diff_dst are known by their headers so far: a shape or dtype mismatch is reported before they are read.
+    inputs.update({name: value.read() for name, value in inputs.items() if isinstance(value, Declared)
+                   and name not in ("src", "diff_dst")})
     canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                 outputs=options.outputs)
+    if any(isinstance(value, Declared) for value in inputs.values()):
+        inputs.update({name: value.read() for name, value in inputs.items() if isinstance(value, Declared)})
+        canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
+                                    outputs=options.outputs)
     if profile.paired_param_grads and "diff_gamma" not in options.outputs:
         inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
     return Prepared(inputs, data_format, canonical, epsilon, stream)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -69,6 +70,38 @@ class NpyHeader:
         if self.dtype.kind == "V" and self.dtype.itemsize == 2 and self.dtype.names is None:
             return dtypes.BFLOAT16
         return self.dtype.newbyteorder("=") if self.dtype.byteorder not in ("=", "|") else self.dtype
+
+
+DECLARED_MIN_BYTES = 1 << 20  # smaller arrays are simply read
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An array known so far by its vetted header: shape and dtype as reading it will give them, so that the
+    input checks (shapes, dtypes) run before any of its data is read; read() reads it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    load: Callable[[], np.ndarray]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def view(self, dtype: np.dtype) -> Declared:
+        """As ndarray.view for a dtype of the same item size (--bf16)."""
+        return Declared(self.shape, np.dtype(dtype), lambda: self.load().view(dtype))
+
+    def read(self) -> np.ndarray:
+        return self.load()
 
 
 def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -> NpyHeader:

@@ -6,6 +6,7 @@ Members the caller does not want are never inflated; a member declaring more tha
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import common
 from bnbwd_cli.files.common import READ_ERRORS, reason
-from bnbwd_cli.files.npy import NpyHeader, read_npy_header, read_npy_stream
+from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared, NpyHeader, read_npy_header, read_npy_stream
 
 if TYPE_CHECKING:
     import zipfile
@@ -305,10 +306,11 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> 
 
 
 def read_npz(source: BinaryIO | str | Path, what: str, *, check_keys: Callable[[list[str]], None] | None = None,
-             only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+             only: Iterable[str] | None = None, declared: bool = False) -> dict[str, np.ndarray | Declared]:
     """Arrays of an .npz by key. `check_keys` sees the key names before anything is inflated (and may raise);
     `only` limits the members read (the others are never inflated). Every wanted member's header and
-    declared size are vetted, and their total checked against available memory, before any data is read."""
+    declared size are vetted, and their total checked against available memory, before any data is read.
+    `declared`: members of DECLARED_MIN_BYTES or more come back as Declared stand-ins, read by their read()."""
     with open_zip(source, what) as archive:
         keys = npz_keys(archive)
         if check_keys is not None:
@@ -319,7 +321,20 @@ def read_npz(source: BinaryIO | str | Path, what: str, *, check_keys: Callable[[
         total = sum(header.nbytes for header in headers.values())
         if total > common.memory_cap():
             raise BnbwdError(f"{what}: its arrays declare {total} bytes, more than the memory available")
+        if declared and isinstance(source, (str, Path)):  # large members stay unread until the caller's checks pass
+            return {key: Declared(headers[key].shape, headers[key].logical_dtype,
+                                  functools.partial(read_npz_key, source, key, f"{what}:{key}"))
+                    if headers[key].nbytes >= DECLARED_MIN_BYTES else _read_member(archive, infos[key], f"{what}:{key}")
+                    for key in wanted}
         return {key: _read_member(archive, infos[key], f"{what}:{key}") for key in wanted}
+
+
+def member_header(source: str | Path, key: str, what: str) -> NpyHeader | None:
+    """The vetted .npy header of member `key` (None when there is none: the read says so)."""
+    with open_zip(source, what) as archive:
+        if f"{key}.npy" not in archive.namelist():
+            return None
+        return _vet_member(archive, archive.getinfo(f"{key}.npy"), what)
 
 
 def vet_members(source: str | Path, what: str) -> list[str]:

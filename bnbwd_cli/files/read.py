@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import stat
 import sys
@@ -29,7 +30,7 @@ import numpy as np
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
 from bnbwd_cli.files.common import READ_ERRORS, open_regular, reason
-from bnbwd_cli.files.npy import read_exactly, read_npy_stream
+from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared, read_exactly, read_npy_stream
 from bnbwd_cli.files.npz import read_npz, read_npz_key, spool_archive
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
 
@@ -65,6 +66,50 @@ def _only_array(arrays: dict[str, np.ndarray], what: str) -> np.ndarray:
         raise BnbwdError(f"{what}: the file holds {len(arrays)} arrays ({', '.join(arrays) or 'none'}); "
                          "name one with FILE.npz:key (or FILE.safetensors:key)")
     return next(iter(arrays.values()))
+
+
+# ---------------------------------------------------------------- inputs known by their headers first
+
+def _header_of(source: str, what: str) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of a file-backed source from its header alone; None when it cannot be had without reading
+    the data (stdin, pipes, a whole .npz) or the header is bad (the read then says why)."""
+    from bnbwd_cli.files.npy import read_npy_header
+
+    label = f"{what} ({source})"
+    try:
+        if raw.is_raw(source):
+            parsed = raw.parse_raw(source)
+            return parsed.shape, parsed.dtype.newbyteorder("=")
+        path_text, key = split_source(source)
+        path = Path(path_text)
+        if source == "-" or not path.is_file():
+            return None
+        kind = sniff.file_kind(path, label)
+        if key and kind == "safetensors":
+            from bnbwd_cli.files.safetensors_file import read_header
+
+            entry = read_header(path, label).get(key)
+            return (entry.shape, entry.dtype) if entry is not None else None
+        if key and kind == "npz":
+            from bnbwd_cli.files.npz import member_header
+
+            header = member_header(path, key, label)
+            return (header.shape, header.logical_dtype) if header is not None else None
+        if kind == "npy" and not key:
+            with open_regular(path, label) as stream:
+                header = read_npy_header(stream, os.fstat(stream.fileno()).st_size, label)
+            return header.shape, header.logical_dtype
+    except BnbwdError:
+        return None
+    return None
+
+
+def declared_array(source: str, what: str) -> Declared | np.ndarray:
+    """read_array's result, as a Declared stand-in when its header alone tells shape and dtype and it is large."""
+    header = _header_of(source, what)
+    if header is None or math.prod(header[0]) * header[1].itemsize < DECLARED_MIN_BYTES:
+        return read_array(source, what)
+    return Declared(header[0], header[1], lambda: read_array(source, what))
 
 
 # ---------------------------------------------------------------- sources: files, pipes, stdin
@@ -205,9 +250,9 @@ def read_array(source: str, what: str) -> np.ndarray:
 
 
 def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None,
-                only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+                only: Iterable[str] | None = None, declared: bool = False) -> dict[str, np.ndarray | Declared]:
     """The arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first,
-    `only` limits the members read (as for read_npz)."""
+    `only` limits the members read, `declared` gives large .npz members as Declared stand-ins (as for read_npz)."""
     label = f"{what} (stdin)" if source == "-" else f"{what} ({source})"
     path = Path(source)
     if source == "-" or is_pipe_like(path):
@@ -219,7 +264,7 @@ def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[st
         return read_safetensors(path, label, check_keys=check_keys, only=only)
     if kind != "npz":
         raise BnbwdError(f"{label}: not an .npz archive or a .safetensors file")
-    return read_npz(path, label, check_keys=check_keys, only=only)
+    return read_npz(path, label, check_keys=check_keys, only=only, declared=declared)
 
 
 class LazyArrays(MutableMapping):
