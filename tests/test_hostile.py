@@ -801,3 +801,93 @@ def test_declared_inputs_are_read_after_the_checks_and_give_the_same_outputs(cli
             "-o", tmp_path / "flags.npz")
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "flags.npz").read_bytes()
+
+
+# ---------------------------------------------------------------- interrupts while the outputs commit
+
+
+def test_signals_are_held_while_a_set_is_renamed_then_delivered() -> None:
+    import signal
+
+    from bnbwd_cli.files.write import signals_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the signal")  # the block goes on: the signal waits for its end
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_one_commit_renames_every_set_at_its_end_or_none(tmp_path: Path) -> None:
+    from bnbwd_cli.files.write import OutputSet, one_commit
+
+    first, second = tmp_path / "grads.npz", tmp_path / "report.json"
+    for path in (first, second):
+        path.write_bytes(b"old")
+    with one_commit():
+        with OutputSet() as outputs:
+            outputs.new_file(first).write(b"new grads")
+        assert first.read_bytes() == b"old"  # staged, not yet renamed
+        with OutputSet() as outputs:
+            outputs.new_file(second).write(b"new report")
+    assert first.read_bytes() == b"new grads" and second.read_bytes() == b"new report"
+    with pytest.raises(KeyboardInterrupt):
+        with one_commit():
+            with OutputSet() as outputs:
+                outputs.new_file(first).write(b"newer grads")
+            raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) between the outputs and the report
+    assert first.read_bytes() == b"new grads" and second.read_bytes() == b"new report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grads.npz", "report.json"]
+
+
+@pytest.mark.parametrize("interrupt, code", [(KeyboardInterrupt, 130), ("terminated", 143)])
+def test_run_interrupted_between_outputs_and_report_keeps_the_old_set(cli, tmp_path: Path, bundle: Path, monkeypatch,
+                                                                      interrupt, code: int) -> None:
+    """Ctrl-C or SIGTERM after the outputs are complete but before the --json report: neither is replaced."""
+    from bnbwd_cli.cli.main import Terminated
+    from bnbwd_cli.files import write as files_write
+
+    out, report = tmp_path / "grads.npz", tmp_path / "report.json"
+    out.write_bytes(b"old grads")
+    report.write_bytes(b"old report")
+    error = Terminated() if interrupt == "terminated" else interrupt()
+
+    def interrupted(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(files_write, "write_text", interrupted)
+    result = cli("run", bundle, "-q", "-o", out, "--json", report)
+    assert result.exit_code == code, result.output
+    assert out.read_bytes() == b"old grads" and report.read_bytes() == b"old report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.npz", "grads.npz", "report.json"]
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGTERM", 143), ("SIGINT", 130), ("SIGHUP", -1)])
+def test_a_signal_during_the_renames_waits_until_the_set_is_complete(tmp_path: Path, bundle: Path, signal_name: str,
+                                                                     code: int) -> None:
+    """The signal arrives after the first of the set's renames: every file of the set is renamed, then it acts."""
+    out, report = tmp_path / "grads.npz", tmp_path / "report.json"
+    out.write_bytes(b"old grads")
+    report.write_bytes(b"old report")
+    script = f"""
+import os, signal, sys
+real_replace = os.replace
+def replace_then_signal(*args, **kwargs):
+    real_replace(*args, **kwargs)
+    os.replace = real_replace
+    os.kill(os.getpid(), signal.{signal_name})
+os.replace = replace_then_signal
+sys.argv = ["bnbwd", "run", {str(bundle)!r}, "-q", "-o", {str(out)!r}, "--json", {str(report)!r}]
+import runpy
+runpy.run_module("bnbwd_cli", run_name="__main__")
+"""
+    from tests.conftest import default_sigint
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, preexec_fn=default_sigint,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == (code if code > 0 else -getattr(__import__("signal"), signal_name)), result.stderr
+    assert npz_keys(out.read_bytes()) == OUTPUT_KEYS
+    assert b'"schema_version"' in report.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.npz", "grads.npz", "report.json"]

@@ -180,6 +180,8 @@ def run(no_param_grads: bool, **kwargs) -> None:
     options = RunOptions(**kwargs)
     _check_usage(options)
     destinations = _vet_paths(options)
+    # Outputs and the --json report are renamed together at the end (closed before --out-dir's cleanup: LIFO).
+    click.get_current_context().with_resource(files_write.one_commit())
     with contextlib.ExitStack() as stack:
         prepared = _prepare(options, stack)
         stderr_console = None if options.quiet else _console(stderr=True)

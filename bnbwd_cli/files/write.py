@@ -5,6 +5,8 @@
 - A regular destination is written to a temp file beside it (unique name, within NAME_MAX when the
   target's own name fits, the umask's mode) and renamed over it only when every file of the set is
   complete (`OutputSet`): all or nothing. Any failure, Ctrl-C and SIGTERM included, removes the temp files.
+  Inside `one_commit()` (a whole `run`: its outputs and its --json report) the renames wait for the end of the
+  block and happen together; Ctrl-C, SIGTERM and SIGHUP are held while they run (`signals_deferred`).
 - A FIFO or character device (`-o /dev/stdout`, a named pipe) is written through, never replaced by a file.
 - fsync is opt-in (`--fsync`): it protects only against power loss, and the outputs can be recomputed.
 - Nothing is memory-mapped: the streamed diff_src is preallocated with posix_fallocate (a full disk fails
@@ -214,6 +216,72 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+# ---------------------------------------------------------------- one commit per command, signals held meanwhile
+
+_PENDING_GROUPS: list[list[OutputSet]] = []  # the open one_commit() blocks, innermost last
+
+
+@contextlib.contextmanager
+def one_commit() -> Iterator[None]:
+    """Every OutputSet committed inside the block is renamed at its end, together: a command's outputs and its
+    --json report appear as one set or not at all. The block ending normally or in click's Exit (a code chosen
+    after the work) commits; any other exception (an error, Ctrl-C, SIGTERM) removes every temp file."""
+    group: list[OutputSet] = []
+    _PENDING_GROUPS.append(group)
+    try:
+        yield
+    except BaseException as exc:
+        _PENDING_GROUPS.remove(group)
+        if isinstance(exc, Exit):  # the command chose its exit code after its work (1: a mismatch; 3: a reference
+            _commit_group(group)   # that could not be compared): what it wrote stands, as without the block
+        else:
+            for outputs in group:
+                outputs.abort()
+        raise
+    _PENDING_GROUPS.remove(group)
+    _commit_group(group)
+
+
+def _commit_group(group: list[OutputSet]) -> None:
+    try:
+        with signals_deferred():
+            for outputs in group:
+                outputs._rename()  # noqa: SLF001 - the group is OutputSet's own commit, deferred
+    except OSError as exc:
+        for outputs in group:
+            outputs.abort()
+        raise BnbwdError(f"output: rename failed ({reason(exc)}); the outputs may be incomplete") from None
+
+
+DEFERRED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held while the block runs (the renames of an output set), then delivered: the
+    set is never left half renamed by them. SIGKILL and power loss cannot be held (docs/guarantees.md)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    received: list[int] = []
+    previous: dict[int, object] = {}
+    try:
+        for name in DEFERRED_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                previous[number] = signal.signal(number, lambda signum, frame: received.append(signum))
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        for number in dict.fromkeys(received):
+            if previous.get(number) is not signal.SIG_IGN:
+                signal.raise_signal(number)  # now, with the handler the command had
+
+
 class OutputSet:
     """Files that appear together or not at all.
 
@@ -271,12 +339,20 @@ class OutputSet:
         return NpyBlockWriter(stream, shape, dtype, path)
 
     def commit(self) -> None:
+        """Complete every file, then rename them all; inside `one_commit()` the renames wait for its end."""
         for _, temp, stream in self._entries:
             stream.flush()
             if self.fsync and temp is not None:
                 os.fsync(stream.fileno())
         for _, _, stream in self._entries:
             stream.close()
+        if _PENDING_GROUPS:
+            _PENDING_GROUPS[-1].append(self)
+            return
+        with signals_deferred():
+            self._rename()
+
+    def _rename(self) -> None:
         directories = set()
         for target, temp, _ in self._entries:
             if temp is not None:
