@@ -618,6 +618,18 @@ def test_stdin_npz_under_a_virtual_memory_limit(tmp_path: Path, bundle: Path) ->
                                 env={**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"})
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert npz_keys((tmp_path / "o.npz").read_bytes()) == OUTPUT_KEYS
+    lying = tmp_path / "lie.npy"  # declares 4 GiB (under MemAvailable here, over what ulimit -v leaves)
+    with lying.open("wb") as stream:
+        from numpy.lib import format as npy_format
+
+        npy_format.write_array_header_1_0(stream, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30,)})
+        stream.write(bytes(1000))
+    with lying.open("rb") as stdin:
+        result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "--src", "-", "-q", "-o",
+                                 tmp_path / "o2.npz"], stdin=stdin, capture_output=True, timeout=60, preexec_fn=limit,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"})
+    assert result.returncode == 3
+    error_line(result.stderr, r"src \(stdin\): header declares shape \(1073741824,\).*more than the memory available")
 
 
 def bomb_members(arrays, method, big_shape=(64, 1024, 1024)) -> bytes:

@@ -20,7 +20,7 @@ from bnbwd_cli.cli.params import (FORMAT_CHOICE, MIN_BLOCK_BYTES, ArraySource, B
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.npy import Declared
+from bnbwd_cli.files.npy import read_declared
 from bnbwd_cli.files.read import declared_array, read_array, read_tensor_set, source_files
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
@@ -180,8 +180,7 @@ def run(no_param_grads: bool, **kwargs) -> None:
     options = RunOptions(**kwargs)
     _check_usage(options)
     destinations = _vet_paths(options)
-    # Outputs and the --json report are renamed together at the end (closed before --out-dir's cleanup: LIFO).
-    click.get_current_context().with_resource(files_write.one_commit())
+    click.get_current_context().with_resource(files_write.one_commit())  # outputs and --json: one set (LIFO: before --out-dir's cleanup)
     with contextlib.ExitStack() as stack:
         prepared = _prepare(options, stack)
         stderr_console = None if options.quiet else _console(stderr=True)
@@ -263,8 +262,7 @@ def _reference_paths(options: RunOptions) -> list[Path]:
 def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
     """Read the bundle and the flagged inputs (streamed ones as blocks), resolve format and epsilon, validate."""
     profile = PROFILES[options.spec]
-    split = (read_inputs(options.bundle, options.comparison.judging.key_map, declared=True)  # --map renames inputs
-             if options.bundle else None)
+    split = read_inputs(options.bundle, options.comparison.judging.key_map, declared=True) if options.bundle else None
     inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
     if split and split.note() and not options.quiet:
         echo_error(f"note: bundle ({options.bundle}): {split.note()}")
@@ -285,13 +283,10 @@ def _prepare(options: RunOptions, stack: contextlib.ExitStack) -> Prepared:
     bf16_names = [key for key in options.bf16_inputs if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
     epsilon = _resolve_epsilon(options.epsilon, attributes, profile, options.variance_is_invstd)
-    # Large src/diff_dst are known by their headers so far: a shape or dtype mismatch is reported before they are read.
-    inputs.update({name: value.read() for name, value in inputs.items() if isinstance(value, Declared)
-                   and name not in ("src", "diff_dst")})
+    read_declared(inputs, keep=("src", "diff_dst"))  # large src/diff_dst: checked by their headers before a read
     canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                 outputs=options.outputs)
-    if any(isinstance(value, Declared) for value in inputs.values()):
-        inputs.update({name: value.read() for name, value in inputs.items() if isinstance(value, Declared)})
+    if read_declared(inputs):
         canonical = validate_inputs(inputs, profile, data_format, variance_is_invstd=options.variance_is_invstd,
                                     outputs=options.outputs)
     if profile.paired_param_grads and "diff_gamma" not in options.outputs:

@@ -75,6 +75,23 @@ def available_memory() -> int | None:
     return None
 
 
+def address_space_left() -> int | None:
+    """Bytes this process may still map under `ulimit -v` (RLIMIT_AS), or None without such a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(limit - mapped, 0)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+
+
 def memory_cap() -> int:
-    """The most bytes one read may bring into memory: what is available (8 GiB when unknown)."""
-    return available_memory() or (8 << 30)
+    """The most bytes one read may bring into memory: what is available (8 GiB when unknown), and no more than
+    `ulimit -v` leaves (an allocation past it fails as 'out of memory' instead of naming the input)."""
+    limits = [value for value in (available_memory(), address_space_left()) if value is not None]
+    return min(limits) if limits else 8 << 30

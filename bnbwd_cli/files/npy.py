@@ -104,6 +104,13 @@ class Declared:
         return self.load()
 
 
+def read_declared(arrays: dict, keep: tuple[str, ...] = ()) -> bool:
+    """Every Declared value of `arrays` not named in `keep` replaced by its data, in place; whether any was read."""
+    names = [name for name, value in arrays.items() if isinstance(value, Declared) and name not in keep]
+    arrays.update({name: arrays[name].read() for name in names})
+    return bool(names)
+
+
 def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -> NpyHeader:
     """Parse and vet a .npy header at the stream's position. Reads no data."""
     start = _tell(stream)

@@ -19,7 +19,6 @@ import contextlib
 import errno
 import io
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -30,82 +29,14 @@ from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
+from bnbwd_cli.files.commit import _PENDING_GROUPS, one_commit, signals_deferred  # noqa: F401 - one_commit: the API
 from bnbwd_cli.files.common import display, reason
+from bnbwd_cli.files.through import COPY_CHUNK, ForwardOnly, is_terminal, is_write_through
 
-COPY_CHUNK = 16 << 20
 TEMP_SUFFIX = ".tmp"
 
 
 # ---------------------------------------------------------------- destinations
-
-
-def is_descriptor_alias(path: Path) -> bool:
-    """/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: a name for an open descriptor, whatever it points to
-    (a pipe, a terminal, or the regular file the shell redirected it to). Replacing it would replace /dev's link."""
-    parent = os.path.realpath(path.parent)
-    return parent == "/dev" and path.name in ("stdout", "stderr") or (
-        parent.startswith("/proc/") and parent.endswith("/fd"))
-
-
-def is_write_through(path: Path) -> bool:
-    """A FIFO, a character device (`/dev/null`) or a descriptor alias (`/dev/stdout`): written to directly, never
-    replaced by a file."""
-    if is_descriptor_alias(path):
-        return True
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
-
-
-def _is_terminal(path: Path) -> bool:
-    """Whether a character device (or /dev/stdout's descriptor) is a terminal; a FIFO is never opened to ask (that
-    would block, or fail, without a reader)."""
-    try:
-        if not stat.S_ISCHR(path.stat().st_mode):
-            return False
-        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        return os.isatty(fd)
-    finally:
-        os.close(fd)
-
-
-class ForwardOnly(io.RawIOBase):
-    """A write-through target as a stream that cannot seek or tell. zipfile then writes the archive front to back
-    (sizes after each member): /dev/null answers tell() with 0 after any write, which would corrupt a seeking writer,
-    and a pipe cannot seek at all."""
-
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "wb", buffering=COPY_CHUNK)  # noqa: SIM115 - closed with this stream
-        super().__init__()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
-        return self._file.write(data)
-
-    def tell(self) -> int:
-        raise OSError(errno.ESPIPE, "a write-through target cannot tell its position")
-
-    def flush(self) -> None:
-        if not self.closed:
-            self._file.flush()
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                super().close()  # flushes first
-            finally:
-                if hasattr(self, "_file"):  # absent when open() failed in __init__
-                    self._file.close()
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -128,7 +59,7 @@ def vet_destination(target: str | Path, inputs: list[Path], what: str = "output"
         if _same_file(path, source) or path.resolve() == source.resolve():
             raise BnbwdError(f"{what} {shown}: is also an input ({display(source)}); refusing to overwrite it")
     if is_write_through(path):
-        if _is_terminal(path):
+        if is_terminal(path):
             raise BnbwdError(f"{what} {shown}: is a terminal; refusing to write binary data or a report there "
                              "(redirect it to a file)")
         return path
@@ -214,72 +145,6 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-# ---------------------------------------------------------------- one commit per command, signals held meanwhile
-
-_PENDING_GROUPS: list[list[OutputSet]] = []  # the open one_commit() blocks, innermost last
-
-
-@contextlib.contextmanager
-def one_commit() -> Iterator[None]:
-    """Every OutputSet committed inside the block is renamed at its end, together: a command's outputs and its
-    --json report appear as one set or not at all. The block ending normally or in click's Exit (a code chosen
-    after the work) commits; any other exception (an error, Ctrl-C, SIGTERM) removes every temp file."""
-    group: list[OutputSet] = []
-    _PENDING_GROUPS.append(group)
-    try:
-        yield
-    except BaseException as exc:
-        _PENDING_GROUPS.remove(group)
-        if isinstance(exc, Exit):  # the command chose its exit code after its work (1: a mismatch; 3: a reference
-            _commit_group(group)   # that could not be compared): what it wrote stands, as without the block
-        else:
-            for outputs in group:
-                outputs.abort()
-        raise
-    _PENDING_GROUPS.remove(group)
-    _commit_group(group)
-
-
-def _commit_group(group: list[OutputSet]) -> None:
-    try:
-        with signals_deferred():
-            for outputs in group:
-                outputs._rename()  # noqa: SLF001 - the group is OutputSet's own commit, deferred
-    except OSError as exc:
-        for outputs in group:
-            outputs.abort()
-        raise BnbwdError(f"output: rename failed ({reason(exc)}); the outputs may be incomplete") from None
-
-
-DEFERRED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP held while the block runs (the renames of an output set), then delivered: the
-    set is never left half renamed by them. SIGKILL and power loss cannot be held (docs/guarantees.md)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers
-        return
-    received: list[int] = []
-    previous: dict[int, object] = {}
-    try:
-        for name in DEFERRED_SIGNALS:
-            number = getattr(signal, name, None)
-            if number is not None:
-                previous[number] = signal.signal(number, lambda signum, frame: received.append(signum))
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
-        for number in dict.fromkeys(received):
-            if previous.get(number) is not signal.SIG_IGN:
-                signal.raise_signal(number)  # now, with the handler the command had
 
 
 class OutputSet:
