@@ -1,4 +1,5 @@
-"""What every reader shares: the errors malformed bytes raise, short error reasons, the memory a read may use."""
+"""What every reader shares: the errors malformed bytes raise, short error reasons and quoted values, opening only
+regular files, the memory a read may use."""
 
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ pickles are refused by name and content (files/sniff.py).
 Everything is loaded with allow_pickle=False, and bounds come before work: a header is checked
 against the bytes actually present (file size, zip member size) before any data is read; an .npz
 member's declared size and compression ratio are checked before it is inflated, and members the
-caller does not want are never inflated; stdin must start with a .npy or zip magic and is read only
-as far as its header declares. Nothing here is memory-mapped: data is read with explicit reads, so a
+caller does not want are never inflated (verify and check get LazyArrays: members read on first use);
+stdin must start with a .npy or zip magic: a .npy is read only as far as its header declares, an archive
+is spooled (files/npz.spool_archive) with its member headers checked as they pass. Nothing here is memory-mapped: data is read with explicit reads, so a
 file truncated while it is read is a clean error, never SIGBUS (.safetensors too: files/safetensors_file.py
 reads the format itself rather than through the package, which maps its files). Raw 2-byte void arrays (`|V2`) are
 how np.save stores ml_dtypes.bfloat16, so they are read back as bfloat16.
