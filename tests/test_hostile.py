@@ -903,3 +903,18 @@ runpy.run_module("bnbwd_cli", run_name="__main__")
     assert npz_keys(out.read_bytes()) == OUTPUT_KEYS
     assert b'"schema_version"' in report.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.npz", "grads.npz", "report.json"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8:strict", "ascii"])
+def test_non_utf8_names_under_a_strict_stdout_are_printed_escaped(tmp_path: Path, bundle: Path, encoding: str) -> None:
+    """Most locales make stdout strict: a name with a byte that is not UTF-8 was a UnicodeEncodeError (exit 4)."""
+    target = os.fsencode(tmp_path) + b"/grads\xff.npz"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": encoding}
+    result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", bundle, "-o", target], capture_output=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert b"wrote " + os.fsencode(tmp_path) + b"/grads\\xff.npz" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "verify", target, target, "--brief"],
+                            capture_output=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert b"grads\\udcff.npz" in result.stdout

@@ -185,7 +185,7 @@ def run(no_param_grads: bool, **kwargs) -> None:
         prepared = _prepare(options, stack)
         stderr_console = None if options.quiet else _console(stderr=True)
         computed = _compute(options, prepared, stack, stderr_console)
-        written = [str(p) for p in destinations] or (["-"] if options.output == "-" else [])
+        written = [files_write.display(p) for p in destinations] or (["-"] if options.output == "-" else [])  # \xff: not UTF-8
         facts = RunFacts(spec=options.spec, data_format=prepared.data_format.upper(), canonical_format=prepared.canonical,
                          epsilon=None if options.variance_is_invstd else prepared.epsilon, training=not options.inference,
                          inputs=prepared.inputs, outputs=computed.arrays, written=written, elapsed_s=computed.elapsed_s,
