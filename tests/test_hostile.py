@@ -324,7 +324,7 @@ def test_safetensors_truncated_while_read_is_an_error_not_sigbus(cli, tmp_path: 
 
     monkeypatch.setattr(safetensors_file, "read_header", truncate_after_vetting)
     assert_one_error(cli("run", path, "--epsilon", EPSILON, "-q", "-o", tmp_path / "o.npz"),
-                     r"b\.safetensors.*changed size while it was read")
+                     r"b\.safetensors.*(changed size while it was read|outside the \d+ bytes of data the file holds)")
     assert not (tmp_path / "o.npz").exists()
 
 
@@ -918,3 +918,24 @@ def test_non_utf8_names_under_a_strict_stdout_are_printed_escaped(tmp_path: Path
                             capture_output=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert b"grads\\udcff.npz" in result.stdout
+
+
+def test_run_reports_a_safetensors_bundle_shape_mismatch_before_reading_its_src(tmp_path_factory, tmp_path: Path) -> None:
+    """A .safetensors bundle with a 256 MiB src (a hole on disk) and a (7,) mean for C = 16."""
+    import json
+    import struct
+
+    src_bytes = int(np.prod(BIG)) * 4
+    header = {"src": {"dtype": "F32", "shape": list(BIG), "data_offsets": [0, src_bytes]},
+              "diff_dst": {"dtype": "F32", "shape": list(BIG), "data_offsets": [0, src_bytes]},
+              "mean": {"dtype": "F32", "shape": [7], "data_offsets": [src_bytes, src_bytes + 28]},
+              "variance": {"dtype": "F32", "shape": [7], "data_offsets": [src_bytes, src_bytes + 28]}}
+    text = json.dumps(header).encode()
+    bundle = tmp_path / "bundle.safetensors"
+    with bundle.open("wb") as stream:
+        stream.write(struct.pack("<Q", len(text)) + text)
+        stream.truncate(8 + len(text) + src_bytes)
+        stream.seek(0, 2)
+        stream.write(np.ones(7, np.float32).tobytes())
+    assert_rejected_within_budget(["run", bundle, "--epsilon", EPSILON, "--format", "NCHW", "-o", tmp_path / "o.npz"],
+                                  r"mean has shape \(7,\), expected \(16,\)", tmp_path_factory)

@@ -253,7 +253,7 @@ def read_array(source: str, what: str) -> np.ndarray:
 def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[str]], None] | None = None,
                 only: Iterable[str] | None = None, declared: bool = False) -> dict[str, np.ndarray | Declared]:
     """The arrays of an input bundle (.npz or .safetensors path, pipe or `-` for stdin); `check_keys` vets the names first,
-    `only` limits the members read, `declared` gives large .npz members as Declared stand-ins (as for read_npz)."""
+    `only` limits the members read, `declared` gives large members as Declared stand-ins (as for read_npz)."""
     label = f"{what} (stdin)" if source == "-" else f"{what} ({source})"
     path = Path(source)
     if source == "-" or is_pipe_like(path):
@@ -262,7 +262,7 @@ def read_bundle(source: str, what: str = "bundle", check_keys: Callable[[list[st
         raise BnbwdError(f"{label}: no such file" if not path.exists() else f"{label}: not a file")
     kind = sniff.file_kind(path, label)
     if kind == "safetensors":
-        return read_safetensors(path, label, check_keys=check_keys, only=only)
+        return read_safetensors(path, label, check_keys=check_keys, only=only, declared=declared)
     if kind != "npz":
         raise BnbwdError(f"{label}: not an .npz archive or a .safetensors file")
     return read_npz(path, label, check_keys=check_keys, only=only, declared=declared)

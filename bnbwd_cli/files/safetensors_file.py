@@ -11,6 +11,7 @@ safetensors package maps its files, so it is not used to read them). BF16 comes 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import memory_cap, open_regular, reason, short_repr
+from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared
 
 # The format allows 100 MB of header; bnbwd reads headers up to 8 MiB holding at most MAX_JSON_ITEMS values (objects,
 # lists and elements, counted by their brackets and commas before parsing; a tensor entry is about 8): tens of
@@ -119,8 +121,9 @@ def _read_entry(fd: int, entry: Entry, size: int, what: str) -> np.ndarray:
 
 
 def read_safetensors(path: Path, what: str, *, check_keys: Callable[[list[str]], None] | None = None,
-                     only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """Tensors of a .safetensors file by key (all, or those in `only`); `check_keys` sees the names first."""
+                     only: Iterable[str] | None = None, declared: bool = False) -> dict[str, np.ndarray | Declared]:
+    """Tensors of a .safetensors file by key (all, or those in `only`); `check_keys` sees the names first;
+    `declared`: tensors of DECLARED_MIN_BYTES or more come back as Declared stand-ins (read by their read())."""
     entries = read_header(path, what)
     if check_keys is not None:
         check_keys(list(entries))
@@ -128,6 +131,12 @@ def read_safetensors(path: Path, what: str, *, check_keys: Callable[[list[str]],
     total = sum(entries[key].nbytes for key in wanted)
     if total > memory_cap():
         raise BnbwdError(f"{what}: its tensors declare {total} bytes, more than the memory available")
+    if declared:
+        big = [key for key in wanted if entries[key].nbytes >= DECLARED_MIN_BYTES]
+        stand_ins = {key: Declared(entries[key].shape, entries[key].dtype,
+                                   functools.partial(read_safetensors_key, path, key, what)) for key in big}
+        small = read_safetensors(path, what, only=[key for key in wanted if key not in big])
+        return {key: stand_ins[key] if key in stand_ins else small[key] for key in wanted}
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
