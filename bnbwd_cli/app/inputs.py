@@ -48,25 +48,26 @@ def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], l
     seen_as: dict[str, str] = {}
     outputs: dict[str, np.ndarray] = {}
     unused: list[str] = []
-    for key, array in arrays.items():
+    for key in arrays:  # by key: a member no rule uses is never read (arrays may be a files.read.LazyArrays)
         name = key_map.get(key, key)
         if is_input_key(name):
             if name in renamed:
                 raise InputError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
-            renamed[name], seen_as[name] = array, key
+            renamed[name], seen_as[name] = arrays[key], key
         elif canonical_key(key, key_map) in OUTPUT_ALIASES.values():
-            outputs[key] = array
+            outputs[key] = arrays[key]
         else:
             unused.append(key)
     inputs, attributes = inputs_from_bundle(renamed, label)
     return Split(inputs, attributes, outputs, tuple(unused))
 
 
-def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle") -> Split:
+def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle", declared: bool = False) -> Split:
     """The inputs and attributes of a bundle (.npz path, pipe or '-'); members that can hold neither are
-    never inflated (they may be a kernel's large outputs): they are only named in the Split's note."""
+    never inflated (they may be a kernel's large outputs): they are only named in the Split's note.
+    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after)."""
     keys: list[str] = []
-    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map))
+    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map), declared=declared)
     split = split_arrays(arrays, key_map, f"{what} (stdin)" if source == "-" else f"{what} ({source})")
     return replace(split, unused=tuple(key for key in keys if key not in arrays))
 

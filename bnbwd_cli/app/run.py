@@ -22,7 +22,8 @@ from bnbwd_cli.core.stats import OutputStats
 from bnbwd_cli.core.stats import scan as output_stats
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import read_array, read_tensor_set
+from bnbwd_cli.files.npy import read_declared
+from bnbwd_cli.files.read import declared_array, read_array, read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.op import Op
 from bnbwd_cli.render.run import RunFacts
@@ -94,7 +95,7 @@ class Computed:
 
 def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
     """Read the bundle and the inputs given one by one (streamed ones as blocks, closed with `stack`), check them."""
-    split = read_inputs(request.bundle, request.key_map or {}) if request.bundle else None
+    split = read_inputs(request.bundle, request.key_map or {}, declared=True) if request.bundle else None
     inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
     note = f"bundle ({request.bundle}): {split.note()}" if split and split.note() else None
     settings = request.op.filled_from(attributes)
@@ -104,10 +105,13 @@ def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
         blocks = files_blocks.open_npy_blocks(source, name) if stream and name in ("src", "diff_dst") else None
         if blocks is not None:
             stack.callback(blocks.close)
-        inputs[name] = blocks if blocks is not None else read_array(source, name)
+        inputs[name] = blocks if blocks is not None else declared_array(source, name)
     bf16_names = [key for key in request.bf16 if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
+    read_declared(inputs, keep=("src", "diff_dst"))  # large src/diff_dst: checked by their headers before a read
     op = build_op(inputs, settings, request.outputs)
+    if read_declared(inputs):
+        op = build_op(inputs, settings, request.outputs)
     if PROFILES[settings.spec].paired_param_grads and "diff_gamma" not in request.outputs:
         inputs.pop("gamma", None)  # oneDNN Graph: without diff_gamma/diff_beta, gamma is ignored
         op = replace(op, gamma=None)

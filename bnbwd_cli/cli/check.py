@@ -64,7 +64,11 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     from bnbwd_cli.render import text as report_text
 
     if json_target is not None and json_target != "-":
-        files_write.vet_destination(json_target, [Path(c) for c in cases], "--json")
+        from bnbwd_cli.files.read import source_files
+
+        # NAME.out.npz beside a NAME.npz case holds that case's kernel outputs: an input as well.
+        siblings = [Path(c[: -len(".npz")] + ".out.npz") for c in cases if c.lower().endswith(".npz")]
+        files_write.vet_destination(json_target, [p for c in cases for p in source_files(c)] + siblings, "--json")
     op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
                     training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")

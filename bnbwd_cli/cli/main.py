@@ -94,6 +94,7 @@ class BnbwdGroup(click.Group):
         """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        _escape_unencodable_output()
         with _sigterm_as_exception():
             try:
                 code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
@@ -135,6 +136,15 @@ class BnbwdGroup(click.Group):
             else:
                 echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
             ctx.exit(ExitCode.INTERNAL)
+
+
+def _escape_unencodable_output() -> None:
+    """A name that is not UTF-8 (or not in the terminal's encoding) printed as escapes (\\udcff), never a crash:
+    stdout is strict under most locales, stderr already escapes."""
+    stream = sys.stdout
+    if stream is not None and getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        with contextlib.suppress(OSError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _interrupted(exc: BaseException | None) -> ExitCode:

@@ -18,7 +18,7 @@ from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, Compar
                                   invstd_option, spec_option)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.files.read import split_source
+from bnbwd_cli.files.read import source_files
 from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
@@ -37,8 +37,7 @@ Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
 output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
 plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
-PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key] (pip install
-'bnbwd[safetensors]'), raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
+PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
 raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
 (stdin, one array). The bundle may be an .npz or a .safetensors file.
 PyTorch .pt/.pth files are pickles: refused, with how to convert them.
@@ -151,13 +150,14 @@ def run(no_param_grads: bool, **kwargs) -> None:
     _check_usage(options)
     destinations = _vet_paths(options)
     request = options.request()
+    click.get_current_context().with_resource(files_write.one_commit())  # outputs and --json: one set (LIFO: before --out-dir's cleanup)
     with contextlib.ExitStack() as stack:
         prepared = app_run.prepare(request, stack)
         if prepared.note and not options.quiet:
             echo_error(f"note: {prepared.note}")
         stderr_console = None if options.quiet else _console(stderr=True)
         computed = _compute(request, prepared, stack, stderr_console)
-        written = [str(p) for p in destinations] or (["-"] if options.output == "-" else [])
+        written = [files_write.display(p) for p in destinations] or (["-"] if options.output == "-" else [])  # \xff: not UTF-8
         facts = app_run.facts(request, prepared, computed, written)
         stdout_busy = options.output == "-" or options.json_target == "-"
         report_console = _console(stderr=stdout_busy) if not options.quiet or options.reference is not None else None
@@ -219,17 +219,15 @@ def _output_paths(options: RunOptions) -> list[str | Path]:
 
 
 def _input_paths(options: RunOptions) -> list[Path]:
-    paths = [options.bundle] if options.bundle else []
-    paths += [split_source(source)[0] for source in options.sources.values()]
-    return [Path(p) for p in paths if p != "-"]
+    sources = [options.bundle] if options.bundle else []
+    return [path for source in [*sources, *options.sources.values()] for path in source_files(source)]
 
 
 def _reference_paths(options: RunOptions) -> list[Path]:
     """The files --reference would read, so that no output overwrites them (a run compared with itself)."""
     if not options.reference:
         return []
-    path = Path(options.reference)
-    return [path / f"{name}.npy" for name in options.outputs] if path.is_dir() else [path]
+    return source_files(options.reference)
 
 
 def _compute(request: app_run.RunRequest, prepared: app_run.Prepared, stack: contextlib.ExitStack,

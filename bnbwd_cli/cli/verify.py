@@ -79,9 +79,10 @@ Examples:
 
 
 def _input_files(source: str) -> list[Path]:
-    """The files a tensor-set argument reads (a directory: its .npy files), which no output may replace."""
-    path = Path(source)
-    return sorted(path.glob("*.npy")) if path.is_dir() else [path]
+    """The files a tensor-set argument reads (raw specs, directories and links too), which no output may replace."""
+    from bnbwd_cli.files.read import source_files
+
+    return source_files(source)
 
 
 @dataclass(frozen=True)

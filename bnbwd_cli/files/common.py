@@ -1,8 +1,15 @@
-"""What every reader shares: the errors malformed bytes raise, short error reasons, the memory a read may use."""
+"""What every reader shares: the errors malformed bytes raise, short error reasons and quoted values, opening only
+regular files, the memory a read may use."""
 
 from __future__ import annotations
 
+import os
+import stat
 import tokenize
+from pathlib import Path
+from typing import BinaryIO
+
+from bnbwd_cli.errors import BnbwdError
 
 # Errors numpy raises on malformed .npy bytes; anything else is a bug and keeps its traceback.
 # (tokenize.TokenError: NumPy tokenizes some headers; TypeError/OverflowError: header values of the wrong
@@ -17,6 +24,46 @@ def reason(exc: BaseException) -> str:
     return (text or type(exc).__name__)[:200]
 
 
+def clip(text: str, limit: int = 200) -> str:
+    """A name for an error line, at most `limit` characters (the middle elided)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]}...{text[-half:]}"
+
+
+def display(path: str | os.PathLike) -> str:
+    """A file name for a message: bytes that are not UTF-8 shown as Python escapes (out\\xff.npz), never a crash."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def short_repr(value: object, limit: int = 200) -> str:
+    """repr(value) for an error line, at most `limit` characters (the middle elided): hostile values can be huge
+    or nested thousands deep (reprlib stops at a few levels)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = shortener.maxlong = limit
+    try:
+        text = shortener.repr(value)
+    except ValueError:  # an int beyond Python's 4300-digit str limit
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return clip(text, limit)
+
+
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """`path` opened for reading, refused unless it is a regular file. Opened without blocking, so a FIFO swapped in
+    for a file (or listed in a directory) is an error, never a wait for a writer that never comes."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BnbwdError(f"{what}: not a regular file (a FIFO, device or socket); not reading it")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), in bytes; None elsewhere."""
     try:
@@ -29,6 +76,23 @@ def available_memory() -> int | None:
     return None
 
 
+def address_space_left() -> int | None:
+    """Bytes this process may still map under `ulimit -v` (RLIMIT_AS), or None without such a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(limit - mapped, 0)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+
+
 def memory_cap() -> int:
-    """The most bytes one read may bring into memory: what is available (8 GiB when unknown)."""
-    return available_memory() or (8 << 30)
+    """The most bytes one read may bring into memory: what is available (8 GiB when unknown), and no more than
+    `ulimit -v` leaves (an allocation past it fails as 'out of memory' instead of naming the input)."""
+    limits = [value for value in (available_memory(), address_space_left()) if value is not None]
+    return min(limits) if limits else 8 << 30

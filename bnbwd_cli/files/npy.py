@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -45,14 +46,6 @@ def read_exactly_into(stream: BinaryIO, size: int) -> tuple[np.ndarray, int]:
     return buffer, got
 
 
-def read_capped(stream: BinaryIO, cap: int, what: str) -> bytes:
-    """The whole stream, refusing one longer than `cap` bytes (an endless pipe fails, not memory)."""
-    data = read_exactly(stream, cap + 1)
-    if len(data) > cap:
-        raise BnbwdError(f"{what}: more than {cap} bytes (the memory available); refusing to read further")
-    return data
-
-
 @dataclass(frozen=True)
 class NpyHeader:
     """A vetted .npy header: where the data starts and what it holds."""
@@ -77,6 +70,45 @@ class NpyHeader:
         if self.dtype.kind == "V" and self.dtype.itemsize == 2 and self.dtype.names is None:
             return dtypes.BFLOAT16
         return self.dtype.newbyteorder("=") if self.dtype.byteorder not in ("=", "|") else self.dtype
+
+
+DECLARED_MIN_BYTES = 1 << 20  # smaller arrays are simply read
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An array known so far by its vetted header: shape and dtype as reading it will give them, so that the
+    input checks (shapes, dtypes) run before any of its data is read; read() reads it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    load: Callable[[], np.ndarray]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def view(self, dtype: np.dtype) -> Declared:
+        """As ndarray.view for a dtype of the same item size (--bf16)."""
+        return Declared(self.shape, np.dtype(dtype), lambda: self.load().view(dtype))
+
+    def read(self) -> np.ndarray:
+        return self.load()
+
+
+def read_declared(arrays: dict, keep: tuple[str, ...] = ()) -> bool:
+    """Every Declared value of `arrays` not named in `keep` replaced by its data, in place; whether any was read."""
+    names = [name for name, value in arrays.items() if isinstance(value, Declared) and name not in keep]
+    arrays.update({name: arrays[name].read() for name in names})
+    return bool(names)
 
 
 def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) -> NpyHeader:

@@ -18,11 +18,13 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.common import memory_cap, reason
+from bnbwd_cli.files.common import clip, memory_cap, open_regular, reason, short_repr
 
 PREFIX = "raw:"
 SYNTAX = "raw:DTYPE:SHAPE:PATH, e.g. raw:f32:8x64x56x56:x.bin"
 # Names, not dtypes: bfloat16 needs ml_dtypes, loaded only when a raw bf16 dump is read.
+MAX_DIMENSIONS = 32  # NumPy's own limit is 64
+MAX_BYTES = 1 << 62  # a shape whose byte count passes this (zeros as ones, as NumPy counts) is no file's
 SHORT_DTYPES = {"f16": "<f2", "bf16": "bf16", "f32": "<f4", "f64": "<f8", "i16": "<i2", "u16": "<u2"}
 
 
@@ -51,7 +53,7 @@ def _dtype(text: str, source: str) -> np.dtype:
     except TypeError:
         dtype = None
     if dtype is None or dtype.kind not in "fiu" or dtype.itemsize == 0:
-        raise BnbwdError(f"{source}: dtype {text!r} is not a number type; expected f16, bf16, f32, f64, int16, "
+        raise BnbwdError(f"{clip(source)}: dtype {short_repr(text)} is not a number type; expected f16, bf16, f32, f64, int16, "
                          f"uint16 or a NumPy name such as '>f4' ({SYNTAX})")
     return dtype
 
@@ -60,20 +62,30 @@ def parse_raw(source: str) -> RawSource:
     """`raw:DTYPE:SHAPE:PATH` -> RawSource; a malformed one is a one-line error naming the syntax."""
     parts = source[len(PREFIX):].split(":", 2)
     if len(parts) != 3 or not all(parts):
-        raise BnbwdError(f"{source}: expected {SYNTAX}")
+        raise BnbwdError(f"{clip(source)}: expected {SYNTAX}")
     dtype_text, shape_text, path = parts
     dims = re.split(r"[x,]", shape_text.lower())
     if not all(re.fullmatch(r"\d+", dim) for dim in dims):
-        raise BnbwdError(f"{source}: shape {shape_text!r} is not dimensions joined by 'x' ({SYNTAX})")
-    return RawSource(_dtype(dtype_text, source), tuple(int(dim) for dim in dims), Path(path))
+        raise BnbwdError(f"{clip(source)}: shape {short_repr(shape_text)} is not dimensions joined by 'x' "
+                         f"({SYNTAX})")
+    if len(dims) > MAX_DIMENSIONS:
+        raise BnbwdError(f"{clip(source)}: shape has {len(dims)} dimensions, at most {MAX_DIMENSIONS} are read")
+    # A dimension is at most 19 digits (int() of thousands of digits is slow, and beyond 4300 an error).
+    digits = [dim.lstrip("0") or "0" for dim in dims]
+    shape = tuple(int(dim) if len(dim) <= 19 else MAX_BYTES for dim in digits)
+    dtype = _dtype(dtype_text, source)
+    if any(dim >= MAX_BYTES for dim in shape) or math.prod(max(dim, 1) for dim in shape) * dtype.itemsize >= MAX_BYTES:
+        raise BnbwdError(f"{clip(source)}: shape {short_repr(shape_text)} describes more bytes than any file "
+                         "holds")
+    return RawSource(dtype, shape, Path(path))
 
 
 def read_raw(source: str, what: str) -> np.ndarray:
     """The array a raw source describes, its file size checked against shape * itemsize before reading."""
     raw = parse_raw(source)
-    label = f"{what} ({source})"
+    label = f"{clip(what)} ({clip(source)})"
     try:
-        with raw.path.open("rb") as stream:
+        with open_regular(raw.path, label) as stream:
             size = os.fstat(stream.fileno()).st_size
             if size != raw.nbytes:
                 raise BnbwdError(f"{label}: shape {raw.shape} {raw.dtype} needs {raw.nbytes} bytes, the file holds "

@@ -1,15 +1,19 @@
-"""Reading .safetensors through the safetensors package's NumPy API (an optional extra), header vetted first.
+"""Reading .safetensors: the header vetted first, then each wanted tensor read with explicit reads (no memory map).
 
-The header (an 8-byte little-endian length, then JSON) is checked before any tensor is read: its length
-against the file, each tensor's dtype, shape and byte range against the data actually present, and the
-total against available memory. Only then does `safe_open(..., framework="np")` load the wanted tensors
-(ml_dtypes is imported, so BF16 comes back as ml_dtypes.bfloat16). The package maps the file; its size
-is checked again after reading, so a file truncated meanwhile is an error, not silent garbage.
+The format is an 8-byte little-endian header length, a JSON header (tensor name -> dtype, shape, data_offsets
+relative to the data section), then the data, little-endian and C-ordered. Everything is checked before any
+tensor is read: the header's length against the file and against MAX_HEADER_BYTES, how many JSON objects and
+lists it holds (a header of a million empty tensors would take gigabytes once parsed), each tensor's dtype,
+shape and byte range against the data actually present, and the total against available memory. The data is
+then read with pread, never mapped: a file truncated while it is read is a clean error, never SIGBUS (the
+safetensors package maps its files, so it is not used to read them). BF16 comes back as ml_dtypes.bfloat16.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,87 +22,108 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.common import memory_cap, reason
+from bnbwd_cli.files.common import memory_cap, open_regular, reason, short_repr
+from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared
 
-MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
+# The format allows 100 MB of header; bnbwd reads headers up to 8 MiB holding at most MAX_JSON_ITEMS values (objects,
+# lists and elements, counted by their brackets and commas before parsing; a tensor entry is about 8): tens of
+# thousands of tensors, and a bounded parse whatever the file declares.
+MAX_HEADER_BYTES = 8 << 20
+MAX_JSON_ITEMS = 1 << 18
+MAX_DIMENSIONS = 32  # NumPy's own limit is 64
+MAX_BYTES = 1 << 62  # a shape whose size passes this (zeros counted as ones, as NumPy does) is no tensor a file holds
 DTYPES = {  # names: bfloat16 needs ml_dtypes, loaded only when a bf16 tensor is read
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bf16",
     "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
     "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1",
     "BOOL": "?",
 }
-INSTALL_HINT = "pip install 'bnbwd[safetensors]' (or pip install safetensors)"
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor as the header declares it (offsets relative to the data section)."""
+    """One tensor as the header declares it (start: its offset in the file)."""
 
     dtype: np.dtype
     shape: tuple[int, ...]
     nbytes: int
+    start: int
 
 
-def _parse_header(path: Path, what: str) -> tuple[dict, int]:
-    """The JSON header as a dict, and the size of the data section after it."""
+def _parse_header(path: Path, what: str) -> tuple[dict, int, int]:
+    """The JSON header as a dict, where the data section starts, and its size."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as stream:
+        with open_regular(path, what) as stream:
+            size = os.fstat(stream.fileno()).st_size
             prefix = stream.read(8)
             length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-            if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+            if not 0 < length <= size - 8:
                 raise BnbwdError(f"{what}: not a valid .safetensors file (header length {length} in a {size}-byte "
                                  "file)")
-            import json  # here: a run without .safetensors inputs never loads it
+            if length > MAX_HEADER_BYTES:
+                raise BnbwdError(f"{what}: its header is {length} bytes, more than the {MAX_HEADER_BYTES} bnbwd reads; "
+                                 "not reading further")
+            text = stream.read(length)
+        if text.count(b"{") + text.count(b"[") + text.count(b",") > MAX_JSON_ITEMS:
+            raise BnbwdError(f"{what}: its header holds more than {MAX_JSON_ITEMS} JSON values (tens of thousands of "
+                             "tensors); not reading further")
+        import json  # here: a run without .safetensors inputs never loads it
 
-            header = json.loads(stream.read(length))
+        header = json.loads(text)
+    except RecursionError:
+        raise BnbwdError(f"{what}: not a valid .safetensors file (its header is nested too deeply)") from None
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BnbwdError(f"{what}: not a valid .safetensors file ({reason(exc)})") from None
     if not isinstance(header, dict):
         raise BnbwdError(f"{what}: not a valid .safetensors file (the header is not a JSON object)")
-    return header, size - 8 - length
+    return header, 8 + length, size - 8 - length
 
 
-def _entry(key: str, info: object, data_bytes: int, what: str) -> Entry:
-    if not isinstance(info, dict) or info.get("dtype") not in DTYPES:
-        dtype = info.get("dtype") if isinstance(info, dict) else info
-        raise BnbwdError(f"{what}: tensor {key!r} has dtype {dtype!r}, which bnbwd cannot read "
-                         f"(readable: {', '.join(DTYPES)})")
+def _entry(key: str, info: object, data: tuple[int, int], what: str) -> Entry:
+    data_start, data_bytes = data
+    dtype_name = info.get("dtype") if isinstance(info, dict) else info
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
+        raise BnbwdError(f"{what}: tensor {short_repr(key)} has dtype {short_repr(dtype_name)}, which bnbwd cannot "
+                         f"read (readable: {', '.join(DTYPES)})")
     shape, offsets = info.get("shape"), info.get("data_offsets")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise BnbwdError(f"{what}: tensor {key!r} has shape {shape!r}, expected a list of integers >= 0")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMENSIONS
+            or not all(type(d) is int and 0 <= d < MAX_BYTES for d in shape)
+            or math.prod(max(d, 1) for d in shape) >= MAX_BYTES):
+        raise BnbwdError(f"{what}: tensor {short_repr(key)} has shape {short_repr(shape)}, expected a list of at most "
+                         f"{MAX_DIMENSIONS} integers >= 0")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
-        raise BnbwdError(f"{what}: tensor {key!r} has data_offsets {offsets!r}, outside the {data_bytes} bytes of "
-                         "data the file holds")
-    dtype = dtype_from_name(DTYPES[info["dtype"]])
-    needed = math.prod(shape) * dtype.itemsize
+        raise BnbwdError(f"{what}: tensor {short_repr(key)} has data_offsets {short_repr(offsets)}, outside the "
+                         f"{data_bytes} bytes of data the file holds")
+    dtype = dtype_from_name(DTYPES[dtype_name])
+    needed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if offsets[1] - offsets[0] != needed:
-        raise BnbwdError(f"{what}: tensor {key!r} declares shape {tuple(shape)} {info['dtype']} ({needed} bytes) "
+        raise BnbwdError(f"{what}: tensor {short_repr(key)} declares shape {tuple(shape)} {dtype_name} ({needed} bytes) "
                          f"but {offsets[1] - offsets[0]} bytes of data")
-    return Entry(dtype, tuple(shape), needed)
+    return Entry(dtype, tuple(shape), needed, data_start + offsets[0])
 
 
 def read_header(path: Path, what: str) -> dict[str, Entry]:
     """Every tensor's vetted header entry, by key. Reads no tensor data."""
-    header, data_bytes = _parse_header(path, what)
-    return {key: _entry(key, info, data_bytes, what) for key, info in header.items() if key != "__metadata__"}
+    header, data_start, data_bytes = _parse_header(path, what)
+    return {key: _entry(key, info, (data_start, data_bytes), what) for key, info in header.items()
+            if key != "__metadata__"}
 
 
-def _package():
-    """The safetensors module (imported only when a .safetensors file is read: it is an optional extra)."""
-    try:
-        import safetensors
-    except ImportError:
-        raise BnbwdError(f"reading .safetensors needs the safetensors package, which is not installed: "
-                         f"{INSTALL_HINT}") from None
-    return safetensors
+def _read_entry(fd: int, entry: Entry, size: int, what: str) -> np.ndarray:
+    from bnbwd_cli.files.blocks import pread_into
+
+    buffer = np.empty(entry.nbytes, np.uint8)
+    if pread_into(fd, buffer, entry.start) != entry.nbytes or os.fstat(fd).st_size != size:
+        raise BnbwdError(f"{what}: the file changed size while it was read (was {size} bytes); nothing was written")
+    array = buffer.view(entry.dtype).reshape(entry.shape)
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 
 
 def read_safetensors(path: Path, what: str, *, check_keys: Callable[[list[str]], None] | None = None,
-                     only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """Tensors of a .safetensors file by key (all, or those in `only`); `check_keys` sees the names first."""
-    package = _package()
+                     only: Iterable[str] | None = None, declared: bool = False) -> dict[str, np.ndarray | Declared]:
+    """Tensors of a .safetensors file by key (all, or those in `only`); `check_keys` sees the names first;
+    `declared`: tensors of DECLARED_MIN_BYTES or more come back as Declared stand-ins (read by their read())."""
     entries = read_header(path, what)
     if check_keys is not None:
         check_keys(list(entries))
@@ -106,25 +131,29 @@ def read_safetensors(path: Path, what: str, *, check_keys: Callable[[list[str]],
     total = sum(entries[key].nbytes for key in wanted)
     if total > memory_cap():
         raise BnbwdError(f"{what}: its tensors declare {total} bytes, more than the memory available")
-    size = path.stat().st_size
+    if declared:
+        big = [key for key in wanted if entries[key].nbytes >= DECLARED_MIN_BYTES]
+        stand_ins = {key: Declared(entries[key].shape, entries[key].dtype,
+                                   functools.partial(read_safetensors_key, path, key, what)) for key in big}
+        small = read_safetensors(path, what, only=[key for key in wanted if key not in big])
+        return {key: stand_ins[key] if key in stand_ins else small[key] for key in wanted}
     try:
-        with package.safe_open(str(path), framework="np") as handle:
-            arrays = {key: handle.get_tensor(key) for key in wanted}
-    except (package.SafetensorError, OSError, ValueError, TypeError) as exc:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
         raise BnbwdError(f"{what}: cannot read ({reason(exc)})") from None
-    if path.stat().st_size != size:
-        raise BnbwdError(f"{what}: {path} changed size while it was read; nothing was written")
-    for key, array in arrays.items():
-        if array.dtype != entries[key].dtype or array.shape != entries[key].shape:
-            raise BnbwdError(f"{what}: tensor {key!r} read as {array.shape} {array.dtype}, the header says "
-                             f"{entries[key].shape} {entries[key].dtype}")
-    return arrays
+    try:
+        size = os.fstat(fd).st_size
+        return {key: _read_entry(fd, entries[key], size, what) for key in wanted}
+    except OSError as exc:
+        raise BnbwdError(f"{what}: cannot read ({reason(exc)})") from None
+    finally:
+        os.close(fd)
 
 
 def read_safetensors_key(path: Path, key: str, what: str) -> np.ndarray:
     """One tensor of a .safetensors file (FILE.safetensors:key)."""
     def has_key(keys: list[str]) -> None:
         if key not in keys:
-            raise BnbwdError(f"{what}: no tensor {key!r} in the file (it has: {', '.join(keys) or 'none'})")
+            raise BnbwdError(f"{what}: no tensor {short_repr(key)} in the file (it has: {short_repr(', '.join(keys[:50]) or 'none')})")
 
     return read_safetensors(path, what, check_keys=has_key, only=[key])[key]

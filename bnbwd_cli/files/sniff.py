@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.common import open_regular, reason
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -52,7 +52,7 @@ def file_kind(path: Path, what: str) -> str:
     if path.suffix.lower() in PICKLE_SUFFIXES:
         raise refuse_pickle(what)
     try:
-        with path.open("rb") as stream:
+        with open_regular(path, what) as stream:
             head = stream.read(HEAD_BYTES)
     except OSError as exc:
         raise BnbwdError(f"{what}: cannot read ({reason(exc)})") from None

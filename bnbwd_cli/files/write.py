@@ -5,6 +5,8 @@
 - A regular destination is written to a temp file beside it (unique name, within NAME_MAX when the
   target's own name fits, the umask's mode) and renamed over it only when every file of the set is
   complete (`OutputSet`): all or nothing. Any failure, Ctrl-C and SIGTERM included, removes the temp files.
+  Inside `one_commit()` (a whole `run`: its outputs and its --json report) the renames wait for the end of the
+  block and happen together; Ctrl-C, SIGTERM and SIGHUP are held while they run (`signals_deferred`).
 - A FIFO or character device (`-o /dev/stdout`, a named pipe) is written through, never replaced by a file.
 - fsync is opt-in (`--fsync`): it protects only against power loss, and the outputs can be recomputed.
 - Nothing is memory-mapped: the streamed diff_src is preallocated with posix_fallocate (a full disk fails
@@ -17,7 +19,6 @@ import contextlib
 import errno
 import io
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -28,22 +29,14 @@ from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
-from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.commit import _PENDING_GROUPS, one_commit, signals_deferred  # noqa: F401 - one_commit: the API
+from bnbwd_cli.files.common import display, reason
+from bnbwd_cli.files.through import COPY_CHUNK, ForwardOnly, is_terminal, is_write_through
 
-COPY_CHUNK = 16 << 20
 TEMP_SUFFIX = ".tmp"
 
 
 # ---------------------------------------------------------------- destinations
-
-
-def is_write_through(path: Path) -> bool:
-    """A FIFO or character device: written to directly, never replaced."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -56,23 +49,27 @@ def _same_file(a: Path, b: Path) -> bool:
 def vet_destination(target: str | Path, inputs: list[Path], what: str = "output") -> Path:
     """Fail before any work if `target` cannot be written or would overwrite an input. Returns it as a Path."""
     text = os.fspath(target)
+    shown = display(text)
     if not text:
         raise BnbwdError(f"{what} '': empty file name")
     path = Path(text)
     if text.endswith(os.sep) or path.is_dir():
-        raise BnbwdError(f"{what} {text}: is a directory, expected a file name")
+        raise BnbwdError(f"{what} {shown}: is a directory, expected a file name")
     for source in inputs:
         if _same_file(path, source) or path.resolve() == source.resolve():
-            raise BnbwdError(f"{what} {text}: is also an input ({source}); refusing to overwrite it")
+            raise BnbwdError(f"{what} {shown}: is also an input ({display(source)}); refusing to overwrite it")
     if is_write_through(path):
+        if is_terminal(path):
+            raise BnbwdError(f"{what} {shown}: is a terminal; refusing to write binary data or a report there "
+                             "(redirect it to a file)")
         return path
     if path.exists() and not path.is_file():
-        raise BnbwdError(f"{what} {text}: exists and is not a regular file, a FIFO or a character device")
+        raise BnbwdError(f"{what} {shown}: exists and is not a regular file, a FIFO or a character device")
     parent = path.parent
     if not parent.is_dir():
-        raise BnbwdError(f"{what} {text}: directory {parent} does not exist")
+        raise BnbwdError(f"{what} {shown}: directory {display(parent)} does not exist")
     if not os.access(parent, os.W_OK):
-        raise BnbwdError(f"{what} {text}: directory {parent} is not writable")
+        raise BnbwdError(f"{what} {shown}: directory {display(parent)} is not writable")
     return path
 
 
@@ -102,7 +99,7 @@ def vet_destinations(targets: list[str | Path], inputs: list[Path]) -> list[Path
     for i, a in enumerate(paths):
         for b in paths[:i]:
             if a.resolve() == b.resolve() and not is_write_through(a):
-                raise BnbwdError(f"output {a}: named twice; give each output its own file")
+                raise BnbwdError(f"output {display(a)}: named twice; give each output its own file")
     return paths
 
 
@@ -121,7 +118,7 @@ def temp_path(path: Path) -> Path:
     directory = path.parent
     tag = os.urandom(4).hex()  # what secrets.token_hex(4) does, without importing secrets (start-up time)
     room = _name_max(directory) - len(f"..{tag}{TEMP_SUFFIX}".encode())
-    name = path.name.encode()[: max(room, 1)].decode(errors="ignore")
+    name = os.fsdecode(os.fsencode(path.name)[: max(room, 1)])  # bytes as the file system has them, UTF-8 or not
     return directory / f".{name}.{tag}{TEMP_SUFFIX}"
 
 
@@ -135,8 +132,9 @@ def create_temp(path: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise BnbwdError(f"output {path}: cannot create a file in {path.parent} ({reason(exc)})") from None
-    raise BnbwdError(f"output {path}: cannot find a free temp name in {path.parent}")
+            raise BnbwdError(f"output {display(path)}: cannot create a file in {display(path.parent)} "
+                             f"({reason(exc)})") from None
+    raise BnbwdError(f"output {display(path)}: cannot find a free temp name in {display(path.parent)}")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -179,14 +177,17 @@ class OutputSet:
     @staticmethod
     def _raise(exc: BaseException, where: Path | None) -> None:
         if isinstance(exc, OSError):
-            name = f"output {where}" if where is not None else "output"
+            name = f"output {display(where)}" if where is not None else "output"
             raise BnbwdError(f"{name}: write failed ({reason(exc)}); nothing was written") from None
         raise exc
 
     def new_file(self, path: Path) -> BinaryIO:
         """A binary stream whose bytes become `path` at commit."""
         if is_write_through(path):
-            stream = open(path, "wb", buffering=COPY_CHUNK)  # noqa: SIM115 - closed at commit/abort
+            try:
+                stream = ForwardOnly(path)
+            except OSError as exc:
+                raise BnbwdError(f"output {display(path)}: cannot open it for writing ({reason(exc)})") from None
             self._entries.append((path, None, stream))
             return stream
         fd, temp = create_temp(path)
@@ -203,12 +204,20 @@ class OutputSet:
         return NpyBlockWriter(stream, shape, dtype, path)
 
     def commit(self) -> None:
+        """Complete every file, then rename them all; inside `one_commit()` the renames wait for its end."""
         for _, temp, stream in self._entries:
             stream.flush()
             if self.fsync and temp is not None:
                 os.fsync(stream.fileno())
         for _, _, stream in self._entries:
             stream.close()
+        if _PENDING_GROUPS:
+            _PENDING_GROUPS[-1].append(self)
+            return
+        with signals_deferred():
+            self._rename()
+
+    def _rename(self) -> None:
         directories = set()
         for target, temp, _ in self._entries:
             if temp is not None:

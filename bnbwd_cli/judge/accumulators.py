@@ -221,6 +221,7 @@ class Decades:
         return histogram_bins(self.exact, self.counts)
 
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)
 _LOWEST_DECADE = -330  # below log10 of the smallest subnormal (-323.3): a bincount offset
 
 
@@ -229,13 +230,18 @@ def _decade_counts(abs_err: np.ndarray) -> dict[int, int]:
     nonzero = abs_err[abs_err > 0]
     if not nonzero.size:
         return {}
-    with np.errstate(invalid="ignore"):  # |a - r| overflowed to inf (f64 extremes): a decade no bin has
-        decades = np.floor(np.log10(nonzero)).astype(np.intp)
+    # |a - r| of two finite values can overflow to inf (1e308 against -1e308): counted in the top decade, [1e308, max].
+    decades = np.floor(np.log10(np.minimum(nonzero, _FLOAT_MAX))).astype(np.intp)
     if decades.min() < _LOWEST_DECADE:
         values, numbers = np.unique(decades, return_counts=True)
         return dict(zip(values.tolist(), numbers.tolist()))
     counts = np.bincount(decades - _LOWEST_DECADE)
     return {int(i) + _LOWEST_DECADE: int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def _power_of_ten(k: int) -> float:
+    """10**k as a bin edge; the top decade's upper edge is the largest float (10**309 is past float64)."""
+    return 10.0**k if k <= 308 else _FLOAT_MAX
 
 
 def histogram_bins(exact: int, decades: Mapping[int, int], max_bins: int = 12) -> tuple[HistogramBin, ...]:
@@ -247,7 +253,7 @@ def histogram_bins(exact: int, decades: Mapping[int, int], max_bins: int = 12) -
     for k in range(bottom, highest + 1):
         low_edge = k == bottom and lowest < bottom
         count = sum(n for d, n in decades.items() if d <= k) if low_edge else decades.get(k, 0)
-        bins.append(HistogramBin(0.0 if low_edge else 10.0**k, 10.0 ** (k + 1), count))
+        bins.append(HistogramBin(0.0 if low_edge else _power_of_ten(k), _power_of_ten(k + 1), count))
     return tuple(bins)
 
 
@@ -302,19 +308,77 @@ class ZeroCounts:
         return self.actual / self.seen, self.reference / self.seen
 
 
-class RelativeL2:
-    """||a - r||2 / ||r||2 over the finite elements."""
+def _ldexp(value: float, exponent: int) -> float:
+    """value * 2**exponent, inf past the float64 range (math.ldexp raises there)."""
+    try:
+        return math.ldexp(value, exponent)
+    except OverflowError:
+        return math.inf
+
+
+# A chunk's sum of squares below this (values near 1e-154 or smaller) has lost digits to underflow.
+_UNDERFLOWING_SQUARES = 2.0**-900
+_LARGE_TOTAL = 2.0**600  # a running total past this is rescaled (totals of ordinary data never get near)
+
+
+class SumOfSquares:
+    """A sum of squares kept as total * 4**exponent, so that values near the float64 limits neither overflow
+    (1e200 squared is inf) nor underflow (1e-200 squared is 0). Ordinary chunks are summed as they are (the
+    exponent stays 0, the same bits as a plain sum); only a chunk whose plain sum overflows or underflows is
+    scaled by a power of two first."""
 
     def __init__(self) -> None:
-        self.diff_sq = self.ref_sq = 0.0
+        self.total, self.exponent = 0.0, 0
 
-    def update(self, diff: np.ndarray, ref: np.ndarray) -> None:
+    def add(self, values: np.ndarray) -> None:
         # einsum, not np.dot: BLAS's dot wakes its thread pool on every call (~16 ms on a busy machine,
         # whatever the chunk size) and its sum order depends on the thread count.
-        self.diff_sq += float(np.einsum("i,i->", diff, diff))
-        self.ref_sq += float(np.einsum("i,i->", ref, ref))
+        with np.errstate(over="ignore", under="ignore"):
+            plain = float(np.einsum("i,i->", values, values))
+        if math.isfinite(plain) and plain >= _UNDERFLOWING_SQUARES:
+            self._add(plain, 0)
+        elif values.size and (largest := float(np.max(np.abs(values)))) > 0:
+            if not math.isfinite(largest):  # |a - r| itself overflowed: the norm is infinite
+                self._add(math.inf, 0)
+                return
+            exponent = math.frexp(largest)[1]
+            scaled = np.ldexp(values, -exponent)
+            with np.errstate(under="ignore"):
+                self._add(float(np.einsum("i,i->", scaled, scaled)), exponent)
+        else:
+            self._add(plain, 0)
+
+    def _add(self, total: float, exponent: int) -> None:
+        if total == 0:
+            return
+        if self.total == 0:
+            self.total, self.exponent = total, exponent
+        else:
+            common = max(self.exponent, exponent)
+            self.total = _ldexp(self.total, 2 * (self.exponent - common)) + _ldexp(total, 2 * (exponent - common))
+            self.exponent = common
+        while math.isfinite(self.total) and self.total > _LARGE_TOTAL:  # keep room to add more without overflow
+            self.total, self.exponent = math.ldexp(self.total, -500), self.exponent + 250
+
+    def norm(self) -> float:
+        return _ldexp(math.sqrt(self.total), self.exponent)
+
+
+class RelativeL2:
+    """||a - r||2 / ||r||2 over the finite elements (without overflow or underflow: see SumOfSquares)."""
+
+    def __init__(self) -> None:
+        self.diff, self.ref = SumOfSquares(), SumOfSquares()
+
+    def update(self, diff: np.ndarray, ref: np.ndarray) -> None:
+        self.diff.add(diff)
+        self.ref.add(ref)
 
     def finish(self) -> tuple[float, float]:
         """(rel_l2, ||r||2): rel_l2 is 0 when both norms are 0, inf when only ||r|| is."""
-        diff_norm, ref_norm = math.sqrt(self.diff_sq), math.sqrt(self.ref_sq)
-        return (diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)), ref_norm
+        diff, ref = self.diff, self.ref
+        if ref.total == 0:
+            return (0.0 if diff.total == 0 else math.inf), 0.0
+        if math.isinf(diff.total):  # an |a - r| that overflowed: the difference is past any bound
+            return math.inf, ref.norm()
+        return _ldexp(math.sqrt(diff.total / ref.total), diff.exponent - ref.exponent), ref.norm()

@@ -1,0 +1,78 @@
+"""Committing outputs: one set per command, renamed together at its end, with Ctrl-C, SIGTERM and SIGHUP held
+while the renames run. Output sets themselves are files/write.OutputSet; this module holds no file."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Iterator
+
+from click.exceptions import Exit
+
+from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files.common import reason
+
+if TYPE_CHECKING:
+    from bnbwd_cli.files.write import OutputSet
+
+_PENDING_GROUPS: list[list[OutputSet]] = []  # the open one_commit() blocks, innermost last
+
+
+@contextlib.contextmanager
+def one_commit() -> Iterator[None]:
+    """Every OutputSet committed inside the block is renamed at its end, together: a command's outputs and its
+    --json report appear as one set or not at all. The block ending normally or in click's Exit (a code chosen
+    after the work) commits; any other exception (an error, Ctrl-C, SIGTERM) removes every temp file."""
+    group: list[OutputSet] = []
+    _PENDING_GROUPS.append(group)
+    try:
+        yield
+    except BaseException as exc:
+        _PENDING_GROUPS.remove(group)
+        if isinstance(exc, Exit):  # the command chose its exit code after its work (1: a mismatch; 3: a reference
+            _commit_group(group)   # that could not be compared): what it wrote stands, as without the block
+        else:
+            for outputs in group:
+                outputs.abort()
+        raise
+    _PENDING_GROUPS.remove(group)
+    _commit_group(group)
+
+
+def _commit_group(group: list[OutputSet]) -> None:
+    try:
+        with signals_deferred():
+            for outputs in group:
+                outputs._rename()  # noqa: SLF001 - the group is OutputSet's own commit, deferred
+    except OSError as exc:
+        for outputs in group:
+            outputs.abort()
+        raise BnbwdError(f"output: rename failed ({reason(exc)}); the outputs may be incomplete") from None
+
+
+DEFERRED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held while the block runs (the renames of an output set), then delivered: the
+    set is never left half renamed by them. SIGKILL and power loss cannot be held (docs/guarantees.md)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    received: list[int] = []
+    previous: dict[int, object] = {}
+    try:
+        for name in DEFERRED_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                previous[number] = signal.signal(number, lambda signum, frame: received.append(signum))
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        for number in dict.fromkeys(received):
+            if previous.get(number) is not signal.SIG_IGN:
+                signal.raise_signal(number)  # now, with the handler the command had
