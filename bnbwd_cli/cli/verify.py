@@ -19,7 +19,7 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, resolve_epsilon, validate_inputs
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ saw, as for `bnbwd run`), diff_src, diff_gamma and diff_beta are judged by
 the problem's own error scale: each element gets the error a correct float32
 kernel could make there (from the sums' sizes, M, and the rounding of its
 terms; docs/tolerances.md), and passes when |a-r| <= K units + 1 ulp of the
-output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g}). A systematic scale of
+output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g} for diff_src and
+{SUM_MAX_UNITS:g} for diff_gamma and diff_beta). A systematic scale of
 actual vs reference far beyond rounding noise (a wrong epsilon, an unbiased
 variance) fails too, even when every element is within tolerance.
 `bnbwd run INPUTS --reference KERNEL_OUT` judges the same way.
