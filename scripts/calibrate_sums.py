@@ -238,7 +238,11 @@ def examples(seeds: int, max_units: float) -> None:
                          np.abs(sequential - exact))
         new = terms_sum_scale(terms)
         partials = _block_partials(terms, LOST_BLOCK)
-        bugs = {"lost 32-element partial, channel 0": lost_partial_sum(partials, 0, int(rng.integers(partials.shape[1]))),
+        exact_partials = terms[0].astype(np.float64).reshape(-1, LOST_BLOCK).sum(axis=1)
+        sigma = 0.42 * _rss(terms[:1])[0]  # the channel's running-sum error (RMS measured by calibrate())
+        near_20 = int(np.argmin(np.abs(np.abs(exact_partials) / sigma - 20)))
+        bugs = {"lost 32-element partial (a random block), channel 0": lost_partial_sum(partials, 0, int(rng.integers(partials.shape[1]))),
+                f"lost 32-element partial of {abs(exact_partials[near_20]) / sigma:.1f} sigma, channel 0": lost_partial_sum(partials, 0, near_20),
                 "vector loop skips the last 7 elements": _sequential(terms[:, : m - 7])}
         for name, result in bugs.items():
             _, units_old = judge(result, truth, old, 16.0)
