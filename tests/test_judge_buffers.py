@@ -1,6 +1,6 @@
-"""The judge's reused block buffers and its NXC drift shortcut give the numbers of the plain formulas, bit for bit.
+"""The judge's reused block buffers and its NXC prefix-sum shortcut give the numbers of the plain formulas, bit for bit.
 
-bnbwd_cli/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _Drift skips
+bnbwd_cli/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _PartialSums skips
 numpy's loops over NXC's length-1 rows. Each is checked against the formula it replaced, written out plainly.
 """
 
@@ -19,30 +19,27 @@ from bnbwd_cli.scratch import Scratch
 from tests.test_judge_fast import _reference_add
 
 
-def _plain_drift(blocks: list[tuple[np.ndarray, slice]], channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """_Drift.add as it was: (total, drift) after the blocks."""
-    total, drift = np.zeros(channels), np.zeros(channels)
-    for values, where in blocks:
-        within = np.cumsum(values, axis=2)
-        plane = within[:, :, -1]
-        before = total[where] + np.cumsum(plane, axis=0) - plane
-        reach = np.maximum(np.abs(before + within.max(axis=2)), np.abs(before + within.min(axis=2))).max(axis=0)
-        drift[where] = np.maximum(drift[where], reach)
-        total[where] += plane.sum(axis=0)
-    return total, drift
+def _plain_partial_sums(blocks: list[tuple[np.ndarray, slice]], channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(total, sum of squared prefix sums) per channel, from each channel's elements in storage order."""
+    rows = np.concatenate([values.transpose(1, 0, 2).reshape(channels, -1) for values, _ in blocks], axis=1)
+    total = np.zeros(channels)
+    for values, where in blocks:  # the total as _PartialSums adds it: block by block, row sums in order
+        total[where] += np.cumsum(values, axis=2)[:, :, -1].sum(axis=0)
+    prefix = np.cumsum(rows, axis=1)
+    return total, (prefix * prefix).sum(axis=1)
 
 
 @pytest.mark.parametrize("s", [1, 5])
-def test_drift_matches_the_plain_formula_bit_for_bit(s: int) -> None:
+def test_partial_sums_match_the_plain_formula(s: int) -> None:
+    """The NXC shortcut (rows of one element) and the blocked prefix sums give each channel's sum_k S_k**2."""
     rng = np.random.default_rng(11)
-    # one sign throughout: the largest prefix sum is the very last one
     blocks = [(1e4 + rng.standard_normal((n, 6, s)), slice(0, 6)) for n in (40, 3, 17)]
-    drift = model._Drift(6)
+    partial = model._PartialSums(6)
     for values, where in blocks:
-        drift.add(values, where)
-    total, expected = _plain_drift(blocks, 6)
-    assert np.array_equal(drift.total, total) and np.array_equal(drift.drift, expected)
-    assert drift.drift.min() > 0
+        partial.add(values, where)
+    total, squares = _plain_partial_sums(blocks, 6)
+    assert np.array_equal(partial.total, total)
+    np.testing.assert_allclose(partial.partial_squares, squares, rtol=1e-12)
 
 
 def test_scale_and_xhat_into_buffers_equal_the_formulas() -> None:
@@ -94,16 +91,17 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     assert result.outputs[0].comparison.mismatches > 0
 
 
-@pytest.mark.parametrize("s", [1, 3])
-def test_sequential_float32_sum_adds_in_storage_order(s: int) -> None:
+@pytest.mark.parametrize("s, channels", [(1, 3), (3, 3), (1, 1), (3, 1)])
+def test_sequential_float32_sum_adds_in_storage_order(s: int, channels: int) -> None:
     """The sum a sequential float32 kernel makes, element after element: terms near 1e4 with unit noise, where
-    a pairwise or blocked sum rounds differently (checked: the plain float64 sum is far from it)."""
+    a pairwise or blocked sum rounds differently (checked: the plain float64 sum is far from it). One channel
+    too: numpy reduces a (rows, 1) array pairwise."""
     rng = np.random.default_rng(14)
-    blocks = [(1e4 + rng.standard_normal((n, 3, s)), slice(0, 3)) for n in (700, 5, 300)]
-    sequential = model._Sequential32(3)
+    blocks = [(1e4 + rng.standard_normal((n, channels, s)), slice(0, channels)) for n in (700, 5, 300)]
+    sequential = model._Sequential32(channels)
     for terms, where in blocks:
         sequential.add(terms, where)
-    expected = np.zeros(3, np.float32)
+    expected = np.zeros(channels, np.float32)
     for terms, _ in blocks:
         for row in terms.astype(np.float32):
             for column in row.T:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, CompareSettings, Judging, MaxMismatch, PerOutput
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, CompareSettings, Judging, MaxMismatch, PerOutput
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
@@ -169,7 +169,7 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         click.option("--ulp", type=tolerance, multiple=True, help="An element also passes within this many ULPs of the output dtype at the reference; VALUE or NAME=VALUE. 0 turns it off."),
         click.option("--rel-l2", "rel_l2", type=tolerance, multiple=True, help="Bound on ||a-r||2/||r||2 per output; VALUE or NAME=VALUE."),
         click.option("--max-mismatch", type=MismatchValue(), multiple=True, help="Failing elements tolerated per output: N or P% (e.g. 0.01%); NAME=... for one output. Default 0."),
-        click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use; VALUE or NAME=VALUE. Default {DEFAULT_MAX_UNITS:g}."),
+        click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use. Default {DEFAULT_MAX_UNITS:g} for diff_src, {SUM_MAX_UNITS:g} for diff_gamma and diff_beta; VALUE sets every output, NAME=VALUE one (e.g. diff_beta=4). Repeatable."),
         click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
         click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
         click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Read a file's key THEIRS as OURS (e.g. dx=diff_src, dy=diff_dst), in every file the command reads, inputs and outputs alike; the specs' names (x_backprop...) need none. Repeatable."),

@@ -13,7 +13,7 @@ from bnbwd_cli.app.inputs import OpSettings
 from bnbwd_cli.app.judge import FileSets, read_sets
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
 from bnbwd_cli.files import write as files_write
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/report.py).
 
@@ -40,7 +40,8 @@ saw, as for `bnbwd run`), diff_src, diff_gamma and diff_beta are judged by
 the problem's own error scale: each element gets the error a correct float32
 kernel could make there (from the sums' sizes, M, and the rounding of its
 terms; docs/tolerances.md), and passes when |a-r| <= K units + 1 ulp of the
-output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g}). A systematic scale of
+output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g} for diff_src and
+{SUM_MAX_UNITS:g} for diff_gamma and diff_beta). A systematic scale of
 actual vs reference far beyond rounding noise (a wrong epsilon, an unbiased
 variance) fails too, even when every element is within tolerance.
 `bnbwd run INPUTS --reference KERNEL_OUT` judges the same way.

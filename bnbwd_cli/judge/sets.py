@@ -113,9 +113,9 @@ def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
                           lazy_details=not job.details_up_front)
 
 
-def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, detailed: bool = True) -> Accumulator:
+def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, output: str, detailed: bool = True) -> Accumulator:
     setup = replace(_setup(a, r, job), detailed=detailed)
-    rule = ScaledRule(job.settings.scaled_for(job.names, unit_roundoff(inputs, setup.dtype)))
+    rule = ScaledRule(job.settings.scaled_for(job.names, unit_roundoff(inputs, setup.dtype), output))
     return Accumulator(a, r, rule, setup)
 
 
@@ -134,7 +134,7 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accum
     """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (the judging pass)
     and/or the details (in the judging pass when asked for up front, else a second pass on first use)."""
     inputs, facts = case.inputs, case.facts
-    state = _accumulator(case.a, case.r, case.job, inputs, detailed)
+    state = _accumulator(case.a, case.r, case.job, inputs, "diff_src", detailed)
     model = diff_src_scale(facts, state.rule.scaled.unit, inputs.training)
     views = tuple(layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst, inputs.src))
     a3 = views[0]
@@ -169,7 +169,7 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: 
 
 
 def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts, output: str) -> Comparison:
-    state = _accumulator(a, r, job, inputs)
+    state = _accumulator(a, r, job, inputs, output)
     s_beta, s_gamma = facts.sum_scales(state.rule.scaled.unit)
     scale = s_gamma if output == "diff_gamma" else s_beta
     a64, r64 = to_float64(a.reshape(-1)), to_float64(r.reshape(-1))

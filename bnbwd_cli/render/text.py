@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 from bnbwd_cli.layout import coordinates
-from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, tolerance_text
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES
+from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_TOLERANCES, default_max_units, tolerance_text
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
@@ -129,18 +130,29 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
     _render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
 
 
+def _units_text(units: list[tuple[str, float]]) -> str:
+    """K per output, said once per value: "16 units" or "16 units for diff_src, 5 for diff_gamma and diff_beta"."""
+    values = sorted({k for _, k in units}, reverse=True)
+    if len(values) == 1:
+        return f"{values[0]:g} units"
+    parts = [f"{k:g} for {' and '.join(name for name, v in units if v == k)}" for k in values]
+    return parts[0].replace(" for ", " units for ", 1) + ", " + ", ".join(parts[1:])
+
+
 def _render_rules(console: Console, result: SetComparison) -> None:
     """How elements and outputs were judged, said once."""
     comparisons = [o.comparison for o in result.outputs if o.comparison is not None]
-    scaled = {c.scaled.max_units for c in comparisons if c.scaled is not None}
+    scaled = [(o.name, o.comparison.scaled.max_units) for o in result.outputs
+              if o.comparison is not None and o.comparison.scaled is not None]
     if scaled:
-        k = ", ".join(f"{value:g}" for value in sorted(scaled))
-        default = "" if scaled == {DEFAULT_MAX_UNITS} else f"; default {DEFAULT_MAX_UNITS:g}"
+        k = _units_text(scaled)
+        defaults = [(name, default_max_units(OUTPUT_ALIASES.get(name))) for name, _ in scaled]
+        default = "" if scaled == defaults else f" (default {_units_text(defaults)})"
         checked = any(c.scaled.bias_check for c in comparisons if c.scaled is not None)
         bias = (f"A systematic scale beyond {BIAS_Z:g} standard errors fails too." if checked
                 else "Systematic scales are reported, not checked (--no-bias-check).")
         console.print(f"scaled by the problem: element passes if |a-r| <= K*s + 1 ulp, s = the error a correct kernel "
-                      f"may make there (docs/tolerances.md); K = {k} units{default}. {bias}", highlight=False, soft_wrap=True)
+                      f"may make there (docs/tolerances.md); K = {k}{default}. {bias}", highlight=False, soft_wrap=True)
     fixed = {(c.dtype, c.tolerance) for c in comparisons if c.tolerance is not None}
     if fixed:
         console.print("fixed tolerances: element passes if |a-r| <= atol + rtol*|r| or ULP <= ulp; "
