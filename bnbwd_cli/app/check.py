@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bnbwd_cli.app.inputs import OpSettings, build_op, split_arrays
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.app.judge import judge_outputs
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
@@ -55,10 +55,11 @@ def judge_file(path: str, request: CaseRequest) -> CaseOutcome:
     try:
         arrays = read_tensor_set(path)
         found = reinterpret_bf16(bf16, {path: arrays})
-        split = split_arrays(arrays, request.judging.key_map, path)
+        naming = Naming(request.judging.key_map, request.judging.ignore)
+        split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
-        problem = build_op(split.inputs, request.op.overridden_by(split.attributes))
+        problem = split.build_op()
         result = judge_outputs(problem, split.outputs, request.judging)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once

@@ -6,12 +6,12 @@ the caller's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.app.inputs import OpSettings, build_op, read_inputs
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, read_inputs
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
@@ -40,14 +40,14 @@ class TensorSets:
 @dataclass(frozen=True)
 class FileSets:
     """verify's files: the kernel's outputs (actual), the reference and, when given, the op's inputs (a bundle,
-    read as `bnbwd run` reads one: key_map renames its keys, op's given settings win over its entries).
+    read as `bnbwd run` reads one: naming renames its keys, op's given settings win over its entries).
     bf16: keys (in any of them) whose 2-byte integer data is bfloat16."""
 
     actual: str
     reference: str
     inputs_bundle: str | None = None
     op: OpSettings = OpSettings()
-    key_map: Mapping[str, str] = field(default_factory=dict)
+    naming: Naming = Naming()
     bf16: tuple[str, ...] = ()
 
 
@@ -59,11 +59,11 @@ def read_sets(files: FileSets, on_note: Callable[[str], None] | None = None) -> 
     inputs = None
     if files.inputs_bundle is not None:
         label = f"--inputs ({files.inputs_bundle})"
-        split = read_inputs(files.inputs_bundle, files.key_map, "--inputs")
+        split = read_inputs(files.inputs_bundle, SplitRequest(files.naming, files.op), "--inputs")
         found |= reinterpret_bf16(files.bf16, {label: split.inputs})
         if split.note() and on_note is not None:
             on_note(f"{label}: {split.note()}")
-        inputs = build_op(split.inputs, files.op.filled_from(split.attributes))
+        inputs = split.build_op()
     check_found(files.bf16, found, "ACTUAL, REFERENCE" + (" or --inputs" if files.inputs_bundle else ""))
     return TensorSets(actual, reference, files.actual, files.reference, inputs)
 

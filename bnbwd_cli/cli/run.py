@@ -11,7 +11,7 @@ import click
 
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
-from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.cli.main import CONTEXT, echo_error
 from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
                                   comparison_options, epsilon_option, format_option, fsync_option, inference_option,
@@ -35,8 +35,13 @@ Examples:
 \b
 Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
-output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
-plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
+output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset)
+or PyTorch's (input, grad_output, weight, bias; save_mean and save_invstd in
+training, running_mean and running_var in inference; save_invstd/invstd
+imply --variance-is-invstd), plus optional 0-d 'epsilon', 'data_format' and
+'is_training'. A flag overrides the bundle. A missing input's error suggests
+a --map; an unused key named like gamma (weight, scale) is an error unless
+--ignore KEY names it.
 PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key] (pip install
 'bnbwd[safetensors]'), raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
 raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
@@ -97,12 +102,13 @@ class RunOptions:
         return self.out_dir is not None or (self.output is not None and self.output != "-")
 
     def request(self) -> app_run.RunRequest:
-        op = OpSettings(self.epsilon, self.data_format, self.spec, not self.inference, self.variance_is_invstd)
+        op = OpSettings(self.epsilon, self.data_format, self.spec, False if self.inference else None,
+                        self.variance_is_invstd)
         return app_run.RunRequest(
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            key_map=self.comparison.judging.key_map, bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)

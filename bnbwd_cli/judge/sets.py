@@ -217,7 +217,8 @@ def compare_sets(
             cache["facts"] = channel_facts(inputs)
         return cache["facts"]
 
-    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore)
+    shapes = {key: tuple(array.shape) for side in (reference, actual) for key, array in side.items()}
+    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore, shapes)
     outputs: list[OutputResult] = []
     for pair in match.pairs:
         a, r = actual[pair.actual_key], reference[pair.reference_key]
