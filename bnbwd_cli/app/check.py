@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
@@ -48,12 +49,62 @@ class CaseRequest:
     bf16: tuple[str, ...] = ()
 
 
-def judge_file(path: str, request: CaseRequest) -> CaseOutcome:
-    """Read one case (inputs and kernel outputs in one .npz or directory) and judge it. The file's own
-    'epsilon' and 'data_format' entries win over request.op."""
-    bf16 = request.bf16
+OUTPUTS_SUFFIX = ".out.npz"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case: a file (or directory of .npy files) holding the inputs, and the kernel's outputs with them or
+    in NAME.out.npz beside NAME.npz."""
+
+    path: str
+    outputs_path: str | None = None
+
+
+def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
+    """The cases the command line names: a file is a case; a directory means its *.npz cases (not recursive),
+    or is one case when it holds .npy files and no .npz; NAME.out.npz is NAME.npz's outputs, never a case of its
+    own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its error)."""
+    cases: list[Case] = []
+    for argument in arguments:
+        path = Path(argument)
+        archives = sorted(p for p in path.glob("*.npz") if p.is_file()) if path.is_dir() else []
+        for candidate in archives or [path]:
+            candidate = _inputs_of(candidate) or candidate
+            outputs = candidate.with_name(candidate.name.removesuffix(".npz") + OUTPUTS_SUFFIX)
+            paired = candidate.name.endswith(".npz") and outputs.is_file()
+            cases.append(Case(str(candidate) if archives or candidate != path else argument,
+                              str(outputs) if paired else None))
+    return tuple(dict.fromkeys(cases))
+
+
+def _inputs_of(path: Path) -> Path | None:
+    """NAME.npz for NAME.out.npz when it exists, else None."""
+    if not path.name.endswith(OUTPUTS_SUFFIX):
+        return None
+    inputs = path.with_name(path.name.removesuffix(OUTPUTS_SUFFIX) + ".npz")
+    return inputs if inputs.is_file() else None
+
+
+def _read_case(case: Case) -> dict:
+    """The case's arrays: its file's, and its NAME.out.npz's (a key in both is an error: which one is meant?)."""
+    arrays = read_tensor_set(case.path)
+    if case.outputs_path is None:
+        return arrays
+    outputs = read_tensor_set(case.outputs_path)
+    both = sorted(set(arrays) & set(outputs))
+    if both:
+        raise InputError(f"{case.path}: {both[0]!r} is in both {case.path} and {case.outputs_path}; keep one")
+    return {**arrays, **outputs}
+
+
+def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
+    """Read one case (inputs and kernel outputs in one .npz or directory, or NAME.npz and NAME.out.npz) and judge
+    it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
+    case = Case(case) if isinstance(case, str) else case
+    path, bf16 = case.path, request.bf16
     try:
-        arrays = read_tensor_set(path)
+        arrays = _read_case(case)
         found = reinterpret_bf16(bf16, {path: arrays})
         naming = Naming(request.judging.key_map, request.judging.ignore)
         split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
@@ -67,12 +118,12 @@ def judge_file(path: str, request: CaseRequest) -> CaseOutcome:
     return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())
 
 
-def judge_cases(paths: Sequence[str], request: CaseRequest,
+def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
                 on_case: Callable[[CaseOutcome], None] | None = None) -> tuple[CaseOutcome, ...]:
     """Every case in order; on_case sees each outcome as soon as it is known (a line per case as they go)."""
     outcomes = []
-    for path in paths:
-        outcome = judge_file(path, request)
+    for case in cases:
+        outcome = judge_file(case, request)
         outcomes.append(outcome)
         if on_case is not None:
             on_case(outcome)
