@@ -14,6 +14,7 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.cli.main import ReportWriter, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.status import exit_code
@@ -82,11 +83,17 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     # The JSON document holds every output's details: gather them in the judging pass, not in a second one.
     judging = comparison.judging if json_target is None else replace(comparison.judging, details_up_front=True)
     request = app_check.CaseRequest(op, judging, bf16=op_options["bf16_inputs"])
-    outcomes = app_check.judge_cases(found, request, on_case=lambda outcome: _print_case(console, outcome, comparison))
-    console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
+    writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
+    outcomes = app_check.judge_cases(found, request,
+                                     on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison))
+    code = exit_code(app_check.suite_verdict(outcomes))
+    record_verdict(code)
+    writer.write(lambda: console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True))
     if json_target is not None:
-        files_write.write_text(json_target, report_cases.cases_document(outcomes), fsync=fsync)
-    click.get_current_context().exit(exit_code(app_check.suite_verdict(outcomes)))
+        document = report_cases.cases_document(outcomes)
+        writer.write(lambda: files_write.write_text(json_target, document, fsync=fsync))
+    writer.finish()
+    click.get_current_context().exit(code)
 
 
 def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
