@@ -7,8 +7,8 @@ app/judge.py, as `run --reference` and the API judge them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ class CaseRequest:
     op: OpSettings
     judging: Judging
     bf16: tuple[str, ...] = ()
+    threads: int | None = None  # the core's threads per case (None: the machine's)
 
 
 OUTPUTS_SUFFIX = ".out.npz"
@@ -111,7 +112,7 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
         problem = split.build_op()
-        result = judge_outputs(problem, split.outputs, request.judging)
+        result = judge_outputs(problem, split.outputs, request.judging, request.threads)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
         return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
@@ -119,15 +120,69 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
 
 
 def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
-                on_case: Callable[[CaseOutcome], None] | None = None) -> tuple[CaseOutcome, ...]:
-    """Every case in order; on_case sees each outcome as soon as it is known (a line per case as they go)."""
+                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int = 1) -> tuple[CaseOutcome, ...]:
+    """Every case, in order; on_case sees each outcome as soon as it and those before it are known (a line per
+    case as they go). jobs > 1: that many worker processes, one core thread each; the outcomes are the same."""
     outcomes = []
-    for case in cases:
-        outcome = judge_file(case, request)
+    for outcome in _outcomes(cases, request, jobs):
         outcomes.append(outcome)
         if on_case is not None:
             on_case(outcome)
     return tuple(outcomes)
+
+
+def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int) -> Iterator[CaseOutcome]:
+    workers = min(jobs, len(cases))
+    if workers <= 1:
+        yield from (judge_file(case, request) for case in cases)
+        return
+    import multiprocessing  # only for --jobs: a plain check never starts a pool
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork where there is one: a worker starts in milliseconds with bnbwd already imported
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    one_thread = replace(request, threads=1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+        yield from pool.map(_judge_in_worker, cases, [one_thread] * len(cases))
+
+
+@dataclass(frozen=True)
+class _Known:
+    """An output's details, computed in the worker: what a report of the outcome shows, sent back with it."""
+
+    details: object
+
+    def __call__(self) -> object:
+        return self.details
+
+
+class _NotGathered:
+    """The details of an output that passed, left in the worker (a report shows details for failures only, and the
+    JSON document's are gathered up front)."""
+
+    def __call__(self) -> object:
+        raise RuntimeError("the details of a passing output judged in a worker process were not kept")
+
+
+def _judge_in_worker(case: Case | str, request: CaseRequest) -> CaseOutcome:
+    """judge_file, with each output's lazily computed details made concrete so that the outcome can travel."""
+    outcome = judge_file(case, request)
+    if outcome.result is None:
+        return outcome
+    outputs = []
+    for output in outcome.result.outputs:
+        c = output.comparison
+        if c is not None:
+            keep = request.judging.details_up_front or not c.passed
+            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered())
+        outputs.append(replace(output, comparison=c))
+    return replace(outcome, result=replace(outcome.result, outputs=tuple(outputs)))
+
+
+def shard(cases: Sequence[Case], k: int, n: int) -> tuple[Case, ...]:
+    """Shard K of N (1-based): a contiguous block of the cases, sizes within one of each other; the N shards are
+    disjoint, and in order their union is the whole list (their lines, concatenated, are the unsharded run's)."""
+    return tuple(cases[(k - 1) * len(cases) // n:k * len(cases) // n])
 
 
 def suite_verdict(outcomes: Sequence[CaseOutcome]) -> Status:

@@ -15,8 +15,9 @@ import click
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
 from bnbwd_cli.cli.main import ReportWriter, record_verdict
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, op_options
+from bnbwd_cli.cli.params import ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
+from bnbwd_cli.runtime import usable_cores
 from bnbwd_cli.status import exit_code
 
 # The reports (render/, rich) are imported when a check runs.
@@ -63,8 +64,14 @@ Examples:
 
 
 @click.command("check", help=_HELP, epilog=_EPILOG)
-@click.argument("cases", nargs=-1, required=True, metavar="CASE...")
+@click.argument("cases", nargs=-1, required=True, metavar="CASE|DIR...")
 @op_options
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes, one core thread each; the lines, summary and JSON are the same for any N.  "
+              "[default: the usable cores]")
+@click.option("--shard", type=ShardValue(), default=None,
+              help="Judge only shard K of N: a contiguous block of the cases (in argument order, DIRs sorted); the N "
+              "shards are disjoint and their lines, concatenated in order, are the unsharded run's.")
 @fsync_option
 @comparison_options(with_format=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
@@ -72,7 +79,10 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 
+    jobs, shard = op_options.pop("jobs"), op_options.pop("shard")  # how to run, not what the op is
     found = app_check.find_cases(cases)
+    if shard is not None:
+        found = app_check.shard(found, *shard)
     if json_target is not None and json_target != "-":
         read = [Path(p) for case in found for p in (case.path, case.outputs_path) if p is not None]
         files_write.vet_destination(json_target, read, "--json")
@@ -85,7 +95,8 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     request = app_check.CaseRequest(op, judging, bf16=op_options["bf16_inputs"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
     outcomes = app_check.judge_cases(found, request,
-                                     on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison))
+                                     on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison),
+                                     jobs=jobs or usable_cores())
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)
     writer.write(lambda: console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True))
