@@ -58,6 +58,7 @@ _EPILOG = """\b
 Examples:
   bnbwd check fixtures/pytorch_dump --format NCHW
   bnbwd check fixtures/cases/ --json check.json
+  bnbwd check fixtures/cases/ --shard 1/2 --jobs 2
   bnbwd check fixtures/example_case.npz --map dy=diff_dst --map var=variance \\
       --map dx=diff_src --map dgamma=diff_gamma --map dbeta=diff_beta
 """
