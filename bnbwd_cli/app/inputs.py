@@ -1,9 +1,10 @@
 """The op's inputs, gathered one way for every command and the Python API: named arrays and settings -> Op.
 
-`run` and `verify --inputs` read their bundles through `read_inputs`, `check` sorts a case file's arrays
-through `split_arrays`, the API hands its arrays over as they are; all of them end in `build_op`, so one
-mistake (a missing input, no epsilon, a shape that does not fit) is one InputError with one message
-everywhere. Pure but for read_inputs, which reads a bundle through files/read.py.
+`run` and `verify --inputs` read their bundles through `read_inputs`, `check` and the API sort their arrays
+through `split_arrays` (names: canonical, any spec's, PyTorch's, --map's; PyTorch's statistics by the mode in
+force; a file's epsilon, data_format and is_training entries); all of them end in `build_op`, so one mistake (a
+missing input, no epsilon, a shape that does not fit) is one InputError with one message everywhere. Pure but
+for read_inputs, which reads a bundle through files/read.py.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class Split:
     settings: OpSettings
     outputs: dict[str, np.ndarray]
     unused: tuple[str, ...]
-    candidates: Mapping[str, tuple[int, ...] | None] = field(default_factory=dict)  # unused keys that are no
-    # kernel output, with their shapes where read: where a missing input may be
+    # the unused keys that are no kernel output (where a missing input may be), their shapes where read
+    candidates: Mapping[str, tuple[int, ...] | None] = field(default_factory=dict)
 
     def note(self) -> str | None:
         """One line naming the keys that were not used, or None."""
