@@ -3,7 +3,9 @@
 The Python face of app/: the same input checks (app/inputs.py), core and judgement (app/judge.py) as
 `bnbwd run --reference` and `bnbwd check`; only the way arrays come in (arguments, not files) and the
 verdict goes out (a Report, not an exit code) differ. A bad input raises bnbwd_cli.InputError (a
-ValueError) with the CLI's one-line message, less its advice on flags.
+ValueError) with the CLI's one-line message, less its advice on flags. No framework is imported: a torch
+tensor is recognised by its type's module (torch is then loaded already), anything else goes through
+__array__ or DLPack.
 
 >>> import numpy as np, bnbwd_cli
 >>> rng = np.random.default_rng(0)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import io
 import numbers
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +32,10 @@ import numpy as np
 from rich.console import Console
 
 from bnbwd_cli.app import judge as app_judge
-from bnbwd_cli.app.inputs import OpSettings, build_op
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.errors import InputError
+from bnbwd_cli.op import Op
+from bnbwd_cli.spec import ATTRIBUTE_KEYS, OUTPUT_NAMES, PROFILES, is_input_key
 from bnbwd_cli.judge import SetComparison
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, PerOutput
 from bnbwd_cli.render import json as report_json
@@ -80,36 +85,98 @@ class Report:
 
 
 def _array(name: str, value: Any) -> np.ndarray:
+    """What a caller holds, as a NumPy array on the host, never a copy it would see changed and never imported
+    frameworks: a torch tensor (detached, copied from a GPU, bfloat16 kept as bfloat16 through its bits), anything
+    with __array__ (NumPy, JAX, TensorFlow), anything with __dlpack__, or what np.asarray takes (lists)."""
     try:
-        return np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged lists, objects NumPy cannot take
-        raise InputError(f"{name}: not an array ({type(value).__name__}: {exc})") from None
+        if type(value).__module__.split(".")[0] == "torch" and "torch" in sys.modules:
+            return _from_torch(value)
+        if hasattr(value, "__array__") or not hasattr(value, "__dlpack__"):
+            return np.asarray(value)
+        return np.from_dlpack(value)
+    except (TypeError, ValueError, RuntimeError, BufferError, AttributeError) as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"{name}: not an array ({type(value).__name__}: {detail})") from None
 
 
-def _inputs(arrays: Mapping[str, Any], op: OpSettings):
-    """Array-likes -> checked Op (app/inputs.py, as every command checks them); arguments of the wrong kind are
-    InputErrors too, never a TypeError or AttributeError from deep inside."""
-    if op.epsilon is not None and (isinstance(op.epsilon, bool) or not isinstance(op.epsilon, numbers.Real)):
-        raise InputError(f"epsilon is {op.epsilon!r}, expected a finite number > 0")
-    if not isinstance(op.data_format, str):
-        raise InputError(f"data_format is {op.data_format!r}, expected a layout name such as NCHW or NHWC")
-    return build_op({name: _array(name, value) for name, value in arrays.items() if value is not None}, op)
+def _from_torch(tensor: Any) -> np.ndarray:
+    """A torch tensor on the host, its values as they are: requires_grad and device (a GPU's is copied) do not
+    matter, non-contiguous strides are kept, bfloat16 comes as its 16-bit patterns viewed as bfloat16."""
+    torch = sys.modules["torch"]
+    if not isinstance(tensor, torch.Tensor):
+        return np.asarray(tensor)
+    host = tensor.detach().to("cpu").resolve_conj().resolve_neg()
+    if host.dtype == torch.bfloat16:
+        from bnbwd_cli.dtypes import BFLOAT16
+
+        return host.contiguous().view(torch.int16).numpy().view(BFLOAT16)
+    return host.numpy()
 
 
 def _outputs(actual: Any) -> dict[str, np.ndarray]:
-    if not isinstance(actual, Mapping):
-        raise InputError(f"actual is a {type(actual).__name__}, expected a mapping of output names to arrays")
-    return {key: _array(key, value) for key, value in actual.items()}
+    """A mapping of names to arrays, or a sequence (tuple, list, named tuple) in (diff_src, diff_gamma, diff_beta)
+    order (None: not produced), as autograd and native_batch_norm_backward return them."""
+    if isinstance(actual, Mapping):
+        return {str(key): _array(str(key), value) for key, value in actual.items() if value is not None}
+    if isinstance(actual, (tuple, list)):
+        if not 1 <= len(actual) <= len(OUTPUT_NAMES):
+            raise InputError(f"actual is a {type(actual).__name__} of {len(actual)}, expected 1 to 3 arrays in the "
+                             f"order {', '.join(OUTPUT_NAMES)}")
+        return {name: _array(name, value) for name, value in zip(OUTPUT_NAMES, actual) if value is not None}
+    raise InputError(f"actual is a {type(actual).__name__}, expected a mapping of output names to arrays or a "
+                     f"sequence in the order {', '.join(OUTPUT_NAMES)}")
 
 
-def backward(src, diff_dst, mean, variance, gamma=None, *, epsilon: float, data_format: str = "NCX",
-             training: bool = True, variance_is_invstd: bool = False) -> dict[str, np.ndarray]:
-    """Batch-norm training backward: {"diff_src", "diff_gamma", "diff_beta"}.
+@dataclass(frozen=True)
+class _Call:
+    """One call's inputs as the caller named them (canonical names, a spec's or PyTorch's) and its settings."""
+
+    arrays: Mapping[str, Any]
+    op: OpSettings
+    key_map: Mapping[str, str]
+
+
+def _problem(call: _Call) -> Op:
+    """Array-likes by any of the CLI's names -> checked Op (app/inputs.py, as every command checks them); arguments
+    of the wrong kind are InputErrors too, never a TypeError or AttributeError from deep inside."""
+    op = call.op
+    if op.epsilon is not None and (isinstance(op.epsilon, bool) or not isinstance(op.epsilon, numbers.Real)):
+        raise InputError(f"epsilon is {op.epsilon!r}, expected a finite number > 0")
+    if op.data_format is None:
+        raise InputError("data_format is required: NCHW (or NCX) for PyTorch tensors, channels_last ones too; "
+                         "NHWC (or NXC) for TensorFlow's default")
+    if not isinstance(op.data_format, str):
+        raise InputError(f"data_format is {op.data_format!r}, expected a layout name such as NCHW or NHWC")
+    if op.spec not in PROFILES:
+        raise InputError(f"spec is {op.spec!r}, expected one of {', '.join(PROFILES)}")
+    arrays = {name: value for name, value in call.arrays.items() if value is not None}
+    for name in arrays:
+        if not is_input_key(call.key_map.get(name, name)) or name in ATTRIBUTE_KEYS:
+            raise InputError(f"{name}: not an input name; expected src, diff_dst, mean, variance, gamma, beta, a "
+                             "spec's or PyTorch's name for one (x, grad_output, weight, save_mean, save_invstd, ...), "
+                             "or one key_map names")
+    naming = Naming(dict(call.key_map))
+    split = split_arrays({name: _array(name, value) for name, value in arrays.items()},
+                         SplitRequest(naming, op), "inputs")
+    return split.build_op()
+
+
+def _settings(epsilon: Any, data_format: Any, spec: Any, training: Any, variance_is_invstd: Any) -> OpSettings:
+    return OpSettings(epsilon, data_format, spec, bool(training), bool(variance_is_invstd))
+
+
+def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, epsilon: float | None = None,
+             data_format: str | None = None, training: bool = True, variance_is_invstd: bool = False,
+             spec: str = "generic", **named: Any) -> dict[str, np.ndarray]:
+    """Batch-norm training backward: {"diff_src", "diff_gamma", "diff_beta"} as NumPy arrays.
 
     src, diff_dst: (N, C, X...) for data_format NCX (or NCHW...), (N, X..., C) for NXC (NHWC...), one
-    dtype of f16/bf16/f32/f64; mean, variance, gamma: (C,). diff_src has src's dtype, diff_gamma and
-    diff_beta mean's; computed in float64, rounded once. training=False is TF's is_training=False;
-    variance_is_invstd: variance holds 1/sqrt(var + eps) (epsilon unused).
+    dtype of f16/bf16/f32/f64; mean, variance, gamma: (C,). Arrays are NumPy's, torch tensors (any dtype,
+    requires_grad, strided, on a GPU), JAX or TensorFlow arrays (__array__ or DLPack). The inputs may also
+    go by a spec's or PyTorch's names (input=, grad_output=, weight=, save_mean=, save_invstd=: then
+    variance_is_invstd is implied). data_format is required (a channels_last tensor is logically NCHW).
+    diff_src has src's dtype, diff_gamma and diff_beta mean's; computed in float64, rounded once.
+    training=False is TF's is_training=False; variance_is_invstd: variance holds 1/sqrt(var + eps).
 
     >>> import numpy as np
     >>> src = np.array([[1.0, 2.0], [3.0, 6.0]])            # (N=2, C=2), NC
@@ -121,20 +188,22 @@ def backward(src, diff_dst, mean, variance, gamma=None, *, epsilon: float, data_
     Traceback (most recent call last):
     bnbwd_cli.errors.InputError: mean has shape (3,), expected (2,) = C of src (NCX)
     """
-    op = OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
-    problem = _inputs({"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma}, op)
-    return app_judge.reference_outputs(problem, ("diff_src", "diff_gamma", "diff_beta"))
+    arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
+    problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), {}))
+    return app_judge.reference_outputs(problem, OUTPUT_NAMES)
 
 
-def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=None, epsilon: float,
-          data_format: str = "NCX", training: bool = True, variance_is_invstd: bool = False,
-          key_map: Mapping[str, str] | None = None, max_units: float | None = None) -> Report:
+def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
+          epsilon: float | None = None, data_format: str | None = None, training: bool = True,
+          variance_is_invstd: bool = False, spec: str = "generic", key_map: Mapping[str, str] | None = None,
+          max_units: float | None = None, **named: Any) -> Report:
     """Judge a kernel's outputs as `bnbwd run --reference` does: truthy iff they pass.
 
-    actual maps names to arrays: diff_src, diff_gamma, diff_beta, a spec's names for them
-    (x_backprop...), or your own through key_map {THEIRS: OURS}; the ones present are judged, each
-    element by the error a correct float32 kernel could make on this problem (max_units K, default 16).
-    The other arguments are the inputs the kernel saw, as for backward().
+    actual maps names to arrays: diff_src, diff_gamma, diff_beta, a spec's or PyTorch's names for them
+    (x_backprop, grad_input...), or your own through key_map {THEIRS: OURS}; or it is a tuple or list in
+    (diff_src, diff_gamma, diff_beta) order (None where an output was not made). The ones present are judged,
+    each element by the error a correct float32 kernel could make on this problem (max_units K, default 16).
+    The other arguments are the inputs the kernel saw, as for backward(). The caller's arrays are never changed.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
@@ -144,6 +213,8 @@ def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=Non
     >>> mine = backward(**inputs)
     >>> check({"dx": mine["diff_src"]}, key_map={"dx": "diff_src"}, **inputs).status
     'pass'
+    >>> check((mine["diff_src"], None, mine["diff_beta"]), **inputs).status
+    'pass'
     >>> wrong = {"diff_beta": mine["diff_beta"] / 64}        # a mean where the sum belongs: off by M
     >>> report = check(wrong, **inputs)
     >>> bool(report), report.status
@@ -151,10 +222,11 @@ def check(actual: Mapping[str, Any], *, src, diff_dst, mean, variance, gamma=Non
     >>> "FAIL (exit 1): numerical mismatch in diff_beta" in report.text
     True
     """
-    op = OpSettings(epsilon, data_format, "generic", training, variance_is_invstd)
-    problem = _inputs({"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma}, op)
+    key_map = dict(key_map or {})
+    arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
+    problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
     settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(float(max_units), {}))
-    return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=dict(key_map or {}))))
+    return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=key_map)))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

@@ -6,6 +6,8 @@ Pure: raises InputError with one precise line; knows nothing of files or termina
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,18 +21,34 @@ INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
 OUTPUT_NAMES = ("diff_src", "diff_gamma", "diff_beta")
 PARAM_NAMES = ("mean", "variance", "gamma", "beta")  # the (C,) inputs, dtype T2
 
-# canonical name -> names the four specs use for it (nGraph, OpenVINO, oneDNN, TensorFlow)
+# canonical name -> names the four specs and PyTorch use for it (nGraph, OpenVINO, oneDNN, TensorFlow, PyTorch)
 ALIASES: dict[str, tuple[str, ...]] = {
     "src": ("input", "input_forward", "x"),
-    "diff_dst": ("normalized_delta", "output_delta", "y_backprop"),
+    "diff_dst": ("normalized_delta", "output_delta", "y_backprop", "grad_output"),
     "mean": ("reserve_space_1",),
-    "variance": ("reserve_space_2",),
-    "gamma": ("scale",),
-    "beta": ("offset",),
+    "variance": ("reserve_space_2", "invstd"),
+    "gamma": ("scale", "weight"),
+    "beta": ("offset", "bias"),
 }
+# PyTorch's statistics (native_batch_norm_backward) depend on the mode: the batch's own (save_*) in training,
+# the running ones in inference; the other mode's are left unused. save_invstd and invstd hold 1/sqrt(var + eps).
+MODE_STATISTICS: dict[bool, dict[str, str]] = {  # training? -> {key: canonical name}
+    True: {"save_mean": "mean", "save_invstd": "variance"},
+    False: {"running_mean": "mean", "running_var": "variance"},
+}
+INVSTD_KEYS = ("save_invstd", "invstd")
 # Bundle entries that are not tensors of the op: attributes, and TF's unused reserve_space_3.
-ATTRIBUTE_KEYS = ("epsilon", "data_format")
+ATTRIBUTE_KEYS = ("epsilon", "data_format", "is_training")
 IGNORED_KEYS = ("reserve_space_3",)
+# Names people give the tensors in their own dumps: never read as such, only suggested (--map THEIRS=OURS).
+COMMON_NAMES: dict[str, tuple[str, ...]] = {
+    "src": ("inp", "x_in", "activation"), "diff_dst": ("dy", "dout", "grad_out", "grad_y", "gy", "d_out"),
+    "mean": ("mu", "batch_mean"), "variance": ("var", "batch_var", "sigma2"), "gamma": ("w", "g"),
+    "diff_src": ("dx", "grad_x", "gx", "din"), "diff_gamma": ("dgamma", "dw", "grad_w", "dscale"),
+    "diff_beta": ("dbeta", "db", "grad_b", "dbias"),
+}
+# A key by one of these names that no input takes is an error, not a note: an unread gamma means gamma = 1.
+GAMMA_LIKE = ("weight", "scale", "gamma")
 
 # Float dtypes by short name (float_name, None for other dtypes): naming bfloat16 needs no ml_dtypes at import.
 FLOAT_NAMES = ("f16", "bf16", "f32", "f64")
@@ -85,55 +103,129 @@ PROFILES: dict[str, SpecProfile] = {
         SpecProfile(name="tensorflow", default_format="NHWC", default_epsilon=1e-4, formats=("NHWC", "NCHW"),
                     type_pairs=((F32, F32), (F16, F32), (BF16, F32)), same_param_dtypes=True,
                     required=("gamma",), epsilon_is_f32=True, paired_param_grads=False),
+        # PyTorch native_batch_norm_backward: tensors are logically channels-first (channels_last is a memory
+        # format); reduced-precision inputs keep f32 statistics on GPUs, their own dtype on CPU.
+        SpecProfile(name="pytorch", default_format="NCX", default_epsilon=None, formats=ANY_FORMAT,
+                    type_pairs=((F64, F64), (F32, F32), (F16, F32), (BF16, F32), (F16, F16), (BF16, BF16)),
+                    same_param_dtypes=False, required=(), epsilon_is_f32=False, paired_param_grads=False),
     )
 }
 
 
-def canonical_input_name(key: str) -> str | None:
-    """'y_backprop' -> 'diff_dst'; None for a key that names no input."""
+def canonical_input_name(key: str, training: bool | None = None) -> str | None:
+    """'y_backprop' -> 'diff_dst'; 'save_mean' -> 'mean' in training (None in inference: unused); None for a key
+    that names no input. training None: any mode's statistics count (is the key an input at all?)."""
     for name, aliases in ALIASES.items():
         if key == name or key in aliases:
             return name
+    for mode, names in MODE_STATISTICS.items():
+        if key in names and training in (None, mode):
+            return names[key]
     return None
 
 
-def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str) -> tuple[dict[str, np.ndarray], dict[str, object]]:
-    """Split a bundle into inputs by canonical name and attributes (epsilon, data_format)."""
+@dataclass(frozen=True)
+class BundleInputs:
+    """A bundle's inputs by canonical name, its attributes, whether the variance came as an invstd (PyTorch's
+    save_invstd), and the keys that are inputs only in the other mode (PyTorch's other statistics)."""
+
+    inputs: dict[str, np.ndarray]
+    attributes: dict[str, object]
+    variance_is_invstd: bool
+    other_mode: tuple[str, ...]
+
+
+def read_attributes(bundle: dict[str, np.ndarray], label: str) -> dict[str, object]:
+    """The bundle's 0-d epsilon, data_format and is_training entries, checked."""
+    return {key: _attribute(key, array, label) for key, array in bundle.items() if key in ATTRIBUTE_KEYS}
+
+
+def inputs_from_bundle(bundle: dict[str, np.ndarray], label: str, training: bool = True) -> BundleInputs:
+    """Split a bundle into inputs by canonical name and attributes (epsilon, data_format, is_training); the mode
+    picks PyTorch's statistics."""
     inputs: dict[str, np.ndarray] = {}
     seen_as: dict[str, str] = {}
-    attributes: dict[str, object] = {}
+    other_mode: list[str] = []
     for key, array in bundle.items():
-        if key in ATTRIBUTE_KEYS:
-            attributes[key] = _attribute(key, array, label)
+        if key in ATTRIBUTE_KEYS or key in IGNORED_KEYS:
             continue
-        if key in IGNORED_KEYS:
-            continue
-        name = canonical_input_name(key)
+        name = canonical_input_name(key, training)
         if name is None:
             check_bundle_keys([key], label)
+            other_mode.append(key)
+            continue
         if name in inputs:
             raise InputError(f"{label}: both {seen_as[name]!r} and {key!r} give {name}; keep one")
         inputs[name], seen_as[name] = array, key
-    return inputs, attributes
+    invstd = seen_as.get("variance") in INVSTD_KEYS
+    return BundleInputs(inputs, read_attributes(bundle, label), invstd, tuple(other_mode))
 
 
 def is_input_key(key: str) -> bool:
-    """Whether a key names an input (by any spec's name), an attribute or TF's unused reserve_space_3."""
+    """Whether a key names an input (by any spec's name, in either mode), an attribute or TF's unused reserve_space_3."""
     return key in ATTRIBUTE_KEYS or key in IGNORED_KEYS or canonical_input_name(key) is not None
+
+
+def _input_names() -> list[str]:
+    return [*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *(k for v in MODE_STATISTICS.values() for k in v)]
 
 
 def input_keys() -> frozenset[str]:
     """Every key that may hold an input or an attribute (canonical names, the specs' aliases, attributes)."""
-    return frozenset([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS, *IGNORED_KEYS])
+    return frozenset([*_input_names(), *ATTRIBUTE_KEYS, *IGNORED_KEYS])
 
 
 def check_bundle_keys(keys: list[str], label: str) -> None:
     """Refuse a bundle key that is neither an input (by any spec's name) nor an attribute: from the names
     alone, before any member is inflated."""
     for key in keys:
-        if key not in ATTRIBUTE_KEYS and key not in IGNORED_KEYS and canonical_input_name(key) is None:
-            known = ", ".join([*INPUT_NAMES, *(a for v in ALIASES.values() for a in v), *ATTRIBUTE_KEYS])
+        if not is_input_key(key):
+            known = ", ".join([*_input_names(), *ATTRIBUTE_KEYS])
             raise InputError(f"{label}: unknown key {key!r}; expected one of {known}")
+
+
+def looks_like_gamma(key: str) -> bool:
+    """'weight', 'bn1.weight', 'gamma_0', 'Scale': a key named like gamma (its last word, digits aside)."""
+    words = [w for w in re.split(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])|(?<=[0-9])(?=[a-z])", key.lower()) if w and not w.isdigit()]
+    return bool(words) and words[-1] in GAMMA_LIKE
+
+
+class ShapesOnDemand(Mapping):
+    """Keys and their arrays' shapes (None: in no array set), each shape looked up only when asked: only a missing
+    key's suggested --map asks, so a file member nothing uses is never inflated on the way to a verdict."""
+
+    def __init__(self, sides: Sequence[Mapping[str, np.ndarray]], keys: Iterable[str]) -> None:
+        self._sides, self._keys = sides, list(dict.fromkeys(keys))
+
+    def __getitem__(self, key: str) -> tuple[int, ...] | None:
+        if key not in self._keys:
+            raise KeyError(key)
+        return next((tuple(side[key].shape) for side in self._sides if key in side), None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def suggest_key(name: str, candidates: Mapping[str, tuple[int, ...] | None], shape: tuple[int, ...] | None) -> str | None:
+    """The key most likely to hold `name`: among the candidates (key -> shape, None when unknown) of the wanted
+    shape (when known), the one whose name is closest to `name` or one of its aliases; None when nothing fits."""
+    import difflib  # only when an input is missing
+
+    names = [name, *ALIASES.get(name, ()), *COMMON_NAMES.get(name, ()),
+             *(k for v in MODE_STATISTICS.values() for k, n in v.items() if n == name)]
+    fitting = [key for key, s in candidates.items() if shape is None or s is None or tuple(s) == tuple(shape)]
+    by_shape = [key for key in fitting if shape is not None and candidates[key] is not None]
+
+    def closeness(key: str) -> float:
+        return max(difflib.SequenceMatcher(None, key.lower(), n).ratio() for n in names)
+
+    ranked = sorted(by_shape or fitting, key=closeness, reverse=True)
+    if len(by_shape) == 1:
+        return by_shape[0]
+    return ranked[0] if ranked and closeness(ranked[0]) >= 0.8 else None
 
 
 def _attribute(key: str, array: np.ndarray, label: str) -> object:
@@ -143,6 +235,10 @@ def _attribute(key: str, array: np.ndarray, label: str) -> object:
         if array.dtype.kind not in "fiu":
             raise InputError(f"{label}: 'epsilon' must be a real number, found dtype {array.dtype}")
         return float(array)
+    if key == "is_training":
+        if array.dtype.kind not in "biu" or array.item() not in (0, 1):
+            raise InputError(f"{label}: 'is_training' must be a boolean (or 0/1), found {array.item()!r} ({array.dtype})")
+        return bool(array.item())
     if array.dtype.kind not in "US":
         raise InputError(f"{label}: 'data_format' must be a string, found dtype {array.dtype}")
     value = array.item()

@@ -1,4 +1,5 @@
-"""Writes fixtures/example_case.npz and fixtures/example_case_bad.npz, the `bnbwd check` examples.
+"""Writes fixtures/example_case.npz and fixtures/example_case_bad.npz, the `bnbwd check` examples, and
+fixtures/pytorch_dump/ and fixtures/cases/, the examples of `bnbwd check --help` and README's PyTorch recipe.
 
 A kernel engineer's dump: the inputs of fixtures/example.npz and a float32 kernel's outputs, all in
 the kernel's own names (x, dy, var, dx, dgamma, dbeta), as README's "In pytest" section shows. The
@@ -41,6 +42,34 @@ def main() -> None:
     for name, unbiased in (("example_case.npz", False), ("example_case_bad.npz", True)):
         dx, dgamma, dbeta = float32_kernel(*args, unbiased=unbiased)
         np.savez(FIXTURES / name, **inputs, dx=dx, dgamma=dgamma, dbeta=dbeta)
+    write_pytorch_examples(example)
+
+
+def torch_names(example, unbiased=False) -> dict[str, np.ndarray]:
+    """The same float32 kernel's dump in PyTorch's names (native_batch_norm_backward's), with save_invstd."""
+    eps = float(example["epsilon"])
+    invstd = (1 / np.sqrt(example["variance"].astype(np.float64) + eps)).astype(np.float32)
+    dx, dgamma, dbeta = float32_kernel(example["src"], example["diff_dst"], example["mean"], example["variance"],
+                                       example["gamma"], eps, unbiased=unbiased)
+    return {"input": example["src"], "grad_output": example["diff_dst"], "weight": example["gamma"],
+            "bias": np.zeros_like(example["gamma"]), "save_mean": example["mean"], "save_invstd": invstd,
+            "running_mean": example["mean"] * np.float32(0.1), "running_var": np.float32(0.9) + example["variance"] * np.float32(0.1),
+            "grad_input": dx, "grad_weight": dgamma, "grad_bias": dbeta}
+
+
+def write_pytorch_examples(example) -> None:
+    """fixtures/pytorch_dump/: one case as a folder of PyTorch-named .npy files (a hook's dump); fixtures/cases/:
+    a suite, one case as NAME.npz (inputs) beside NAME.out.npz (outputs), one as a single file."""
+    dump = torch_names(example)
+    (FIXTURES / "pytorch_dump").mkdir(exist_ok=True)
+    for key, array in dump.items():
+        np.save(FIXTURES / "pytorch_dump" / f"{key}.npy", array)
+    cases = FIXTURES / "cases"
+    cases.mkdir(exist_ok=True)
+    outputs = ("grad_input", "grad_weight", "grad_bias")
+    np.savez(cases / "bn1.npz", **{k: v for k, v in dump.items() if k not in outputs}, data_format=np.array("NCHW"))
+    np.savez(cases / "bn1.out.npz", **{k: dump[k] for k in outputs})
+    np.savez(cases / "bn2.npz", **dump, data_format=np.array("NCHW"))
 
 
 if __name__ == "__main__":

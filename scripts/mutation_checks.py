@@ -32,6 +32,13 @@ MUTANTS = (
     ("float16 cast through float32 (double rounding)", "bnbwd_cli/core/rounding.py",
      'np.copyto(out, values, casting="unsafe")\n        return values',
      'np.copyto(out, values.astype(np.float32), casting="unsafe")\n        return values', "tests/test_kernels_tiling.py -k 'half or float16'"),
+    ("a report cut short by a closed stdout exits 3", "bnbwd_cli/cli/main.py", "        return _Verdict.code\n",
+     "        return ExitCode.INPUT\n", "tests/test_pipes.py -k 'reader or full'"),
+    ("PyTorch's save_invstd read as a variance", "bnbwd_cli/spec.py", 'invstd = seen_as.get("variance") in INVSTD_KEYS',
+     "invstd = False", "tests/test_pytorch_names.py -k 'folder or invstd'"),
+    ("a case's is_training ignored", "bnbwd_cli/app/inputs.py",
+     'training=attributes.get("is_training", self.training))', "training=self.training)",
+     "tests/test_check_cases.py -k own_entries"),
     ("numba's cache directory not reloaded", "bnbwd_cli/runtime.py", "            config.reload_config()\n",
      "            pass\n", "tests/test_numba_cache.py -k reinstall"),
 )

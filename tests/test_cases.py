@@ -165,8 +165,9 @@ def test_the_suite_has_the_shapes_and_data_it_promises(suites):
 def test_cases_read_back_through_bnbwd_as_run_inputs(suites):
     directory, manifest = suites("bf16", "NXC")
     for entry in manifest["cases"]:
-        split = app_inputs.read_inputs(str(directory / entry["file"]), {})
-        assert split.attributes == {"epsilon": entry["epsilon"], "data_format": "NXC"}
+        split = app_inputs.read_inputs(str(directory / entry["file"]),
+                                       app_inputs.SplitRequest(app_inputs.Naming(), app_inputs.OpSettings()))
+        assert (split.settings.epsilon, split.settings.data_format) == (entry["epsilon"], "NXC")
         assert sorted(split.inputs) == ["diff_dst", "gamma", "mean", "src", "variance"] and not split.unused
         assert split.inputs["src"].dtype == zoo.BF16 and list(split.inputs["src"].shape) == entry["shape"]
         app_inputs.build_op(split.inputs, app_inputs.OpSettings(epsilon=entry["epsilon"], data_format="NXC"))

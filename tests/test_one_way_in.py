@@ -96,8 +96,11 @@ GOOD = {"src": np.ones((2, 3), np.float32), "diff_dst": np.ones((2, 3), np.float
     ({"epsilon": "1e-5"}, None, r"^epsilon is '1e-5', expected a finite number > 0$"),
     ({"data_format": 3}, None, r"^data_format is 3, expected a layout name"),
     ({"src": [[1.0, 2.0], [3.0]]}, None, r"^src: not an array \(list: "),
-    ({}, [np.ones((2, 3))], r"^actual is a list, expected a mapping of output names to arrays$"),
-], ids=["epsilon-str", "format-int", "ragged-src", "actual-list"])
+    ({}, 42, r"^actual is a int, expected a mapping of output names to arrays or a sequence in the order diff_src"),
+    ({}, [np.ones((2, 3))] * 4, r"^actual is a list of 4, expected 1 to 3 arrays in the order diff_src"),
+    ({"data_format": None}, None, r"^data_format is required: NCHW"),
+    ({"grad_ouput": np.ones((2, 3))}, None, r"^grad_ouput: not an input name"),
+], ids=["epsilon-str", "format-int", "ragged-src", "actual-int", "actual-list-of-4", "no-format", "typo"])
 def test_api_arguments_of_the_wrong_kind_are_input_errors(change, actual, message):
     """Never a TypeError or AttributeError from deep inside: the API's one error for a bad input."""
     with pytest.raises(bnbwd_cli.InputError, match=message):

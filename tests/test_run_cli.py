@@ -378,7 +378,7 @@ def test_missing_epsilon_is_an_input_error(cli, tmp_path, rng):
 
 @pytest.mark.parametrize("args,pattern", [
     (["--format", "NCHWX"], r"Invalid value for '--format'"),
-    (["--spec", "pytorch"], r"Invalid value for '--spec'"),
+    (["--spec", "caffe"], r"Invalid value for '--spec'"),
     (["--outputs", "diff_x"], r"expected a comma-separated subset"),
     (["--threads", "0"], r"Invalid value for '--threads'"),
     (["--block-size", "lots"], r"not a size"),

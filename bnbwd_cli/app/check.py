@@ -7,11 +7,12 @@ app/judge.py, as `run --reference` and the API judge them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bnbwd_cli.app.inputs import OpSettings, build_op, split_arrays
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.app.judge import judge_outputs
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
@@ -46,36 +47,142 @@ class CaseRequest:
     op: OpSettings
     judging: Judging
     bf16: tuple[str, ...] = ()
+    threads: int | None = None  # the core's threads per case (None: the machine's)
 
 
-def judge_file(path: str, request: CaseRequest) -> CaseOutcome:
-    """Read one case (inputs and kernel outputs in one .npz or directory) and judge it. The file's own
-    'epsilon' and 'data_format' entries win over request.op."""
-    bf16 = request.bf16
+OUTPUTS_SUFFIX = ".out.npz"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case: a file (or directory of .npy files) holding the inputs, and the kernel's outputs with them or
+    in NAME.out.npz beside NAME.npz."""
+
+    path: str
+    outputs_path: str | None = None
+
+
+def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
+    """The cases the command line names: a file is a case; a directory means its *.npz cases (not recursive),
+    or is one case when it holds .npy files and no .npz; NAME.out.npz is NAME.npz's outputs, never a case of its
+    own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its error)."""
+    cases: list[Case] = []
+    for argument in arguments:
+        path = Path(argument)
+        archives = sorted(p for p in path.glob("*.npz") if p.is_file()) if path.is_dir() else []
+        for candidate in archives or [path]:
+            candidate = _inputs_of(candidate) or candidate
+            outputs = candidate.with_name(candidate.name.removesuffix(".npz") + OUTPUTS_SUFFIX)
+            paired = candidate.name.endswith(".npz") and outputs.is_file()
+            cases.append(Case(str(candidate) if archives or candidate != path else argument,
+                              str(outputs) if paired else None))
+    return tuple(dict.fromkeys(cases))
+
+
+def _inputs_of(path: Path) -> Path | None:
+    """NAME.npz for NAME.out.npz when it exists, else None."""
+    if not path.name.endswith(OUTPUTS_SUFFIX):
+        return None
+    inputs = path.with_name(path.name.removesuffix(OUTPUTS_SUFFIX) + ".npz")
+    return inputs if inputs.is_file() else None
+
+
+def _read_case(case: Case) -> dict:
+    """The case's arrays: its file's, and its NAME.out.npz's (a key in both is an error: which one is meant?)."""
+    arrays = read_tensor_set(case.path)
+    if case.outputs_path is None:
+        return arrays
+    outputs = read_tensor_set(case.outputs_path)
+    both = sorted(set(arrays) & set(outputs))
+    if both:
+        raise InputError(f"{case.path}: {both[0]!r} is in both {case.path} and {case.outputs_path}; keep one")
+    return {**arrays, **outputs}
+
+
+def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
+    """Read one case (inputs and kernel outputs in one .npz or directory, or NAME.npz and NAME.out.npz) and judge
+    it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
+    case = Case(case) if isinstance(case, str) else case
+    path, bf16 = case.path, request.bf16
     try:
-        arrays = read_tensor_set(path)
+        arrays = _read_case(case)
         found = reinterpret_bf16(bf16, {path: arrays})
-        split = split_arrays(arrays, request.judging.key_map, path)
+        naming = Naming(request.judging.key_map, request.judging.ignore)
+        split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
-        problem = build_op(split.inputs, request.op.overridden_by(split.attributes))
-        result = judge_outputs(problem, split.outputs, request.judging)
+        problem = split.build_op()
+        result = judge_outputs(problem, split.outputs, request.judging, request.threads)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
         return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
     return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())
 
 
-def judge_cases(paths: Sequence[str], request: CaseRequest,
-                on_case: Callable[[CaseOutcome], None] | None = None) -> tuple[CaseOutcome, ...]:
-    """Every case in order; on_case sees each outcome as soon as it is known (a line per case as they go)."""
+def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
+                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int = 1) -> tuple[CaseOutcome, ...]:
+    """Every case, in order; on_case sees each outcome as soon as it and those before it are known (a line per
+    case as they go). jobs > 1: that many worker processes, one core thread each; the outcomes are the same."""
     outcomes = []
-    for path in paths:
-        outcome = judge_file(path, request)
+    for outcome in _outcomes(cases, request, jobs):
         outcomes.append(outcome)
         if on_case is not None:
             on_case(outcome)
     return tuple(outcomes)
+
+
+def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int) -> Iterator[CaseOutcome]:
+    workers = min(jobs, len(cases))
+    if workers <= 1:
+        yield from (judge_file(case, request) for case in cases)
+        return
+    import multiprocessing  # only for --jobs: a plain check never starts a pool
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork where there is one: a worker starts in milliseconds with bnbwd already imported
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    one_thread = replace(request, threads=1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+        yield from pool.map(_judge_in_worker, cases, [one_thread] * len(cases))
+
+
+@dataclass(frozen=True)
+class _Known:
+    """An output's details, computed in the worker: what a report of the outcome shows, sent back with it."""
+
+    details: object
+
+    def __call__(self) -> object:
+        return self.details
+
+
+class _NotGathered:
+    """The details of an output that passed, left in the worker (a report shows details for failures only, and the
+    JSON document's are gathered up front)."""
+
+    def __call__(self) -> object:
+        raise RuntimeError("the details of a passing output judged in a worker process were not kept")
+
+
+def _judge_in_worker(case: Case | str, request: CaseRequest) -> CaseOutcome:
+    """judge_file, with each output's lazily computed details made concrete so that the outcome can travel."""
+    outcome = judge_file(case, request)
+    if outcome.result is None:
+        return outcome
+    outputs = []
+    for output in outcome.result.outputs:
+        c = output.comparison
+        if c is not None:
+            keep = request.judging.details_up_front or not c.passed
+            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered())
+        outputs.append(replace(output, comparison=c))
+    return replace(outcome, result=replace(outcome.result, outputs=tuple(outputs)))
+
+
+def shard(cases: Sequence[Case], k: int, n: int) -> tuple[Case, ...]:
+    """Shard K of N (1-based): a contiguous block of the cases, sizes within one of each other; the N shards are
+    disjoint, and in order their union is the whole list (their lines, concatenated, are the unsharded run's)."""
+    return tuple(cases[(k - 1) * len(cases) // n:k * len(cases) // n])
 
 
 def suite_verdict(outcomes: Sequence[CaseOutcome]) -> Status:

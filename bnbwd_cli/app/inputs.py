@@ -1,37 +1,89 @@
 """The op's inputs, gathered one way for every command and the Python API: named arrays and settings -> Op.
 
-`run` and `verify --inputs` read their bundles through `read_inputs`, `check` sorts a case file's arrays
-through `split_arrays`, the API hands its arrays over as they are; all of them end in `build_op`, so one
-mistake (a missing input, no epsilon, a shape that does not fit) is one InputError with one message
-everywhere. Pure but for read_inputs, which reads a bundle through files/read.py.
+`run` and `verify --inputs` read their bundles through `read_inputs`, `check` and the API sort their arrays
+through `split_arrays` (names: canonical, any spec's, PyTorch's, --map's; PyTorch's statistics by the mode in
+force; a file's epsilon, data_format and is_training entries); all of them end in `build_op`, so one mistake (a
+missing input, no epsilon, a shape that does not fit) is one InputError with one message everywhere. Pure but
+for read_inputs, which reads a bundle through files/read.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_bundle
 from bnbwd_cli.op import Op
-from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES, input_keys, inputs_from_bundle, is_input_key, resolve_epsilon, validate_inputs
+from bnbwd_cli.layout import channel_axis, resolve_format
+from bnbwd_cli.spec import (MODE_STATISTICS, OUTPUT_NAMES, PROFILES, ShapesOnDemand, input_keys, inputs_from_bundle, is_input_key,
+                            looks_like_gamma, read_attributes, resolve_epsilon, suggest_key, validate_inputs)
+
+
+@dataclass(frozen=True)
+class OpSettings:
+    """How the op ran: epsilon and data_format None = the spec's default, training None = the file's entry or
+    training; names as in `bnbwd run`."""
+
+    epsilon: float | None = None
+    data_format: str | None = None
+    spec: str = "generic"
+    training: bool | None = None
+    variance_is_invstd: bool = False
+
+    def filled_from(self, attributes: Mapping[str, object]) -> OpSettings:
+        """A file's 'epsilon', 'data_format' and 'is_training' where these settings say nothing (run, verify: a
+        flag wins)."""
+        return replace(self, epsilon=self.epsilon if self.epsilon is not None else attributes.get("epsilon"),
+                       data_format=self.data_format or attributes.get("data_format"),
+                       training=self.training if self.training is not None else attributes.get("is_training"))
+
+    def overridden_by(self, attributes: Mapping[str, object]) -> OpSettings:
+        """A file's 'epsilon', 'data_format' and 'is_training' over these settings (check: a case's own entries win)."""
+        return replace(self, epsilon=attributes.get("epsilon", self.epsilon),
+                       data_format=attributes.get("data_format") or self.data_format,
+                       training=attributes.get("is_training", self.training))
+
+    @property
+    def format_or_default(self) -> str:
+        return self.data_format or PROFILES[self.spec].default_format
+
+    @property
+    def is_training(self) -> bool:
+        return self.training is not False
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How a file's keys are read: key_map renames them (--map THEIRS=OURS); keys in ignore are left out on
+    purpose (--ignore), so an unused key named like gamma is no error."""
+
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    ignore: Collection[str] = ()
 
 
 @dataclass(frozen=True)
 class Split:
-    """A file's arrays sorted out: inputs by canonical name, attributes, the kernel's outputs (by the file's
-    own keys, for the report) and the keys that are neither."""
+    """A file's arrays sorted out: inputs by canonical name, the settings in force (the caller's with the file's
+    entries, PyTorch's save_invstd implying variance_is_invstd), the kernel's outputs (by the file's own keys,
+    for the report) and the keys that are neither."""
 
     inputs: dict[str, np.ndarray]
-    attributes: dict[str, object]
+    settings: OpSettings
     outputs: dict[str, np.ndarray]
     unused: tuple[str, ...]
+    # the unused keys that are no kernel output (where a missing input may be), their shapes where read
+    candidates: Mapping[str, tuple[int, ...] | None] = field(default_factory=dict)
 
     def note(self) -> str | None:
         """One line naming the keys that were not used, or None."""
         return f"not used: {', '.join(self.unused)}" if self.unused else None
+
+    def build_op(self, outputs: tuple[str, ...] = OUTPUT_NAMES) -> Op:
+        """build_op on these inputs and settings; a missing input's error suggests an unused key by shape and name."""
+        return build_op(self.inputs, self.settings, outputs, self.candidates)
 
 
 def wanted_keys(key_map: Mapping[str, str]) -> frozenset[str]:
@@ -40,10 +92,23 @@ def wanted_keys(key_map: Mapping[str, str]) -> frozenset[str]:
     return (input_keys() - set(key_map)) | mapped
 
 
-def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], label: str) -> Split:
-    """Sort a file's arrays by ``--map THEIRS=OURS``, then by canonical name or any spec's alias."""
+@dataclass(frozen=True)
+class SplitRequest:
+    """What sorting a file's arrays needs: the naming, the caller's settings and whether the file's entries win
+    over them (check) or only fill what they leave open (run, verify)."""
+
+    naming: Naming
+    op: OpSettings
+    file_wins: bool = False
+
+
+def split_arrays(arrays: Mapping[str, np.ndarray], request: SplitRequest, label: str,
+                 unread: Collection[str] = ()) -> Split:
+    """Sort a file's arrays by ``--map THEIRS=OURS``, then by canonical name or any spec's alias (PyTorch's
+    statistics by the mode in force). unread: the file's other keys, never inflated (named as unused)."""
     from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
 
+    key_map = request.naming.key_map
     renamed: dict[str, np.ndarray] = {}
     seen_as: dict[str, str] = {}
     outputs: dict[str, np.ndarray] = {}
@@ -58,49 +123,46 @@ def split_arrays(arrays: Mapping[str, np.ndarray], key_map: Mapping[str, str], l
             outputs[key] = arrays[key]
         else:
             unused.append(key)
-    inputs, attributes = inputs_from_bundle(renamed, label)
-    return Split(inputs, attributes, outputs, tuple(unused))
+    attributes = read_attributes(renamed, label)
+    settings = request.op.overridden_by(attributes) if request.file_wins else request.op.filled_from(attributes)
+    found = inputs_from_bundle(renamed, label, settings.is_training)
+    settings = replace(settings, variance_is_invstd=settings.variance_is_invstd or found.variance_is_invstd)
+    unused += [seen_as[key] for key in found.other_mode] + [key for key in unread if key not in unused]
+    _refuse_unused_gamma(unused, request.naming, label)
+    candidates = ShapesOnDemand((arrays,), [key for key in unused if canonical_key(key, key_map) not in OUTPUT_ALIASES.values()])
+    return Split(found.inputs, settings, outputs, tuple(unused), candidates)
 
 
-def read_inputs(source: str, key_map: Mapping[str, str], what: str = "bundle", declared: bool = False) -> Split:
-    """The inputs and attributes of a bundle (.npz path, pipe or '-'); members that can hold neither are
-    never inflated (they may be a kernel's large outputs): they are only named in the Split's note.
+def _refuse_unused_gamma(unused: Collection[str], naming: Naming, label: str) -> None:
+    """An unused key named weight, scale or gamma would silently mean gamma = 1: an error, unless --ignore names it."""
+    from bnbwd_cli.judge.keys import OUTPUT_ALIASES, canonical_key
+
+    for key in unused:
+        if looks_like_gamma(key) and key not in naming.ignore and canonical_key(key, naming.key_map) not in OUTPUT_ALIASES.values():
+            target = naming.key_map.get(key)
+            used_as = f"--map {key}={target} makes it {target}, not an input" if target else "it is not read"
+            raise InputError(f"{label}: {key!r} looks like gamma but {used_as}; without gamma, gamma = 1 is assumed",
+                             hint=f"--map {key}=gamma reads it as gamma, --ignore {key} leaves it out")
+
+
+def read_inputs(source: str, request: SplitRequest, what: str = "bundle", declared: bool = False) -> Split:
+    """The inputs and settings of a bundle (.npz path, pipe or '-'); members that can hold neither are never
+    inflated (they may be a kernel's large outputs): they are only named in the Split's note.
     `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after)."""
     keys: list[str] = []
-    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(key_map), declared=declared)
-    split = split_arrays(arrays, key_map, f"{what} (stdin)" if source == "-" else f"{what} ({source})")
-    return replace(split, unused=tuple(key for key in keys if key not in arrays))
+    arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(request.naming.key_map),
+                        declared=declared)
+    return split_arrays(arrays, request, f"{what} (stdin)" if source == "-" else f"{what} ({source})",
+                        unread=[key for key in keys if key not in arrays])
 
 
-@dataclass(frozen=True)
-class OpSettings:
-    """How the op ran: epsilon and data_format None = the spec's default; names as in `bnbwd run`."""
-
-    epsilon: float | None = None
-    data_format: str | None = None
-    spec: str = "generic"
-    training: bool = True
-    variance_is_invstd: bool = False
-
-    def filled_from(self, attributes: Mapping[str, object]) -> OpSettings:
-        """A file's 'epsilon' and 'data_format' where these settings say nothing (run, verify: a flag wins)."""
-        return replace(self, epsilon=self.epsilon if self.epsilon is not None else attributes.get("epsilon"),
-                       data_format=self.data_format or attributes.get("data_format"))
-
-    def overridden_by(self, attributes: Mapping[str, object]) -> OpSettings:
-        """A file's 'epsilon' and 'data_format' over these settings (check: a case's own entries win)."""
-        return replace(self, epsilon=attributes.get("epsilon", self.epsilon),
-                       data_format=attributes.get("data_format") or self.data_format)
-
-    @property
-    def format_or_default(self) -> str:
-        return self.data_format or PROFILES[self.spec].default_format
-
-
-def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[str, ...] = OUTPUT_NAMES) -> Op:
+def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[str, ...] = OUTPUT_NAMES,
+             others: Mapping[str, tuple[int, ...] | None] | None = None) -> Op:
     """Check the inputs (names, shapes, dtypes, the spec's rules, an epsilon) and bundle them: the one way
-    from named arrays to an Op. src and diff_dst may be files.blocks.NpyBlocks (a streamed run)."""
+    from named arrays to an Op. src and diff_dst may be files.blocks.NpyBlocks (a streamed run). others: the
+    file's unused keys and their shapes (None: unknown), for the missing input's suggested --map."""
     profile = PROFILES[op.spec]
+    _check_present(inputs, op, others or {})
     canonical = validate_inputs(dict(inputs), profile, op.format_or_default, variance_is_invstd=op.variance_is_invstd,
                                 outputs=outputs)
     epsilon = resolve_epsilon(op.epsilon, profile, op.variance_is_invstd)
@@ -108,4 +170,37 @@ def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[st
         raise InputError(f"no epsilon: spec {profile.name} has no default and the inputs hold no 'epsilon' entry",
                          hint="give --epsilon")
     return Op(inputs["src"], inputs["diff_dst"], inputs["mean"], inputs["variance"], inputs.get("gamma"),
-              epsilon=epsilon, data_format=canonical, training=op.training, variance_is_invstd=op.variance_is_invstd)
+              epsilon=epsilon, data_format=canonical, training=op.is_training, variance_is_invstd=op.variance_is_invstd)
+
+
+def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Mapping[str, tuple[int, ...] | None]) -> None:
+    """A missing input, with the unused key that most likely holds it: --map THEIRS=OURS by shape and name."""
+    profile = PROFILES[op.spec]
+    for name in ("src", "diff_dst", "mean", "variance", *profile.required):
+        if name in inputs:
+            continue
+        message = f"missing input {name} (spec {profile.name}): no array named {name!r} or a spec's name for it"
+        other_mode = [key for key, n in MODE_STATISTICS[not op.is_training].items() if n == name and key in others]
+        if other_mode:
+            mode, flag = ("inference", "--inference") if op.is_training else ("training", "no --inference")
+            raise InputError(f"{message}; {other_mode[0]} is PyTorch's statistic for {mode}",
+                             hint=f"{flag} if the kernel ran in {mode}, or --map {other_mode[0]}={name} to use it")
+        key = suggest_key(name, others, _expected_shape(name, inputs, op))
+        if key is not None:
+            shape = others[key]
+            raise InputError(message, hint=f"--map {key}={name} reads {key}" + (f" {shape}" if shape is not None else "")
+                             + " as it")
+        raise InputError(message, hint=f"--map THEIRS={name} reads your own name for it")
+
+
+def _expected_shape(name: str, inputs: Mapping[str, np.ndarray], op: OpSettings) -> tuple[int, ...] | None:
+    """The shape a missing input must have, from the inputs present (None when they do not say)."""
+    src = inputs.get("src", inputs.get("diff_dst"))
+    if src is None:
+        return None
+    if name in ("src", "diff_dst"):
+        return tuple(src.shape)
+    try:
+        return (src.shape[channel_axis(resolve_format(op.format_or_default, src.ndim), src.ndim)],)
+    except (InputError, ValueError, IndexError):
+        return None

@@ -6,12 +6,12 @@ the caller's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.app.inputs import OpSettings, build_op, read_inputs
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, read_inputs
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
@@ -40,14 +40,14 @@ class TensorSets:
 @dataclass(frozen=True)
 class FileSets:
     """verify's files: the kernel's outputs (actual), the reference and, when given, the op's inputs (a bundle,
-    read as `bnbwd run` reads one: key_map renames its keys, op's given settings win over its entries).
+    read as `bnbwd run` reads one: naming renames its keys, op's given settings win over its entries).
     bf16: keys (in any of them) whose 2-byte integer data is bfloat16."""
 
     actual: str
     reference: str
     inputs_bundle: str | None = None
     op: OpSettings = OpSettings()
-    key_map: Mapping[str, str] = field(default_factory=dict)
+    naming: Naming = Naming()
     bf16: tuple[str, ...] = ()
 
 
@@ -59,11 +59,11 @@ def read_sets(files: FileSets, on_note: Callable[[str], None] | None = None) -> 
     inputs = None
     if files.inputs_bundle is not None:
         label = f"--inputs ({files.inputs_bundle})"
-        split = read_inputs(files.inputs_bundle, files.key_map, "--inputs")
+        split = read_inputs(files.inputs_bundle, SplitRequest(files.naming, files.op), "--inputs")
         found |= reinterpret_bf16(files.bf16, {label: split.inputs})
         if split.note() and on_note is not None:
             on_note(f"{label}: {split.note()}")
-        inputs = build_op(split.inputs, files.op.filled_from(split.attributes))
+        inputs = split.build_op()
     check_found(files.bf16, found, "ACTUAL, REFERENCE" + (" or --inputs" if files.inputs_bundle else ""))
     return TensorSets(actual, reference, files.actual, files.reference, inputs)
 
@@ -75,17 +75,19 @@ def compare(sets: TensorSets, judging: Judging, data_format: str | None = None) 
     return compare_sets(sets.actual, sets.reference, judging, data_format=data_format, inputs=sets.inputs)
 
 
-def reference_outputs(problem: Op, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """bnbwd's outputs for these names (canonical), from the checked inputs."""
+def reference_outputs(problem: Op, names: tuple[str, ...], threads: int | None = None) -> dict[str, np.ndarray]:
+    """bnbwd's outputs for these names (canonical), from the checked inputs (threads None: the machine's)."""
     from bnbwd_cli import core as compute_core  # here: `verify` without --inputs never loads the core
 
-    result = compute_core.backward(problem, compute_core.Settings(outputs=names))
+    result = compute_core.backward(problem, compute_core.Settings(outputs=names, threads=threads))
     return {name: getattr(result, name) for name in names}
 
 
-def judge_outputs(problem: Op, actual: Mapping[str, np.ndarray], judging: Judging) -> SetComparison:
+def judge_outputs(problem: Op, actual: Mapping[str, np.ndarray], judging: Judging,
+                  threads: int | None = None) -> SetComparison:
     """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
-    own error scale: the judgement of `run --reference`, `check` and the API."""
+    own error scale: the judgement of `run --reference`, `check` and the API. threads: the core's (None: the
+    machine's; check's worker processes use one each)."""
     from bnbwd_cli.judge.keys import canonical_key
 
     present = {canonical_key(key, judging.key_map) for key in actual}
@@ -93,4 +95,4 @@ def judge_outputs(problem: Op, actual: Mapping[str, np.ndarray], judging: Judgin
     if not names:
         raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
                          "(or a spec's name for them)", hint="--map THEIRS=OURS names your own")
-    return compare(TensorSets(actual, reference_outputs(problem, names), inputs=problem), judging)
+    return compare(TensorSets(actual, reference_outputs(problem, names, threads), inputs=problem), judging)

@@ -17,7 +17,7 @@ import numpy as np
 
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.app import streaming
-from bnbwd_cli.app.inputs import OpSettings, build_op, read_inputs
+from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, build_op, read_inputs
 from bnbwd_cli.core.stats import OutputStats
 from bnbwd_cli.core.stats import scan as output_stats
 from bnbwd_cli.files import blocks as files_blocks
@@ -60,7 +60,7 @@ class RunRequest:
     """A run: inputs from a bundle and/or one by one (sources: canonical name -> PATH), the op's settings (given
     ones win over the bundle's entries), the outputs wanted and where they go.
 
-    key_map renames the bundle's keys (--map); bf16: input names whose 2-byte integer data is bfloat16;
+    naming: how the bundle's keys are read (--map, --ignore); bf16: input names whose 2-byte integer data is bfloat16;
     keep_outputs: a streamed diff_src is read back (a judgement needs it), else a shape-only stand-in."""
 
     bundle: str | None
@@ -69,7 +69,7 @@ class RunRequest:
     outputs: tuple[str, ...]
     destination: Destination
     compute: Compute = Compute()
-    key_map: dict[str, str] | None = None
+    naming: Naming = Naming()
     bf16: tuple[str, ...] = ()
     keep_outputs: bool = False
 
@@ -95,10 +95,9 @@ class Computed:
 
 def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
     """Read the bundle and the inputs given one by one (streamed ones as blocks, closed with `stack`), check them."""
-    split = read_inputs(request.bundle, request.key_map or {}, declared=True) if request.bundle else None
-    inputs, attributes = (split.inputs, split.attributes) if split else ({}, {})
+    split = read_inputs(request.bundle, SplitRequest(request.naming, request.op), declared=True) if request.bundle else None
+    inputs, settings = (split.inputs, split.settings) if split else ({}, request.op)
     note = f"bundle ({request.bundle}): {split.note()}" if split and split.note() else None
-    settings = request.op.filled_from(attributes)
     data_format = settings.format_or_default
     stream = _should_stream(request, data_format)
     for name, source in request.sources.items():
@@ -109,7 +108,7 @@ def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
     bf16_names = [key for key in request.bf16 if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
     read_declared(inputs, keep=("src", "diff_dst"))  # large src/diff_dst: checked by their headers before a read
-    op = build_op(inputs, settings, request.outputs)
+    op = build_op(inputs, settings, request.outputs, split.candidates if split else {})
     if read_declared(inputs):
         op = build_op(inputs, settings, request.outputs)
     if PROFILES[settings.spec].paired_param_grads and "diff_gamma" not in request.outputs:

@@ -14,29 +14,38 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, op_options
+from bnbwd_cli.cli.main import ReportWriter, record_verdict
+from bnbwd_cli.cli.params import ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
+from bnbwd_cli.runtime import usable_cores
 from bnbwd_cli.status import exit_code
 
 # The reports (render/, rich) are imported when a check runs.
 
-_HELP = """Judge kernel outputs saved next to the inputs they came from, one case per file.
+_HELP = """Judge kernel outputs saved next to the inputs they came from, one case at a time.
 
-Each CASE is an .npz (or a directory of .npy files) holding the op's inputs
-(src, diff_dst, mean, variance, optional gamma, beta; canonical names or any
-spec's: x, y_backprop, reserve_space_1, scale, ...; optional 0-d 'epsilon' and
-'data_format') and the kernel's outputs (diff_src, diff_gamma, diff_beta, or a
-spec's names: x_backprop, scale_backprop, input_delta, ...). Your own names:
---map THEIRS=OURS (e.g. --map dy=diff_dst --map dx=diff_src), for inputs and
-outputs alike. Other keys are named in a note, never an error. The outputs a
-case holds are judged as `bnbwd run --reference` judges them: each element by
-the error a correct float32 kernel could make on that problem (K = --max-units).
+A CASE is a file holding the op's inputs and the kernel's outputs (.npz, or a
+directory of .npy files), or NAME.npz (the inputs) beside NAME.out.npz (the
+outputs). A DIR argument means its *.npz cases, not recursive (NAME.out.npz
+files are outputs, not cases); a directory of .npy files and no .npz is one
+case. Inputs: src, diff_dst, mean, variance, optional gamma, beta, by
+canonical name, any spec's (x, y_backprop, reserve_space_1, scale, ...) or
+PyTorch's (input, grad_output, weight, bias, save_mean and save_invstd in
+training, running_mean and running_var in inference); optional 0-d 'epsilon',
+'data_format' and 'is_training'. Outputs: diff_src, diff_gamma, diff_beta or
+a spec's or PyTorch's names (x_backprop, grad_input, grad_weight, ...). Your
+own names: --map THEIRS=OURS (e.g. --map dy=diff_dst --map dx=diff_src), for
+inputs and outputs alike. Other keys are named in a note (one named like
+gamma is an error unless --ignore names it). The outputs a case holds are
+judged as `bnbwd run --reference` judges them: each element by the error a
+correct float32 kernel could make on that problem (K = --max-units).
 
 \b
 --epsilon, --format, --spec, --inference, --variance-is-invstd and --bf16 KEY
-mean what they mean for `bnbwd run` (--bf16 takes the file's key or ours); a case's own 'epsilon' and 'data_format' entries
-win over --epsilon and --format (these are the defaults for files that say
-nothing).
+mean what they mean for `bnbwd run` (--bf16 takes the file's key or ours); a
+case's own 'epsilon', 'data_format' and 'is_training' entries win over
+--epsilon, --format and --inference (these are the defaults for files that
+say nothing).
 
 \b
 Prints one line per case (PASS/FAIL/ERROR, each output's largest error in
@@ -47,15 +56,23 @@ report. Exit codes: 0 every case passes, 1 a case fails (the summary names it),
 
 _EPILOG = """\b
 Examples:
-  bnbwd check fixtures/example_case.npz
-  bnbwd check dumps/*.npz --map dy=diff_dst --map dx=diff_src --format NHWC
-  bnbwd check cases/*.npz --spec tensorflow --json check.json
+  bnbwd check fixtures/pytorch_dump --format NCHW
+  bnbwd check fixtures/cases/ --json check.json
+  bnbwd check fixtures/cases/ --shard 1/2 --jobs 2
+  bnbwd check fixtures/example_case.npz --map dy=diff_dst --map var=variance \\
+      --map dx=diff_src --map dgamma=diff_gamma --map dbeta=diff_beta
 """
 
 
 @click.command("check", help=_HELP, epilog=_EPILOG)
-@click.argument("cases", nargs=-1, required=True, metavar="CASE...")
+@click.argument("cases", nargs=-1, required=True, metavar="CASE|DIR...")
 @op_options
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes, one core thread each; the lines, summary and JSON are the same for any N.  "
+              "[default: the usable cores]")
+@click.option("--shard", type=ShardValue(), default=None,
+              help="Judge only shard K of N: a contiguous block of the cases (in argument order, DIRs sorted); the N "
+              "shards are disjoint and their lines, concatenated in order, are the unsharded run's.")
 @fsync_option
 @comparison_options(with_format=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
@@ -63,23 +80,35 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 
+    jobs, shard = op_options.pop("jobs"), op_options.pop("shard")  # how to run, not what the op is
+    found = app_check.find_cases(cases)
+    if shard is not None:
+        found = app_check.shard(found, *shard)
     if json_target is not None and json_target != "-":
         from bnbwd_cli.files.read import source_files
 
-        # NAME.out.npz beside a NAME.npz case holds that case's kernel outputs: an input as well.
-        siblings = [Path(c[: -len(".npz")] + ".out.npz") for c in cases if c.lower().endswith(".npz")]
-        files_write.vet_destination(json_target, [p for c in cases for p in source_files(c)] + siblings, "--json")
+        read = [path for case in found for source in (case.path, case.outputs_path) if source is not None
+                for path in source_files(str(source))]
+        files_write.vet_destination(json_target, read, "--json")
     op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
-                    training=not op_options["inference"], variance_is_invstd=op_options["variance_is_invstd"])
+                    training=False if op_options["inference"] else None,
+                    variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")
     # The JSON document holds every output's details: gather them in the judging pass, not in a second one.
     judging = comparison.judging if json_target is None else replace(comparison.judging, details_up_front=True)
     request = app_check.CaseRequest(op, judging, bf16=op_options["bf16_inputs"])
-    outcomes = app_check.judge_cases(cases, request, on_case=lambda outcome: _print_case(console, outcome, comparison))
-    console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True)
+    writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
+    outcomes = app_check.judge_cases(found, request,
+                                     on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison),
+                                     jobs=jobs or usable_cores())
+    code = exit_code(app_check.suite_verdict(outcomes))
+    record_verdict(code)
+    writer.write(lambda: console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True))
     if json_target is not None:
-        files_write.write_text(json_target, report_cases.cases_document(outcomes), fsync=fsync)
-    click.get_current_context().exit(exit_code(app_check.suite_verdict(outcomes)))
+        document = report_cases.cases_document(outcomes)
+        writer.write(lambda: files_write.write_text(json_target, document, fsync=fsync))
+    writer.finish()
+    click.get_current_context().exit(code)
 
 
 def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001

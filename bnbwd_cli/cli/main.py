@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 
 import click
 
@@ -52,6 +53,41 @@ def _sigterm_as_exception():
         signal.signal(signal.SIGTERM, previous)
 
 
+class _Verdict:
+    """The exit code of a judgement, once known (run --reference, verify, check): a report cut short by a closed
+    stdout afterwards cannot change it. Reset by every invocation of the group."""
+
+    code: int | None = None
+
+
+def record_verdict(code: int) -> None:
+    """The command's verdict is decided: from now on a failing stdout only cuts its report short."""
+    _Verdict.code = int(code)
+
+
+class ReportWriter:
+    """A report's writes to stdout: the first that fails (its reader gone, a full device) ends the report, never
+    the judging; finish() raises that failure once the verdict is recorded (then the exit code is the verdict's)."""
+
+    def __init__(self) -> None:
+        self.failure: OSError | None = None
+
+    def write(self, func: Callable[..., object], *args: object) -> None:
+        if self.failure is not None:
+            return
+        try:
+            func(*args)
+        except OSError as exc:
+            self.failure = exc
+            _silence_stdout()
+
+    def finish(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be written
+            echo_error(f"note: no report: stdout is closed; exit code {_Verdict.code} is the verdict's")
+
+
 def echo_error(text: str) -> None:
     """One line on stderr; a failing stderr cannot change the exit code."""
     with contextlib.suppress(OSError, ValueError):
@@ -92,16 +128,18 @@ class BnbwdGroup(click.Group):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
         """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
+        _Verdict.code = None
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         _escape_unencodable_output()
         with _sigterm_as_exception():
             try:
-                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-                code = code if isinstance(code, int) else ExitCode.OK
-                _flush_stdout()
-            except click.exceptions.Exit as exc:
-                code = exc.exit_code
+                try:
+                    code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                    code = code if isinstance(code, int) else ExitCode.OK
+                except click.exceptions.Exit as exc:
+                    code = exc.exit_code
+                _flush_stdout()  # here, not at exit: a closed stdout still gets one line and the verdict's code
             except click.ClickException as exc:
                 with contextlib.suppress(OSError, ValueError):
                     _show_error(exc)
@@ -155,9 +193,14 @@ def _interrupted(exc: BaseException | None) -> ExitCode:
     return ExitCode.INTERRUPTED
 
 
-def _stream_failed(exc: OSError) -> ExitCode:
-    """stdout or stderr failed: exit 3 (an output that cannot be written), never 1 or 4."""
+def _stream_failed(exc: OSError) -> int:
+    """stdout or stderr failed: after a verdict, the report was cut short and the verdict's code stands (one line
+    says so); before one, exit 3 (an output that cannot be written), never 1 or 4."""
     _silence_stdout()
+    if _Verdict.code is not None:
+        cause = "its reader closed it" if isinstance(exc, BrokenPipeError) else reason(exc)
+        echo_error(f"note: the report on stdout was cut short ({cause}); exit code {_Verdict.code} is the verdict's")
+        return _Verdict.code
     if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
         echo_error("error: stdout was closed before bnbwd finished writing to it (broken pipe)")
     else:

@@ -120,6 +120,20 @@ class KeyPair(click.ParamType):
         return actual, reference
 
 
+class ShardValue(click.ParamType):
+    """``K/N``: the K-th of N shards (1 <= K <= N)."""
+
+    name = "K/N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(value))
+        if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+            self.fail(f"{value!r}: expected K/N with 1 <= K <= N, e.g. 1/4", param, ctx)
+        return int(match.group(1)), int(match.group(2))
+
+
 def _split_name(ptype: click.ParamType, value: str, param, ctx) -> tuple[str | None, str, str]:
     name, sep, number = str(value).rpartition("=")
     if sep and not name:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from bnbwd_cli.app import judge as app_judge
+from bnbwd_cli.cli.main import ReportWriter, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.files import write as files_write
@@ -43,11 +44,15 @@ def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, st
     if json_target is not None or options.verbose:  # every output's details will be shown: gather them at once
         judging = replace(judging, details_up_front=True)
     result = app_judge.compare(sets, judging, options.data_format)
+    record_verdict(exit_code(result.status))  # a reader that stops reading the report cannot change it
+    writer = ReportWriter()
     if json_target != "-":
-        report.render_report(stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
-                             report.ReportStyle(verbose=options.verbose, brief=options.brief))
+        writer.write(report.render_report, stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
+                     report.ReportStyle(verbose=options.verbose, brief=options.brief))
     if json_target is not None:
         document = report_json.report_document(result, actual_label=sets.actual_label, reference_label=sets.reference_label)
-        files_write.write_text(json_target, report_json.document_text(document), fsync=fsync)
+        text = report_json.document_text(document)
+        writer.write(lambda: files_write.write_text(json_target, text, fsync=fsync))
     report.print_problems(result)
+    writer.finish()
     return exit_code(result.status)

@@ -11,7 +11,7 @@ import click
 
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
-from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.cli.main import CONTEXT, echo_error
 from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
                                   comparison_options, epsilon_option, format_option, fsync_option, inference_option,
@@ -35,9 +35,15 @@ Examples:
 \b
 Inputs: a bundle .npz holds them by name (src, diff_dst, mean, variance, gamma,
 beta) or by any spec's alias (input, input_forward, x, normalized_delta,
-output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset),
-plus optional 0-d 'epsilon' and 'data_format'. A flag overrides the bundle.
-PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE for a headerless dump (e.g.
+output_delta, y_backprop, reserve_space_1, reserve_space_2, scale, offset)
+or PyTorch's (input, grad_output, weight, bias; save_mean and save_invstd in
+training, running_mean and running_var in inference; save_invstd/invstd
+imply --variance-is-invstd), plus optional 0-d 'epsilon', 'data_format' and
+'is_training'. A flag overrides the bundle. A missing input's error suggests
+a --map; an unused key named like gamma (weight, scale) is an error unless
+--ignore KEY names it.
+PATH is FILE.npy, FILE.npz:key, FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE
+for a headerless dump (e.g.
 raw:f32:8x64x56x56:x.bin, raw:bf16:64:g.bin; the size must match), or -
 (stdin, one array). The bundle may be an .npz or a .safetensors file.
 PyTorch .pt/.pth files are pickles: refused, with how to convert them.
@@ -96,12 +102,13 @@ class RunOptions:
         return self.out_dir is not None or (self.output is not None and self.output != "-")
 
     def request(self) -> app_run.RunRequest:
-        op = OpSettings(self.epsilon, self.data_format, self.spec, not self.inference, self.variance_is_invstd)
+        op = OpSettings(self.epsilon, self.data_format, self.spec, False if self.inference else None,
+                        self.variance_is_invstd)
         return app_run.RunRequest(
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            key_map=self.comparison.judging.key_map, bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
@@ -183,6 +190,9 @@ def _check_usage(options: RunOptions) -> None:
         raise click.UsageError("give -o/--output or --out-dir, not both")
     if options.output == "-" and options.json_target == "-":
         raise click.UsageError("-o - and --json - both want stdout; send one to a file")
+    if options.output is not None and options.output.lower().endswith(".npy"):
+        raise click.UsageError(f"-o {options.output}: -o writes one .npz archive of diff_src, diff_gamma and diff_beta, "
+                               f"not a .npy; give -o {options.output[:-4]}.npz, or --out-dir DIR for one .npy per output")
     if options.output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
     if options.stream and not options.has_file_output:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bnbwd_cli.app.inputs import OpSettings
+from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, read_sets
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
 from bnbwd_cli.files import write as files_write
@@ -126,10 +126,11 @@ def verify(**kwargs) -> None:
     from bnbwd_cli.cli.report import report_comparison
     from bnbwd_cli.render.text import make_console
 
-    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", not options.inference,
+    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", False if options.inference else None,
                     options.variance_is_invstd)
-    files = FileSets(options.actual, options.reference, options.inputs_bundle, op, options.comparison.judging.key_map,
-                     options.bf16_keys)
+    judging = options.comparison.judging
+    files = FileSets(options.actual, options.reference, options.inputs_bundle, op,
+                     Naming(judging.key_map, judging.ignore), options.bf16_keys)
     sets = read_sets(files, on_note=lambda note: click.echo(f"note: {note}", err=True))
     code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
     click.get_current_context().exit(code)

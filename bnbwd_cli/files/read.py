@@ -22,7 +22,7 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -277,6 +277,10 @@ class LazyArrays(MutableMapping):
         self._load = load
         self._loaded: dict[str, np.ndarray] = {}
 
+    def loaded_shape(self, key: str) -> tuple[int, ...] | None:
+        """The shape of a member already read, else None (asking must not inflate it)."""
+        return tuple(self._loaded[key].shape) if key in self._loaded else None
+
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._loaded:
             if key not in self._keys:
@@ -354,3 +358,10 @@ def read_tensor_set(source: str) -> MutableMapping[str, np.ndarray]:
     if kind == "npz":
         return _npz_members(path, source)
     return {path.stem: _read_npy_path(path, source)}
+
+
+def known_shape(arrays: Mapping[str, np.ndarray], key: str) -> tuple[int, ...] | None:
+    """An array's shape where knowing it reads nothing (a LazyArrays member not yet read: None)."""
+    if isinstance(arrays, LazyArrays):
+        return arrays.loaded_shape(key)
+    return tuple(arrays[key].shape) if key in arrays else None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name
-from bnbwd_cli.spec import is_input_key
+from bnbwd_cli.spec import is_input_key, suggest_key
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ OUTPUT_ALIASES = {
     "diff_src": "diff_src", "diff_gamma": "diff_gamma", "diff_beta": "diff_beta",
     "input_delta": "diff_src", "gamma_delta": "diff_gamma", "beta_delta": "diff_beta",
     "x_backprop": "diff_src", "scale_backprop": "diff_gamma", "offset_backprop": "diff_beta",
+    "grad_input": "diff_src", "grad_weight": "diff_gamma", "grad_bias": "diff_beta",
 }
 
 
@@ -98,6 +99,7 @@ def match_keys(
     key_map: Mapping[str, str] | None = None,
     only: Iterable[str] = (),
     ignore: Iterable[str] = (),
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> KeyMatch:
     """Pair actual keys with reference keys by canonical name (``key_map``: THEIRS -> OURS, on both sides).
 
@@ -106,8 +108,8 @@ def match_keys(
     dump holds next to them, and its other keys, are not (unless --only names them). Plain arrays are
     compared by name, except an input name only one side holds. A reference key to compare without an
     actual partner is "missing" (a structural failure); keys left out, actual keys the reference lacks
-    and --map entries that match nothing are listed in one note. Order follows the reference.
-    """
+    and --map entries that match nothing are listed in one note. Order follows the reference. ``shapes`` (by
+    key) let a missing key's message suggest the actual key that likely holds it (--map)."""
     key_map = dict(key_map or {})
     only, ignore = set(only), set(ignore)
     problems: list[Problem] = []
@@ -132,7 +134,7 @@ def match_keys(
 
     pairs: list[Pairing] = []
     inputs = [key for name, key in [*reference.items(), *actual.items()] if set_aside(name)]
-    not_outputs = []
+    not_outputs, missing = [], []
     for name, r_key in reference.items():
         if set_aside(name) or not selected(r_key, name, actual.get(name, r_key)):
             continue
@@ -141,15 +143,26 @@ def match_keys(
         elif name in actual:
             pairs.append(Pairing(actual[name], r_key, name))
         else:
-            problems.append(Problem("missing", r_key, f"{r_key}: in reference, missing from actual"))
+            missing.append((name, r_key))
     extras = [key for name, key in actual.items()
               if name not in reference and not set_aside(name) and selected(key, name)]
+    problems += [_missing(name, r_key, extras, key_map, shapes) for name, r_key in missing]
     # a map to an input name is for the input file (run's bundle, --inputs), not for these two sides
     unused_map = [f"{a}={r}" for a, r in key_map.items()
                   if a not in actual_keys and a not in reference_keys and not is_input_key(r)]
     if not pairs and not problems:
         problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
     return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, not_outputs, unused_map))
+
+
+def _missing(name: str, r_key: str, extras: Sequence[str], key_map: Mapping[str, str],
+             shapes: Mapping[str, tuple[int, ...]] | None) -> Problem:
+    """A reference key actual lacks; with shapes, the actual key of its shape (and name) that may hold it."""
+    message = f"{r_key}: in reference, missing from actual"
+    if shapes is not None:
+        key = suggest_key(name, {k: shapes.get(k) for k in extras if k not in key_map}, shapes.get(r_key))
+        message += f"; --map {key}={name} reads {key} as it" if key is not None else ""
+    return Problem("missing", r_key, message)
 
 
 _LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}

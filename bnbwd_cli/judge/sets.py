@@ -20,6 +20,7 @@ from bnbwd_cli.dtypes import to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
+from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
@@ -217,7 +218,8 @@ def compare_sets(
             cache["facts"] = channel_facts(inputs)
         return cache["facts"]
 
-    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore)
+    shapes = ShapesOnDemand((reference, actual), [*reference, *actual])
+    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore, shapes)
     outputs: list[OutputResult] = []
     for pair in match.pairs:
         a, r = actual[pair.actual_key], reference[pair.reference_key]
