@@ -26,7 +26,7 @@ DTYPES = {"f64": np.dtype(np.float64), "f32": np.dtype(np.float32), "bf16": np.d
 SIGNIFICAND_BITS = {"f64": 53, "f32": 24, "bf16": 8, "f16": 11}  # what each dtype holds exactly
 # name: (shape, data_format). Planes of several chunks, NXC rows of several chunks, a short odd shape, an (N, C) one.
 PROBLEMS = {
-    "ncx_planes": ((16, 4, 60, 60), "NCX"),
+    "ncx_planes": ((130, 3, 24, 24), "NCX"),
     "nxc_rows": ((16, 60, 60, 4), "NXC"),
     "ncx_odd": ((3, 5, 7, 9), "NCX"),
     "nxc_2d": ((3000, 3), "NXC"),

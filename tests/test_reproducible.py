@@ -24,9 +24,10 @@ from tests.oracle import backward_arrays, exact_backward, normalised_error, op_a
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NARROW = [np.float32, np.float16, ml_dtypes.bfloat16]
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
-# Shapes for the configuration sweeps: planes split in lane blocks, rows grouped, NXC, a short last chunk.
-SHAPES = [((3, 5, 7, 9), "NCX"), ((70, 3, 1), "NCX"), ((2, 2, 9000), "NCX"), ((3, 7, 9, 5), "NXC"),
-          ((700, 3), "NXC"), ((9, 300, 2), "NXC")]
+# Shapes for the configuration sweeps: planes split in lane blocks, rows grouped, NXC, several chunks with a short
+# last one (planes: 64 rows a chunk; one element a row: 1024).
+SHAPES = [((3, 5, 7, 9), "NCX"), ((2100, 3, 1), "NCX"), ((2, 2, 9000), "NCX"), ((3, 7, 9, 5), "NXC"),
+          ((2500, 3), "NXC"), ((9, 300, 2), "NXC"), ((130, 2, 40), "NCX")]
 
 
 def _bits(array: np.ndarray) -> np.ndarray:
