@@ -269,3 +269,22 @@ def test_round_to_odd_follows_its_definition(rng):
     rounding.round_to_odd_float32(values, out)
     assert np.array_equal(out.view(np.uint32)[1:], _round_to_odd_plainly(values)[1:])
     assert np.isnan(out[0])
+
+
+def test_bfloat16_store_rounds_once_where_float32_lands_on_a_tie(rng):
+    """bf16 writes round to float32 and on to bf16, except where the float32 is a bf16 tie: every element is the
+    bits of the float32-rounded-to-odd route (which rounds once), into a strided view, specials and ties included."""
+    grid = rng.normal(size=3000).astype(BF16).astype(np.float64)
+    step = np.abs(np.nextafter(grid.astype(BF16), BF16.type(np.inf)).astype(np.float64) - grid)
+    near_ties = grid + step / 2 + rng.choice([-1.0, 0.0, 1.0], size=grid.shape) * 2.0**-40 * np.abs(grid)
+    wide = rng.standard_normal(3000) * 10.0 ** rng.integers(-45, 40, 3000)
+    values = np.concatenate([near_ties, wide, [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.3961e38, 3.5e38, -1e-41, 2.0**-134 * 3]])
+    values = values.reshape(-1, 1)
+    storage = np.zeros((values.shape[0], 3), BF16)
+    returned = rounding.store(values, storage[:, 1:2])  # a strided column, as the NumPy core's tiles are
+    odd = np.empty(values.shape, np.float32)
+    rounding.round_to_odd_float32(values, odd)
+    expected = odd.astype(BF16)
+    assert np.array_equal(_bits(storage[:, 1]), _bits(expected[:, 0]))
+    assert not storage[:, [0, 2]].astype(np.float64).any()  # nothing written beside the view
+    assert np.array_equal(_bits(returned.astype(BF16)), _bits(expected))  # the extremes' source rounds the same
