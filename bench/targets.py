@@ -146,9 +146,10 @@ def run_child(command: list[str], fresh: Path | None = None) -> tuple[float, flo
     return seconds, int(peaks[-1]) / 1024 if peaks else float("nan"), done.stdout
 
 
-def rounds_of(commands: dict[str, tuple[list[str], Path | None]], rounds: int) -> dict[str, dict[str, list[float]]]:
-    """{name: {"wall": [ms...], "rss": [MiB...], "inner": [the ms a child printed...]}} over `rounds` rounds, after
-    one warm-up round (page cache, bytecode)."""
+def rounds_of(commands: dict[str, tuple[list[str], Path | None]], rounds: int,
+              timed_inside: tuple[str, ...] = ()) -> dict[str, dict[str, list[float]]]:
+    """{name: {"wall": [ms...], "rss": [MiB...], "inner": [ms...]}} over `rounds` rounds, after one warm-up round
+    (page cache, bytecode); "inner": the milliseconds the commands named in timed_inside print last."""
     results = {name: {"wall": [], "rss": [], "inner": []} for name in commands}
     for round_ in range(rounds + 1):
         for name, (command, fresh) in commands.items():
@@ -156,7 +157,7 @@ def rounds_of(commands: dict[str, tuple[list[str], Path | None]], rounds: int) -
             if round_:
                 results[name]["wall"].append(seconds * 1e3)
                 results[name]["rss"].append(rss)
-                if printed.strip():
+                if name in timed_inside:
                     results[name]["inner"].append(float(printed.split()[-1]))
     return results
 
@@ -184,7 +185,8 @@ def e2e_rows(work: Path, data_format: str, threads: int, rounds: int) -> list[st
             ours = end_to_end.run_command(work, data_format, threads, ["--out-dir", target])[1:]
         job = [kind, inputs, data_format, str(threads), target]
         timing = rounds_of({"floor": (floor, None), "bnbwd": (ours, out),
-                            "torch": (["-c", TORCH_JOB, *job], out), "naive": (["-c", NAIVE_JOB, *job], out)}, rounds)
+                            "torch": (["-c", TORCH_JOB, *job], out), "naive": (["-c", NAIVE_JOB, *job], out)}, rounds,
+                           timed_inside=("torch",))
         wall = {name: result["wall"] for name, result in timing.items()}
         net = {"bnbwd": [b - f for b, f in zip(wall["bnbwd"], wall["floor"])],
                "torch": timing["torch"]["inner"],
@@ -362,6 +364,17 @@ CORE_HEADER = ["| layout | dtype | NumPy core ms | numba core ms | torch ms | na
                "| numba/torch | numba/triad | NumPy/triad | naive/torch |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def available(module: str) -> bool:
     return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
 
@@ -385,7 +398,7 @@ def main() -> None:
     skip = set(args.skip.split(","))
     has_torch, has_numba = available("torch"), available("numba")
     lines = [f"# bnbwd targets ({args.rounds} interleaved rounds; medians (min-max))", "",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {threads} threads; Python "
+             f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {threads} threads; Python "
              f"{platform.python_version()}, NumPy {np.__version__}; load average at start "
              f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}", ""]
     print("\n".join(lines), flush=True)
