@@ -9,8 +9,9 @@ A version is name=tree[@block_bytes]; the tree "naive" is bench/run_bench.py's w
 
 Each worker imports bnbwd_cli from its tree (the tree goes first on sys.path), builds the same seeded inputs
 per case and times one backward call per request: the parent asks every worker in turn, round after round,
-so a disturbance on a shared machine hits every version alike. Reported: best wall time per (case, version)
-in ms, and each version's ratio to the first one. Trees from before the core/ package (bnbwd_cli.kernels)
+so a disturbance on a shared machine hits every version alike. Reported per (case, version): the median time in
+ms with its spread (min-max over the rounds), and each version's ratio to the first one as the median of the
+rounds' paired ratios (a round's versions ran back to back) with their spread. Trees from before the core/ package (bnbwd_cli.kernels)
 are called through batchnorm_backward.
 """
 
@@ -90,6 +91,14 @@ class Worker:
         return json.loads(self.process.stdout.readline())
 
 
+def spread(values: list[float], form: str) -> str:
+    """median (min-max) of the values."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return f"{median:{form}} ({ordered[0]:{form}}-{ordered[-1]:{form}})"
+
+
 def resolve(version: str) -> str:
     tree, at, budget = version.partition("@")
     return (tree if tree == "naive" else str(Path(tree).resolve())) + at + budget
@@ -98,7 +107,7 @@ def resolve(version: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", help="name=tree")
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=11)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cores", default="numpy,numba")
     parser.add_argument("--layouts", default="NCX,NXC")
@@ -113,8 +122,8 @@ def main() -> None:
     names = [v.split("=", 1)[0] for v in args.versions]
     # trees resolved here: the workers run in / (a relative tree such as "." would import the installed package)
     workers = [Worker(resolve(v.split("=", 1)[1])) for v in args.versions]
-    print("| core | layout | dtype | " + " | ".join(f"{n} ms" for n in names) + " | "
-          + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
+    print("| core | layout | dtype | " + " | ".join(f"{n} ms, median (min-max)" for n in names) + " | "
+          + " | ".join(f"{n}/{names[0]}, median (min-max)" for n in names[1:]) + " |")
     print("|---" * (3 + 2 * len(names) - 1) + "|")
     for core in args.cores.split(","):
         for layout in args.layouts.split(","):
@@ -123,12 +132,9 @@ def main() -> None:
                             block_bytes=args.block_bytes)
                 for w in workers:
                     w.ask({"case": case})
-                best = [float("inf")] * len(workers)
-                for _ in range(args.reps):
-                    for i, w in enumerate(workers):
-                        best[i] = min(best[i], w.ask({"time": True})[args.clock])
-                cells = " | ".join(f"{b * 1e3:.1f}" for b in best)
-                ratios = " | ".join(f"{b / best[0]:.2f}" for b in best[1:])
+                rounds = [[w.ask({"time": True})[args.clock] * 1e3 for w in workers] for _ in range(args.reps)]
+                cells = " | ".join(spread([r[i] for r in rounds], ".1f") for i in range(len(workers)))
+                ratios = " | ".join(spread([r[i] / r[0] for r in rounds], ".2f") for i in range(1, len(workers)))
                 print(f"| {core} | {layout} | {dtype} | {cells} | {ratios} |", flush=True)
     for w in workers:
         w.process.stdin.close()

@@ -36,7 +36,7 @@ def _covered(groups, n, c, s) -> np.ndarray:
 
 @pytest.mark.parametrize("row_mode", [False, True], ids=["planes", "rows"])
 @pytest.mark.parametrize("budget", [1, 7, 64, 1000, 1 << 20, 1 << 24])
-@pytest.mark.parametrize("n,c,s", [(1, 1, 1), (3, 5, 7), (2, 1, 100), (5, 9, 1), (1, 3, 1000), (70, 2, 9000), (300, 3, 1)])
+@pytest.mark.parametrize("n,c,s", [(1, 1, 1), (3, 5, 7), (2, 1, 100), (5, 9, 1), (1, 3, 1000), (70, 2, 9000), (300, 3, 1), (2500, 2, 1), (150, 2, 30)])
 def test_plan_covers_every_element_once_in_whole_chunks(n, c, s, budget, row_mode):
     shape = plan.geometry(n, c, s)
     groups = plan.plan_groups(shape, 4, budget, row_mode)

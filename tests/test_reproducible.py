@@ -24,9 +24,10 @@ from tests.oracle import backward_arrays, exact_backward, normalised_error, op_a
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NARROW = [np.float32, np.float16, ml_dtypes.bfloat16]
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
-# Shapes for the configuration sweeps: planes split in lane blocks, rows grouped, NXC, a short last chunk.
-SHAPES = [((3, 5, 7, 9), "NCX"), ((70, 3, 1), "NCX"), ((2, 2, 9000), "NCX"), ((3, 7, 9, 5), "NXC"),
-          ((700, 3), "NXC"), ((9, 300, 2), "NXC")]
+# Shapes for the configuration sweeps: planes split in lane blocks, rows grouped, NXC, several chunks with a short
+# last one (planes: 64 rows a chunk; one element a row: 1024).
+SHAPES = [((3, 5, 7, 9), "NCX"), ((2100, 3, 1), "NCX"), ((2, 2, 9000), "NCX"), ((3, 7, 9, 5), "NXC"),
+          ((2500, 3), "NXC"), ((9, 300, 2), "NXC"), ((130, 2, 40), "NCX")]
 
 
 def _bits(array: np.ndarray) -> np.ndarray:
@@ -268,3 +269,22 @@ def test_round_to_odd_follows_its_definition(rng):
     rounding.round_to_odd_float32(values, out)
     assert np.array_equal(out.view(np.uint32)[1:], _round_to_odd_plainly(values)[1:])
     assert np.isnan(out[0])
+
+
+def test_bfloat16_store_rounds_once_where_float32_lands_on_a_tie(rng):
+    """bf16 writes round to float32 and on to bf16, except where the float32 is a bf16 tie: every element is the
+    bits of the float32-rounded-to-odd route (which rounds once), into a strided view, specials and ties included."""
+    grid = rng.normal(size=3000).astype(BF16).astype(np.float64)
+    step = np.abs(np.nextafter(grid.astype(BF16), BF16.type(np.inf)).astype(np.float64) - grid)
+    near_ties = grid + step / 2 + rng.choice([-1.0, 0.0, 1.0], size=grid.shape) * 2.0**-40 * np.abs(grid)
+    wide = rng.standard_normal(3000) * 10.0 ** rng.integers(-45, 40, 3000)
+    values = np.concatenate([near_ties, wide, [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.3961e38, 3.5e38, -1e-41, 2.0**-134 * 3]])
+    values = values.reshape(-1, 1)
+    storage = np.zeros((values.shape[0], 3), BF16)
+    returned = rounding.store(values, storage[:, 1:2])  # a strided column, as the NumPy core's tiles are
+    odd = np.empty(values.shape, np.float32)
+    rounding.round_to_odd_float32(values, odd)
+    expected = odd.astype(BF16)
+    assert np.array_equal(_bits(storage[:, 1]), _bits(expected[:, 0]))
+    assert not storage[:, [0, 2]].astype(np.float64).any()  # nothing written beside the view
+    assert np.array_equal(_bits(returned.astype(BF16)), _bits(expected))  # the extremes' source rounds the same

@@ -9,8 +9,8 @@ that both cores, in any configuration, produce the same float64 sums bit for bit
   not the row's, keeps the order independent of C, so a run split into channel blocks (--stream)
   gives the same bits); a channel's lanes in such a group are (t, s), t < r0.
   With r0 = 1 and S > LANE_BLOCK, the lanes are cut into blocks of LANE_BLOCK.
-- *chunks*: `chunk_rows` consecutive rows (K row groups). In a chunk every lane sums its
-  K values in row order, starting from 0.0 (vectorisable in both cores: lanes are independent).
+- *chunks*: `chunk_rows` consecutive rows (K = CHUNK_GROUPS row groups). In a chunk every lane sums
+  its K values in row order, starting from 0.0 (vectorisable in both cores: lanes are independent).
 - each (chunk, block) reduces its lanes by a fixed halving tree (`lane_tree`): a *partial*.
 - a channel's partials, in (chunk, block) order, are folded by the same halving tree, but of
   double-doubles (`fold`, `pair_sum`): error ~log2(J)·2⁻¹⁰⁶ of the partials' size on top of
@@ -30,10 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LANES = 1  # a row group spans at least this many elements of one channel: 1 measured fastest for NXC (C = 128, 512)
+# A row group spans at least this many elements of one channel. NXC rows hold one per channel, so 16 lanes make
+# 1024-row chunks: fewer partials to fold than 1 lane's 64-row chunks (f32 (64,56,56,128) NXC, 2 threads, CPU
+# time, interleaved: numba 0.84-0.90x, NumPy 0.83-0.90x of LANES = 1 with 64 rows a chunk).
+LANES = 16
 LANE_BLOCK = 4096  # at most this many lanes of one channel go into one tree (>= 2·LANES: r0 > 1 means one block)
-CHUNK_ELEMENTS = 16384  # about this many elements of one channel per chunk ...
-MAX_CHUNK_GROUPS = 64  # ... but at most this many row groups: the lane sums stay short
+# Row groups in a chunk: every lane sums this many values in a row (the bound on the lane sums' error). Always
+# this many, whatever the lanes (once at most 16384 elements a chunk: NCX planes of 56x56 had 6-row chunks and
+# 11 trees and folds a channel; one 64-row chunk ran 0.88-0.91x the time in both cores).
+CHUNK_GROUPS = 64
 TREE_COPY_ROWS = 16  # lane_tree: this many rows (quantities x chunks x channels x blocks) or more go lanes-first
 SCALAR_FOLD_MAX = 64  # partials (all columns) at most this many: plan.fold runs on Python floats
 # Working sets smaller than this are not split for threads: they run in one thread (numpy_core), in one group.
@@ -82,9 +87,7 @@ def geometry(n: int, c: int, s: int) -> Geometry:
     """The reduction order for an (N, C, S) view: a function of the shape alone."""
     row = max(s, 1)  # one channel's share of a row: the order must not depend on C (--stream splits channels)
     rows_per_lane = 1 if row >= LANES else -(-LANES // row)
-    lanes = rows_per_lane * min(max(s, 1), LANE_BLOCK)
-    groups = min(max(-(-CHUNK_ELEMENTS // lanes), 1), MAX_CHUNK_GROUPS)
-    return Geometry(n, c, s, rows_per_lane, groups)
+    return Geometry(n, c, s, rows_per_lane, CHUNK_GROUPS)
 
 
 # ---------------------------------------------------------------- arithmetic shared by both cores
