@@ -251,8 +251,8 @@ class NpyBlockWriter:
 
     def __init__(self, stream: BinaryIO, shape: tuple[int, ...], dtype: np.dtype, path: Path) -> None:
         self.stream, self.shape, self.dtype, self.path = stream, tuple(shape), np.dtype(dtype), path
-        header = {"descr": npy_format.dtype_to_descr(stored_dtype(dtype)), "fortran_order": False, "shape": self.shape}
-        npy_format.write_array_header_2_0(stream, header) if _needs_v2(header) else npy_format.write_array_header_1_0(stream, header)
+        write_npy_header(stream, {"descr": npy_format.dtype_to_descr(stored_dtype(dtype)), "fortran_order": False,
+                                  "shape": self.shape})
         stream.flush()
         self.offset = stream.tell()
         self.nbytes = int(np.prod(self.shape, dtype=object) or 0) * self.dtype.itemsize
@@ -305,17 +305,48 @@ class NpyBlockWriter:
         return data.view(self.dtype).reshape(self.shape)
 
 
-def _needs_v2(header: dict) -> bool:
-    return len(repr(header)) + 12 > 65535
+def write_npy_header(stream: BinaryIO, header: dict) -> None:
+    """A .npy header as np.save writes it: version 1.0 unless it does not fit in 1.0's 2-byte length."""
+    if len(repr(header)) + 12 > 65535:
+        npy_format.write_array_header_2_0(stream, header)
+    else:
+        npy_format.write_array_header_1_0(stream, header)
+
+
+WRITE_CHUNK = 1 << 20  # a zip member CRCs each write while it is still in cache, then copies it out
+
+
+def write_npy(stream: BinaryIO, array: np.ndarray) -> None:
+    """`array` as a .npy, byte for byte what np.save writes, its data handed to `stream` as WRITE_CHUNK slices of
+    the array's own memory: no bytes copy of the array (np.save's, for a stream that is not a file, is 16 MiB at a
+    time, then CRC-checked and written from there)."""
+    stored = array.T if array.flags.f_contiguous and not array.flags.c_contiguous else array  # Fortran: its C view
+    if not stored.flags.c_contiguous or array.dtype.hasobject:
+        npy_format.write_array(stream, array, allow_pickle=False)
+        return
+    write_npy_header(stream, npy_format.header_data_from_array_1_0(array))
+    data = memoryview(stored.reshape(-1).view(np.uint8))
+    for start in range(0, data.nbytes, WRITE_CHUNK):
+        stream.write(data[start : start + WRITE_CHUNK])
+
+
+def save_npz(stream: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+    """Arrays as a stored .npz on `stream`, byte for byte what np.savez writes (bfloat16 as np.save stores it: |V2)."""
+    import zipfile  # only here: a run writing .npy files never loads it (files/npz.py)
+
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, array in arrays.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=True) as member:
+                write_npy(member, np.asanyarray(array))
 
 
 # ---------------------------------------------------------------- the writers
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False) -> None:
-    """Arrays as an .npz (bfloat16 stored as np.save does: |V2), all or nothing."""
+    """Arrays as a stored .npz, as np.savez writes it (save_npz), all or nothing."""
     with OutputSet(fsync=fsync) as outputs:
-        np.savez(outputs.new_file(path), **arrays)
+        save_npz(outputs.new_file(path), arrays)
 
 
 def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False,
@@ -341,7 +372,7 @@ def write_npz_with_streamed(path: Path, arrays: dict[str, np.ndarray], streamed:
                     if key in streamed:
                         _copy_stream(streamed[key], member)
                     else:
-                        npy_format.write_array(member, np.asanyarray(array), allow_pickle=False)
+                        write_npy(member, np.asanyarray(array))
 
 
 def _copy_stream(writer: NpyBlockWriter, member: BinaryIO) -> None:
@@ -379,7 +410,7 @@ def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--js
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    save_npz(buffer, arrays)
     return buffer.getvalue()
 
 
