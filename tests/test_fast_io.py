@@ -1,6 +1,6 @@
 """The fast read and write paths of the files layer keep its promises: a stored .npz member read straight into its
-array (files/npz._read_stored) has its CRC-32 checked over every chunk and every byte after the array, a member
-cut short is a clean error, archives from pipes and stdin read the same; the .npz writer (files/write.save_npz)
+array (files/stored.read_stored) has its CRC-32 checked over every chunk and every byte after the array, a member
+cut short is a clean error, archives from pipes and stdin read the same; the .npz writer (files/encode.save_npz)
 writes byte for byte what np.savez writes."""
 
 from __future__ import annotations
