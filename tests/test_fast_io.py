@@ -194,3 +194,52 @@ def test_npz_writer_writes_what_np_savez_writes(tmp_path, rng):
     write_npz(tmp_path / "out.npz", arrays)
     assert (tmp_path / "out.npz").read_bytes() == expected.getvalue()
     assert [p.name for p in tmp_path.iterdir()] == ["out.npz"]  # no temp file left
+
+
+# ---------------------------------------------------------------- putting an output in place (files/swap.py)
+
+
+def test_replacing_an_existing_output_exchanges_the_names_then_removes_the_old(tmp_path, monkeypatch):
+    from bnbwd_cli.files import swap
+
+    if swap._renameat2() is None:
+        pytest.skip("no renameat2 here: os.replace does the job")
+    target, temp, other_link = tmp_path / "out.npz", tmp_path / ".out.npz.1234.tmp", tmp_path / "other"
+    target.write_bytes(b"old")
+    os.link(target, other_link)
+    temp.write_bytes(b"new")
+    monkeypatch.setattr(swap.os, "replace", lambda *a: pytest.fail("os.replace used where the exchange works"))
+    swap.replace(temp, target)
+    assert target.read_bytes() == b"new" and other_link.read_bytes() == b"old"  # the old inode kept only by its link
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out.npz"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "symlink", "directory"])
+def test_targets_that_are_not_regular_files_are_replaced_as_os_replace_does(tmp_path, kind):
+    from bnbwd_cli.files import swap
+
+    target, temp, pointed = tmp_path / "out.npz", tmp_path / "temp", tmp_path / "pointed"
+    temp.write_bytes(b"new")
+    pointed.write_bytes(b"kept")
+    if kind == "symlink":
+        target.symlink_to(pointed)
+    if kind == "directory":
+        target.mkdir()
+        with pytest.raises(IsADirectoryError):
+            swap.replace(temp, target)
+        assert target.is_dir() and temp.read_bytes() == b"new"
+        return
+    swap.replace(temp, target)
+    assert not target.is_symlink() and target.read_bytes() == b"new" and pointed.read_bytes() == b"kept"
+    assert not temp.exists()
+
+
+def test_rewriting_an_output_through_the_cli_leaves_only_the_new_one(cli, tmp_path, rng):
+    bundle = save_bundle(tmp_path / "b.npz", make_inputs(rng, (2, 3, 4, 5)))
+    out = tmp_path / "out" / "grads.npz"
+    out.parent.mkdir()
+    out.write_bytes(b"an old output")
+    assert cli("run", bundle, *NCHW, "-q", "-o", out).exit_code == 0
+    with np.load(out) as archive:
+        assert sorted(archive.files) == ["diff_beta", "diff_gamma", "diff_src"]
+    assert [p.name for p in out.parent.iterdir()] == ["grads.npz"]

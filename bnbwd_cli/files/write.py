@@ -28,6 +28,7 @@ from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import swap
 from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
 from bnbwd_cli.files.commit import _PENDING_GROUPS, one_commit, signals_deferred  # noqa: F401 - one_commit: the API
 from bnbwd_cli.files.common import display, reason
@@ -222,7 +223,7 @@ class OutputSet:
         directories = set()
         for target, temp, _ in self._entries:
             if temp is not None:
-                os.replace(temp, target)
+                swap.replace(temp, target)  # os.replace, or an exchange where ext4 would flush on it
                 directories.add(target.parent)
         self._entries = [(t, None, s) for t, _, s in self._entries]  # committed: nothing left to remove
         if self.fsync:
