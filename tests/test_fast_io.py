@@ -154,6 +154,25 @@ def test_stored_archive_from_a_pipe_reads_the_same(tmp_path, big, monkeypatch, s
             npz.read_npz(spool, "pipe")
 
 
+def open_fifo_writer(fifo: Path, reader: subprocess.Popen) -> int:
+    """The FIFO's write end, once the reader has opened it (never a test blocked on a reader that died first)."""
+    import errno
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or reader.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+            continue
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return fd
+
+
 def test_stdin_and_fifo_archives_through_the_cli(tmp_path, rng):
     arrays = make_inputs(rng, (2, 3, 64, 64))
     bundle = Path(save_bundle(tmp_path / "b.npz", arrays))
@@ -169,7 +188,7 @@ def test_stdin_and_fifo_archives_through_the_cli(tmp_path, rng):
     fifo = tmp_path / "in.npz"
     os.mkfifo(fifo)
     child = subprocess.Popen([*run, str(fifo), "-o", str(tmp_path / "fifo.npz")], stderr=subprocess.PIPE)
-    with open(fifo, "wb") as writer:
+    with os.fdopen(open_fifo_writer(fifo, child), "wb") as writer:
         writer.write(bundle.read_bytes())
     stderr = child.communicate(timeout=60)[1].decode()
     assert child.returncode == 3 and "Bad CRC-32" in stderr and len(stderr.strip().splitlines()) == 1, stderr
