@@ -110,7 +110,8 @@ def run_row(work: Path, baseline: Path, pairs: int) -> str:
     def command(checkout: Path) -> Callable[[], object]:
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        argv = [sys.executable, "-m", "bnbwd_cli", "run", str(work / "stored.npz"), "-o", str(work / "out.npz"), "-q", "--format", "NCHW", "--epsilon", "1e-5"]
+        argv = [sys.executable, "-m", "bnbwd_cli", "run", str(work / "stored.npz"), "-o", str(work / "out.npz"), "-q",
+                "--format", "NCHW", "--epsilon", "1e-5"]
         return lambda: subprocess.run(argv, env=env, cwd=work, check=True)
 
     return row("whole `bnbwd run stored.npz -o out.npz -q` (subprocess): this checkout vs the baseline", "baseline",
