@@ -251,15 +251,15 @@ SIGINT_SCRIPT = textwrap.dedent(
     from bnbwd_cli.files import write as files_write
     from bnbwd_cli.cli import main
 
-    real_savez = np.savez
+    real_save_npz = files_write.save_npz
 
-    def savez_then_ctrl_c(stream, **arrays):
+    def savez_then_ctrl_c(stream, arrays):
         stream.write(b"PK\\x03\\x04 half an archive")
         stream.flush()
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered mid-write
-        real_savez(stream, **arrays)
+        real_save_npz(stream, arrays)
 
-    files_write.np.savez = savez_then_ctrl_c
+    files_write.save_npz = savez_then_ctrl_c
     main(sys.argv[1:], prog_name="bnbwd")
     """
 )
@@ -480,18 +480,18 @@ SIGTERM_SCRIPT = textwrap.dedent(
     from bnbwd_cli.files import write as files_write
     from bnbwd_cli.cli import main
 
-    real_savez, real_save = np.savez, np.save
+    real_save_npz, real_save = files_write.save_npz, np.save
 
-    def savez_then_term(stream, **arrays):
+    def savez_then_term(stream, arrays):
         stream.write(b"PK\\x03\\x04 half an archive")
         os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` (a CI timeout) mid-write
-        real_savez(stream, **arrays)
+        real_save_npz(stream, arrays)
 
     def save_then_term(stream, array, **kwargs):
         real_save(stream, array, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    files_write.np.savez = savez_then_term
+    files_write.save_npz = savez_then_term
     files_write.np.save = save_then_term
     main(sys.argv[1:], prog_name="bnbwd")
     """

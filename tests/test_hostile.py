@@ -885,12 +885,13 @@ def test_a_signal_during_the_renames_waits_until_the_set_is_complete(tmp_path: P
     report.write_bytes(b"old report")
     script = f"""
 import os, signal, sys
-real_replace = os.replace
+from bnbwd_cli.files import swap
+real_replace = swap.replace
 def replace_then_signal(*args, **kwargs):
     real_replace(*args, **kwargs)
-    os.replace = real_replace
+    swap.replace = real_replace
     os.kill(os.getpid(), signal.{signal_name})
-os.replace = replace_then_signal
+swap.replace = replace_then_signal
 sys.argv = ["bnbwd", "run", {str(bundle)!r}, "-q", "-o", {str(out)!r}, "--json", {str(report)!r}]
 import runpy
 runpy.run_module("bnbwd_cli", run_name="__main__")

@@ -18,6 +18,7 @@ from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import common
 from bnbwd_cli.files.common import READ_ERRORS, reason
 from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared, NpyHeader, read_npy_header, read_npy_stream
+from bnbwd_cli.files.stored import read_stored
 
 if TYPE_CHECKING:
     import zipfile
@@ -296,7 +297,11 @@ def _vet_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> N
 
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> np.ndarray:
+    import zipfile  # already loaded by open_zip
+
     try:
+        if info.compress_type == zipfile.ZIP_STORED and hasattr(archive.fp, "readinto"):
+            return read_stored(archive, info, what)
         with open_member(archive, info) as stream:
             return read_npy_stream(stream, info.file_size, what)
     except BnbwdError:

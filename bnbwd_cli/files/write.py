@@ -28,9 +28,11 @@ from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.files import swap
 from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
 from bnbwd_cli.files.commit import _PENDING_GROUPS, one_commit, signals_deferred  # noqa: F401 - one_commit: the API
 from bnbwd_cli.files.common import display, reason
+from bnbwd_cli.files.encode import save_npz, write_npy, write_npy_header
 from bnbwd_cli.files.through import COPY_CHUNK, ForwardOnly, is_terminal, is_write_through
 
 TEMP_SUFFIX = ".tmp"
@@ -221,7 +223,7 @@ class OutputSet:
         directories = set()
         for target, temp, _ in self._entries:
             if temp is not None:
-                os.replace(temp, target)
+                swap.replace(temp, target)  # os.replace, or an exchange where ext4 would flush on it
                 directories.add(target.parent)
         self._entries = [(t, None, s) for t, _, s in self._entries]  # committed: nothing left to remove
         if self.fsync:
@@ -251,8 +253,8 @@ class NpyBlockWriter:
 
     def __init__(self, stream: BinaryIO, shape: tuple[int, ...], dtype: np.dtype, path: Path) -> None:
         self.stream, self.shape, self.dtype, self.path = stream, tuple(shape), np.dtype(dtype), path
-        header = {"descr": npy_format.dtype_to_descr(stored_dtype(dtype)), "fortran_order": False, "shape": self.shape}
-        npy_format.write_array_header_2_0(stream, header) if _needs_v2(header) else npy_format.write_array_header_1_0(stream, header)
+        write_npy_header(stream, {"descr": npy_format.dtype_to_descr(stored_dtype(dtype)), "fortran_order": False,
+                                  "shape": self.shape})
         stream.flush()
         self.offset = stream.tell()
         self.nbytes = int(np.prod(self.shape, dtype=object) or 0) * self.dtype.itemsize
@@ -305,17 +307,13 @@ class NpyBlockWriter:
         return data.view(self.dtype).reshape(self.shape)
 
 
-def _needs_v2(header: dict) -> bool:
-    return len(repr(header)) + 12 > 65535
-
-
 # ---------------------------------------------------------------- the writers
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False) -> None:
-    """Arrays as an .npz (bfloat16 stored as np.save does: |V2), all or nothing."""
+    """Arrays as a stored .npz, as np.savez writes it (save_npz), all or nothing."""
     with OutputSet(fsync=fsync) as outputs:
-        np.savez(outputs.new_file(path), **arrays)
+        save_npz(outputs.new_file(path), arrays)
 
 
 def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False,
@@ -341,7 +339,7 @@ def write_npz_with_streamed(path: Path, arrays: dict[str, np.ndarray], streamed:
                     if key in streamed:
                         _copy_stream(streamed[key], member)
                     else:
-                        npy_format.write_array(member, np.asanyarray(array), allow_pickle=False)
+                        write_npy(member, np.asanyarray(array))
 
 
 def _copy_stream(writer: NpyBlockWriter, member: BinaryIO) -> None:
@@ -379,7 +377,7 @@ def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--js
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    save_npz(buffer, arrays)
     return buffer.getvalue()
 
 
