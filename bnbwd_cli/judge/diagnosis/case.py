@@ -1,0 +1,215 @@
+"""What a diagnosis works on, and the test every hypothesis must pass.
+
+``Case`` holds the op's inputs as float64 (N, C, S) views, the per-channel facts, and each judged output
+(actual and reference in float64). A hypothesis is a ``Prediction``: the outputs a kernel with that bug
+would produce (float64, before its own rounding; None where the bug leaves an output as it is).
+``assess`` accepts it only when it explains the whole run down to rounding noise:
+
+- every output, suspicious or not, is within K units of the prediction, where the unit is the error
+  model's scale of a correct kernel (judge/model.py) widened by the roundings of the predicted values
+  themselves (u*|p|) and of the bug's larger sums (u*sqrt(M)*|p - r|), plus one ulp of the output dtype;
+- every output that failed element-wise has >= MIN_SHARE of its deviation explained:
+  1 - ||a - p|| / ||a - r|| (the number a hint reports);
+- every output with a significant systematic deviation has none left after the prediction is taken out
+  (the same least-squares fit and threshold as judge/bias.py), and its scale shrank by >= MIN_SCALE_SHARE.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
+from bnbwd_cli.judge.model import ChannelFacts, diff_src_scale
+from bnbwd_cli.judge.stats import Comparison
+from bnbwd_cli.layout import view3
+
+if TYPE_CHECKING:
+    from bnbwd_cli.core import Op
+
+MIN_SHARE = 0.9  # of an element-wise failure's deviation a hypothesis must explain
+MIN_SCALE_SHARE = 0.75  # of a systematic scale (its estimate carries the fit's noise)
+SUMS = ("diff_gamma", "diff_beta")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One judged output: actual and reference as float64 ((N, C, S) for diff_src, (C,) for the sums)."""
+
+    actual: np.ndarray
+    reference: np.ndarray
+    comparison: Comparison
+
+    @property
+    def failed(self) -> bool:
+        return not self.comparison.elements_passed
+
+    @property
+    def biased(self) -> bool:
+        return self.comparison.bias is not None and self.comparison.bias.significant
+
+    @property
+    def suspicious(self) -> bool:
+        return self.failed or self.biased
+
+
+@dataclass(frozen=True)
+class Case:
+    """The run under diagnosis. x, dy, xhat: (N, C, S) float64 views of src, diff_dst and the true xhat."""
+
+    inputs: Op
+    facts: ChannelFacts
+    x: np.ndarray
+    dy: np.ndarray
+    xhat: np.ndarray
+    gamma: np.ndarray  # (C,) float64, ones when the op has none
+    outputs: Mapping[str, Output]
+    unit: float
+    max_units: float
+    src_scale: np.ndarray | None = field(default=None, repr=False)  # diff_src's error scale, (N, C, S)
+
+    @property
+    def count(self) -> int:
+        return self.facts.count
+
+    @property
+    def channels(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def suspicious(self) -> tuple[str, ...]:
+        return tuple(name for name, out in self.outputs.items() if out.suspicious)
+
+    def sum_scale(self, name: str) -> np.ndarray:
+        s_beta, s_gamma = self.facts.sum_scales(self.unit)
+        return s_gamma if name == "diff_gamma" else s_beta
+
+
+def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.ndarray, np.ndarray, Comparison]]) -> Case:
+    """float64 views of the inputs and outputs; ``outputs``: name -> (actual, reference, comparison)."""
+    fmt = inputs.data_format
+    x, dy = (to_float64(view3(a, fmt)) for a in (inputs.src, inputs.diff_dst))
+    with np.errstate(invalid="ignore", over="ignore"):
+        xhat = (x - facts.mean[:, None]) * facts.invstd[:, None]
+    gamma = np.ones_like(facts.mean) if inputs.gamma is None else to_float64(inputs.gamma)
+    observed = {}
+    unit = max_units = None
+    for name, (a, r, comparison) in outputs.items():
+        if name == "diff_src":
+            a, r = to_float64(view3(a, fmt)), to_float64(view3(r, fmt))
+        else:
+            a, r = to_float64(a).reshape(-1), to_float64(r).reshape(-1)
+        observed[name] = Output(a, r, comparison)
+        unit, max_units = comparison.scaled.unit, comparison.scaled.max_units
+    case = Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units)
+    if "diff_src" in observed:
+        model = diff_src_scale(facts, unit, inputs.training)
+        with np.errstate(invalid="ignore", over="ignore"):
+            scale = model.block(xhat, dy, observed["diff_src"].reference, slice(0, x.shape[1]))
+        case = Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units, scale)
+    return case
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A hypothesis' outputs (float64; None: as the reference). ``sum_scales``: per output, the error scale of
+    a kernel computing that way where it exceeds a correct kernel's (e.g. sums of dy*x instead of dy*xhat,
+    diff_src from sums not divided by M); the larger of the two applies."""
+
+    diff_src: np.ndarray | None = None
+    diff_gamma: np.ndarray | None = None
+    diff_beta: np.ndarray | None = None
+    sum_scales: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def of(self, name: str) -> np.ndarray | None:
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Share of each suspicious output's deviation a prediction explains (element-wise or systematic)."""
+
+    shares: Mapping[str, float]
+
+    @property
+    def share(self) -> float:
+        return min(self.shares.values())
+
+
+def _tolerance(case: Case, name: str, p: np.ndarray, r: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+    out = case.outputs[name]
+    base = case.src_scale if name == "diff_src" else case.sum_scale(name)
+    if extra is not None:
+        base = np.maximum(base, extra)
+    u, root = case.unit, math.sqrt(max(case.count, 1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        noise = base + u * np.abs(p) + u * root * np.abs(p - r)
+        return case.max_units * noise + ulp_spacing(p, out.comparison.dtype)
+
+
+def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None) -> bool:
+    """Is the actual output within K units of ``p`` (as many elements beyond as the judge allows)?"""
+    out = case.outputs[name]
+    with np.errstate(invalid="ignore", over="ignore"):
+        beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra))
+    return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
+
+
+def share_explained(out: Output, p: np.ndarray) -> float:
+    """1 - ||a - p|| / ||a - r||: the share of the deviation the prediction accounts for."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        before = float(np.linalg.norm(np.nan_to_num(out.actual - out.reference)))
+        after = float(np.linalg.norm(np.nan_to_num(out.actual - p)))
+    return 1.0 - after / before if before > 0 else 0.0
+
+
+def _bias_left(case: Case, name: str, p: np.ndarray):
+    """The systematic deviation of actual from ``p`` (judge/bias.py's fit and threshold), or None."""
+    out = case.outputs[name]
+    shifted = out.actual - p + out.reference  # d = a - p against the reference's basis
+    if name == "diff_src":
+        regression = ChannelRegression(case.channels, out.comparison.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            regression.add(case.xhat, out.reference, shifted, case.dy, slice(0, case.channels))
+        fit = regression.fit()
+        return pooled_bias(fit.scale, fit.stderr, case.unit)
+    noise = case.sum_scale(name) + ulp_spacing(out.reference, out.comparison.dtype) / 2
+    sys_beta, sys_gamma = case.facts.systematic(case.unit)
+    return vector_bias(shifted, out.reference, noise, case.unit, sys_gamma if name == "diff_gamma" else sys_beta)
+
+
+def assess(case: Case, prediction: Prediction) -> Assessment | None:
+    """The shares explained when ``prediction`` explains the whole run down to rounding noise, else None."""
+    shares: dict[str, float] = {}
+    changed = False
+    for name, out in case.outputs.items():
+        p = prediction.of(name)
+        if p is None:
+            p = out.reference
+        else:
+            changed = True
+        if not within(case, name, p, prediction.sum_scales.get(name)):
+            return None
+        if not out.suspicious:
+            continue
+        if out.failed:
+            shares[name] = share_explained(out, p)
+            if shares[name] < MIN_SHARE:
+                return None
+        if out.biased:
+            left = _bias_left(case, name, p)
+            before = out.comparison.bias.scale
+            if left is not None and left.significant:
+                return None
+            scale_share = 1.0 - abs(left.scale) / abs(before) if left is not None and before else 1.0
+            if scale_share < MIN_SCALE_SHARE:
+                return None
+            shares[name] = min(shares.get(name, 1.0), scale_share)
+    if not changed or not shares:
+        return None
+    return Assessment(shares)
