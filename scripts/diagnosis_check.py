@@ -61,7 +61,7 @@ def main() -> int:
             outcome = "passed"
         elif expected in named and named <= {expected, "variance-holds-invstd"}:
             outcome = "named"
-        elif named - {"unexplained"}:
+        elif named - {"unexplained", "ambiguous"}:
             outcome = "wrong"
         else:
             outcome = "unexplained"

@@ -27,6 +27,7 @@ from bnbwd_cli.judge.stats import Comparison, Hint
 
 __all__ = ["diagnose", "Hint"]
 
+AMBIGUOUS = 2.0  # another cause leaving at most this many times the best one's unexplained share: no name
 MAX_ELEMENTS = 1 << 25  # diff_src elements beyond which only the input check runs (float64 copies cost memory)
 
 
@@ -48,16 +49,32 @@ def diagnose(inputs, facts: ChannelFacts,
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         case = build_case(inputs, facts, judged)
         suspicious = case.suspicious
+        accepted: list[tuple[Candidate, float]] = []
         tested = 0
         for candidate in _candidates(case):
             tested += 1
             assessment = assess(case, candidate.prediction)
-            if assessment is None:
-                continue
-            hint = Hint(candidate.cause, candidate.text(assessment), candidate.channels)
+            if assessment is not None:
+                accepted.append((candidate, assessment))
+        if accepted:
+            hint = _choose(accepted)
             return {name: (hint,) for name in suspicious}
         extra = _input_notes(case)
         return {name: extra + (_unexplained(case, name, tested),) for name in suspicious}
+
+
+def _choose(accepted: list) -> Hint:
+    """The best-explaining hypothesis; when another cause explains nearly as well (what it leaves is at most
+    AMBIGUOUS times what the best leaves), the data cannot tell them apart and neither is named."""
+    ranked = sorted(accepted, key=lambda pair: -pair[1].share)
+    best, assessment = ranked[0]
+    left = 1.0 - assessment.share
+    rivals = [c for c, a in ranked[1:] if c.cause != best.cause and 1.0 - a.share <= AMBIGUOUS * max(left, 1e-3)]
+    if rivals:
+        names = ", ".join(sorted({best.cause, *(c.cause for c in rivals)}))
+        return Hint("ambiguous", f"several tested hypotheses explain the deviation equally well ({names}): "
+                                 "the data cannot tell them apart")
+    return Hint(best.cause, best.text(assessment), best.channels)
 
 
 def _suspicious(comparison: Comparison) -> bool:

@@ -11,7 +11,8 @@ would produce (float64, before its own rounding; None where the bug leaves an ou
 - every output that failed element-wise has >= MIN_SHARE of its deviation explained:
   1 - ||a - p|| / ||a - r|| (the number a hint reports);
 - every output with a significant systematic deviation has none left after the prediction is taken out
-  (the same least-squares fit and threshold as judge/bias.py), and its scale shrank by >= MIN_SCALE_SHARE.
+  (the same least-squares fit and threshold as judge/bias.py), and its scale shrank by >= MIN_SCALE_SHARE
+  or what is left is within 3 standard errors of zero.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.dtypes import dtype_from_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.model import ChannelFacts, diff_src_scale
 from bnbwd_cli.judge.stats import Comparison
@@ -160,8 +161,18 @@ def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None
     return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
 
 
+def rounded(p: np.ndarray, dtype: str) -> np.ndarray:
+    """The prediction rounded to the output's dtype, as the kernel rounds its own values (float64 out)."""
+    if dtype == "f64":
+        return p
+    with np.errstate(invalid="ignore", over="ignore"):
+        return p.astype(dtype_from_name({"f32": "float32", "f16": "float16"}.get(dtype, dtype))).astype(np.float64)
+
+
 def share_explained(out: Output, p: np.ndarray) -> float:
-    """1 - ||a - p|| / ||a - r||: the share of the deviation the prediction accounts for."""
+    """1 - ||a - p|| / ||a - r|| with p rounded to the output's dtype (as a and r are): the share of the
+    deviation the prediction accounts for."""
+    p = rounded(p, out.comparison.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         before = float(np.linalg.norm(np.nan_to_num(out.actual - out.reference)))
         after = float(np.linalg.norm(np.nan_to_num(out.actual - p)))
@@ -183,6 +194,23 @@ def _bias_left(case: Case, name: str, p: np.ndarray):
     return vector_bias(shifted, out.reference, noise, case.unit, sys_gamma if name == "diff_gamma" else sys_beta)
 
 
+def _bias_share(case: Case, name: str, p: np.ndarray) -> float | None:
+    """The share of a significant systematic deviation that ``p`` explains, or None when what is left is
+    still significant or more than noise (3 standard errors) and MIN_SCALE_SHARE of the original."""
+    before = case.outputs[name].comparison.bias
+    left = _bias_left(case, name, p)
+    if left is None:
+        return 1.0
+    if left.significant:
+        return None
+    if abs(before.scale) <= before.threshold:  # only single channels were flagged, and none is now
+        return 1.0
+    share = 1.0 - abs(left.scale) / abs(before.scale)
+    if share < MIN_SCALE_SHARE and abs(left.scale) > 3 * left.stderr:
+        return None
+    return max(share, 0.0)
+
+
 def assess(case: Case, prediction: Prediction) -> Assessment | None:
     """The shares explained when ``prediction`` explains the whole run down to rounding noise, else None."""
     shares: dict[str, float] = {}
@@ -202,14 +230,10 @@ def assess(case: Case, prediction: Prediction) -> Assessment | None:
             if shares[name] < MIN_SHARE:
                 return None
         if out.biased:
-            left = _bias_left(case, name, p)
-            before = out.comparison.bias.scale
-            if left is not None and left.significant:
+            share = _bias_share(case, name, p)
+            if share is None:
                 return None
-            scale_share = 1.0 - abs(left.scale) / abs(before) if left is not None and before else 1.0
-            if scale_share < MIN_SCALE_SHARE:
-                return None
-            shares[name] = min(shares.get(name, 1.0), scale_share)
+            shares[name] = min(shares.get(name, 1.0), share)
     if not changed or not shares:
         return None
     return Assessment(shares)

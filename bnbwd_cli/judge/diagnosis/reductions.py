@@ -161,6 +161,8 @@ def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
         if not ok:
             continue
         channels = tuple(int(c) for c in np.flatnonzero(lost >= 0))
+        if all(lost[c] == nb - 1 for c in channels) and len(channels) == case.channels:
+            continue  # the last block in every channel: the missing tail above
         rows = np.arange(case.channels)
         missing_beta = np.where(lost >= 0, block_beta[rows, np.maximum(lost, 0)], 0.0)
         missing_gamma = np.where(lost >= 0, block_gamma[rows, np.maximum(lost, 0)], 0.0)
