@@ -65,6 +65,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
     yield from _missing_part(case, deviation)
     yield from _gamma_from_x(case)
     yield from _sixteen_bit(case, deviation)
+    yield from _single_pass(case, deviation)
     yield from _mean_not_sum(case)
 
 
@@ -259,6 +260,37 @@ def _sixteen_bit(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
     yield Candidate("16-bit-accumulation", prediction,
                     lambda s: f"the sums were accumulated in a 16-bit type: {evidence}; diff_src follows from them "
                               f"(explains {percent(s.share)} of its deviation)")
+
+
+CANCELLING = 10.0  # |mean|/sd from which a single-pass formula's cancellation is worth naming
+
+
+def _single_pass(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
+    """diff_gamma as (sum(x*dy) - mean*sum(dy))*invstd: correct in exact arithmetic, but in float32 the two
+    terms are |mean|/sd times larger than their difference, so the sum of x*dy carries an error of about
+    u*sqrt(M)*|mean|*(D + ||dy||)*invstd (D: dy's largest prefix sum). Named when diff_beta is right, diff_gamma
+    is beyond a correct kernel's noise only in channels with |mean|/sd >= CANCELLING, and within K times
+    that formula's error everywhere (its signature: no recomputation can reproduce a rounding error's draw)."""
+    facts = case.facts
+    ratio = np.abs(facts.mean) * facts.invstd
+    root = np.sqrt(max(case.count, 1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        single = case.max_units * case.unit * root * ratio * (facts.drift_beta + facts.norm_beta) + deviation.gamma_noise
+        beyond = ~(np.abs(deviation.gamma) <= deviation.gamma_noise)
+        if not beyond.any() or not np.all(np.abs(deviation.beta) <= deviation.beta_noise):
+            return
+        if not np.all(ratio[beyond] >= CANCELLING) or not np.all(np.abs(deviation.gamma) <= single):
+            return
+        used = np.nanmax(np.abs(deviation.gamma[beyond]) / (single[beyond] - deviation.gamma_noise[beyond]) * case.max_units)
+    gamma = facts.diff_gamma + deviation.gamma
+    prediction = backward_with(case, Ingredients(gamma_sum=gamma))
+    worst = float(np.nanmax(ratio[beyond]))
+    channels = tuple(int(c) for c in np.flatnonzero(beyond))
+    yield Candidate("single-pass-cancellation", prediction,
+                    lambda s: (f"diff_gamma is off only where |mean|/sd is large (up to {worst:.3g}), by at most "
+                               f"{used:.2g} units of a single-pass formula's rounding error: sum(x*dy) - mean*sum(dy) "
+                               f"loses ~{np.log2(max(worst, 1)):.0f} bits to cancellation; sum((x - mean)*dy) does not"),
+                    channels)
 
 
 def _mean_not_sum(case: Case) -> Iterator[Candidate]:

@@ -73,7 +73,7 @@ def _sign_flips(case: Case) -> Iterator[Candidate]:
     p[:, flipped] = -p[:, flipped]
     hit = tuple(int(k) for k in flipped)
     yield Candidate("sign-flip", Prediction(diff_src=p),
-                    lambda s: f"sign flipped in {channel_list(hit)}: actual = -reference there "
+                    lambda s: f"sign flipped in channel(s) {channel_list(hit)}: actual = -reference there "
                               f"(explains {percent(s.share)} of the deviation)", hit)
 
 
