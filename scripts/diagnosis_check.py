@@ -40,6 +40,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--family", action="append")
+    parser.add_argument("--m-range", type=int, nargs=2, default=(600, 6000), metavar=("LOW", "HIGH"),
+                        help="elements per channel drawn from [LOW, HIGH)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     families = args.family or sorted(bugs.FAMILIES)
@@ -51,7 +53,7 @@ def main() -> int:
         family = str(rng.choice(families))
         fmt = str(rng.choice(["NCX", "NXC"]))
         dtype = str(rng.choice(["f32", "bf16", "f16"]))
-        planted = bugs.plant(family, rng, fmt, dtype)
+        planted = bugs.plant(family, rng, fmt, dtype, m_range=tuple(args.m_range))
         if planted is None:
             continue
         drawn += 1
@@ -74,7 +76,7 @@ def main() -> int:
     for _ in range(max(20, args.draws // 10)):
         fmt = str(rng.choice(["NCX", "NXC"]))
         dtype = str(rng.choice(["f32", "bf16", "f16"]))
-        problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+        problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt, tuple(args.m_range)), fmt, bugs.DTYPES[dtype], np.float32)
         status, named = causes(problem, bugs.correct(problem))
         correct_fail += status != "pass" or bool(named)
     failing = drawn - tally["passed"]

@@ -349,10 +349,11 @@ def random_shape(rng: np.random.Generator, fmt: str, m_range=(600, 6000), square
     return (n, c, h, w) if fmt == "NCX" else (n, h, w, c)
 
 
-def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tuple | None = None) -> Planted | None:
+def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tuple | None = None,
+          m_range: tuple[int, int] = (600, 6000)) -> Planted | None:
     """One bug of ``family`` on a random problem (None when the family has no instance at this shape)."""
     if shape is None:
-        shape = random_shape(rng, fmt)
+        shape = random_shape(rng, fmt, m_range)
         if family == "layout_mixup":  # the other layout's channel axis must have C entries too
             n, c = shape[0], shape[1] if fmt == "NCX" else shape[-1]
             w = int(rng.integers(4, 24))
