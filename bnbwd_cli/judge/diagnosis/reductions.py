@@ -129,20 +129,33 @@ def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
             np.abs(deviation.gamma[c] + tail_gamma[c]) <= deviation.gamma_noise[c])
     tails = np.flatnonzero(good) + 1
     if tails.size:
-        t = int(tails[0])
-        used = Ingredients(beta=case.facts.diff_beta - tail_beta[:, t - 1],
-                           gamma_sum=case.facts.diff_gamma - tail_gamma[:, t - 1])
-        widths = [v for v in (16, 8, 4, 2) if m % v == t]
-        blocks = [b for b in BLOCKS if b > t and m % b == t]
-        if t < 16 and widths:
-            what = (f"a vector loop's remainder was skipped: each channel's sums lack its last {t} element(s) "
-                    f"(M = {m} = {m // widths[0]}*{widths[0]} + {t})")
-        else:
-            what = f"each channel's sums lack its last {t} elements: a partial last block was skipped"
-            if blocks:
-                what += f" (M = {m} leaves {t} after whole blocks of {' or '.join(map(str, blocks[:3]))})"
-        yield Candidate("missing-tail", backward_with(case, used),
-                        lambda s, what=what: f"{what}; recomputed without them: explains {percent(s.share)} of the deviation")
+        yield _missing_tail(case, int(tails[0]), tail_beta, tail_gamma)
+    yield from _lost_block(case, deviation, hit, dy, terms)
+
+
+def _missing_tail(case: Case, t: int, tail_beta: np.ndarray, tail_gamma: np.ndarray) -> Candidate:
+    """The last t elements of every channel left out of the sums."""
+    m = case.count
+    used = Ingredients(beta=case.facts.diff_beta - tail_beta[:, t - 1],
+                       gamma_sum=case.facts.diff_gamma - tail_gamma[:, t - 1])
+    widths = [v for v in (16, 8, 4, 2) if m % v == t]
+    blocks = [b for b in BLOCKS if b > t and m % b == t]
+    if t < 16 and widths:
+        what = (f"a vector loop's remainder was skipped: each channel's sums lack its last {t} element(s) "
+                f"(M = {m} = {m // widths[0]}*{widths[0]} + {t})")
+    else:
+        what = f"each channel's sums lack its last {t} elements: a partial last block was skipped"
+        if blocks:
+            what += f" (M = {m} leaves {t} after whole blocks of {' or '.join(map(str, blocks[:3]))})"
+    return Candidate("missing-tail", backward_with(case, used),
+                     lambda s, what=what: f"{what}; recomputed without them: explains {percent(s.share)} of the deviation")
+
+
+def _lost_block(case: Case, deviation: SumDeviation, hit: np.ndarray, dy: np.ndarray,
+                terms: np.ndarray) -> Iterator[Candidate]:
+    """One block of b elements left out of the sums of the deviating channels: the smallest b for which each
+    such channel has exactly one block whose sums match what is missing."""
+    m = case.count
     for b in BLOCKS:
         if b >= m:
             break
