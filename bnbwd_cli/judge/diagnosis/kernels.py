@@ -40,44 +40,59 @@ def pick(value, default):
 
 
 def backward_with(case: Case, used: Ingredients) -> Prediction:
-    """diff_src, diff_gamma and diff_beta of a kernel that used ``used`` (only the outputs the run holds)."""
+    """diff_src, diff_gamma and diff_beta of a kernel that used ``used`` (only the outputs the run holds);
+    diff_src is computed on first use."""
     facts = case.facts
     mean, invstd = pick(used.mean, facts.mean), pick(used.invstd, facts.invstd)
-    gamma, x, dy = pick(used.gamma, case.gamma), pick(used.x, case.x), pick(used.dy, case.dy)
+    x, dy = pick(used.x, case.x), pick(used.dy, case.dy)
+    same_xhat = used.mean is None and used.invstd is None and used.x is None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        same_xhat = used.mean is None and used.invstd is None and used.x is None
-        xhat = case.xhat if same_xhat else (x - mean[:, None]) * invstd[:, None]
         if used.beta is not None:
             beta = used.beta
         else:
             beta = facts.diff_beta if used.dy is None else dy.sum(axis=(0, 2))
         if used.gamma_sum is not None:
             gamma_sum = used.gamma_sum
+        elif same_xhat and used.dy is None:
+            gamma_sum = facts.diff_gamma
+        elif used.x is None and used.dy is None:  # other statistics: sum dy*(x - m')*i' in closed form
+            gamma_sum = invstd * (facts.diff_gamma / facts.invstd + (facts.mean - mean) * facts.diff_beta)
         else:
-            gamma_sum = facts.diff_gamma if same_xhat and used.dy is None else np.einsum("ncs,ncs->c", dy, xhat)
-        diff_src = None
-        noise: dict[str, np.ndarray] = {}
-        if "diff_src" in case.outputs:
-            k = (gamma * invstd)[:, None]
-            u = case.unit
-            if used.inference or not case.inputs.training:
-                diff_src = k * dy
-                noise["diff_src"] = np.abs(k) * u * np.abs(dy)
-            else:
-                divisor = pick(used.divisor, float(max(case.count, 1)))
-                mean_dy = beta / divisor
-                if used.subtract_mean is not None:
-                    mean_dy = np.where(used.subtract_mean, mean_dy, 0.0)
-                diff_src = k * (dy - mean_dy[:, None] - xhat * (gamma_sum / divisor)[:, None])
-                # the error model's diff_src scale (judge/model.py) for this computation: its sums' errors
-                # divided by what it divides them by, times its own k and xhat
-                s_beta, s_gamma = facts.sum_scales(u)
-                s_gamma = s_gamma * np.abs(invstd / facts.invstd)
-                noise["diff_src"] = np.abs(k) * (u * np.abs(dy) + ((u * np.abs(beta) + s_beta) / divisor)[:, None]
-                                                 + np.abs(xhat) * ((u * np.abs(gamma_sum) + s_gamma) / divisor)[:, None])
+            gamma_sum = np.einsum("ncs,ncs->c", dy, (x - mean[:, None]) * invstd[:, None])
+
+    def diff_src(rows: tuple[slice, slice, slice]) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            xhat = case.xhat[rows] if same_xhat else (x[rows] - mean[:, None]) * invstd[:, None]
+            return _diff_src(case, used, _Sums(beta, gamma_sum, invstd), xhat, dy[rows])
+
     return Prediction(
-        diff_src=diff_src,
+        diff_src=diff_src if "diff_src" in case.outputs else None,
         diff_gamma=pick(used.written_gamma, gamma_sum) if "diff_gamma" in case.outputs else None,
         diff_beta=beta if "diff_beta" in case.outputs else None,
-        sum_scales=noise,
     )
+
+
+@dataclass(frozen=True)
+class _Sums:
+    beta: np.ndarray
+    gamma_sum: np.ndarray
+    invstd: np.ndarray
+
+
+def _diff_src(case: Case, used: Ingredients, sums: _Sums, xhat: np.ndarray, dy: np.ndarray):
+    """diff_src and its error scale: the error model's (judge/model.py) for this computation, its sums'
+    errors divided by what it divides them by, times its own k and xhat."""
+    facts, u = case.facts, case.unit
+    k = (pick(used.gamma, case.gamma) * sums.invstd)[:, None]
+    if used.inference or not case.inputs.training:
+        return k * dy, np.abs(k) * u * np.abs(dy)
+    divisor = pick(used.divisor, float(max(case.count, 1)))
+    mean_dy = sums.beta / divisor
+    if used.subtract_mean is not None:
+        mean_dy = np.where(used.subtract_mean, mean_dy, 0.0)
+    diff_src = k * (dy - mean_dy[:, None] - xhat * (sums.gamma_sum / divisor)[:, None])
+    s_beta, s_gamma = facts.sum_scales(u)
+    s_gamma = s_gamma * np.abs(sums.invstd / facts.invstd)
+    noise = np.abs(k) * (u * np.abs(dy) + ((u * np.abs(sums.beta) + s_beta) / divisor)[:, None]
+                         + np.abs(xhat) * ((u * np.abs(sums.gamma_sum) + s_gamma) / divisor)[:, None])
+    return diff_src, noise

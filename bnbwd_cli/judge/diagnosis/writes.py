@@ -142,7 +142,10 @@ def _layout(case: Case) -> Iterator[Candidate]:
     moved = backward_with(case, Ingredients(x=x, dy=dy))
     if moved.diff_src is None:
         return
-    diff_src = view3(_full(moved.diff_src, shape, other), fmt)
+
+    def diff_src(rows: tuple):  # computed in the other layout's view, compared in this one's
+        return tuple(view3(_full(v, shape, other), fmt)[rows] for v in (moved.of("diff_src"), moved.noise("diff_src")))
+
     names = {"NCX": "NCHW", "NXC": "NHWC"}
     said = f"the kernel read the {names[fmt]} tensors as {names[other]} (recomputed that way"
     yield Candidate("layout-mixup", Prediction(diff_src, moved.diff_gamma, moved.diff_beta),
