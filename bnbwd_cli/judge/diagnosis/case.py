@@ -173,6 +173,7 @@ class Assessment:
     """Share of each suspicious output's deviation a prediction explains (element-wise or systematic)."""
 
     shares: Mapping[str, float]
+    statistical: bool = False  # every share is a systematic scale's (no output failed element-wise)
 
     @property
     def share(self) -> float:
@@ -296,4 +297,4 @@ def assess(case: Case, prediction: Prediction) -> Assessment | None:
             shares[name] = min(shares.get(name, 1.0), share)
     if not changed or not shares:
         return None
-    return Assessment(shares)
+    return Assessment(shares, statistical=not any(out.failed for out in case.outputs.values()))

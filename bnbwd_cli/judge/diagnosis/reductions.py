@@ -190,7 +190,6 @@ def _lost_block(case: Case, deviation: SumDeviation, hit: np.ndarray, dy: np.nda
                             f"one partial sum of {b} elements is missing from the sums in {where} ({which} of "
                             f"{-(-m // b)}: a lost block or warp result, e.g. a race); recomputed without it: "
                             f"explains {percent(s.share)} of the deviation"), channels)
-        return
 
 
 def _gamma_from_x(case: Case) -> Iterator[Candidate]:
