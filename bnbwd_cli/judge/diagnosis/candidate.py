@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction
 
 
@@ -63,9 +62,5 @@ def channel_ratio(case: Case) -> np.ndarray:
 
 def deviating_channels(case: Case, name: str) -> np.ndarray:
     """(C,) bool: channels of ``name`` with an element beyond K units of the reference."""
-    out = case.outputs[name]
-    scale = case.src_scale if name == "diff_src" else case.sum_scale(name)
-    with np.errstate(invalid="ignore", over="ignore"):
-        beyond = ~(np.abs(out.actual - out.reference)
-                   <= case.max_units * scale + ulp_spacing(out.reference, out.comparison.dtype))
+    beyond = case.outputs[name].beyond
     return beyond.any(axis=(0, 2)) if name == "diff_src" else beyond

@@ -46,6 +46,7 @@ class Output:
     actual: np.ndarray
     reference: np.ndarray
     comparison: Comparison
+    beyond: np.ndarray | None = None  # elements beyond K units of the reference (the judge's failures)
 
     @property
     def failed(self) -> bool:
@@ -61,9 +62,15 @@ class Output:
 
     @cached_property
     def deviation_norm(self) -> float:
-        """||a - r|| over the finite elements."""
+        """||a - r|| over the elements the share is measured on (see share_explained)."""
         with np.errstate(invalid="ignore", over="ignore"):
-            return _norm(self.actual - self.reference)
+            return _norm(self.where(self.actual - self.reference))
+
+    def where(self, values: np.ndarray) -> np.ndarray:
+        """The elements a share is measured on: those beyond K units when there are any, else all."""
+        if self.beyond is not None and self.beyond.any():
+            return values[self.beyond]
+        return values
 
 
 def _norm(d: np.ndarray) -> float:
@@ -83,7 +90,7 @@ class Case:
     gamma: np.ndarray  # (C,) float64, ones when the op has none
     outputs: Mapping[str, Output]
     unit: float
-    max_units: float
+    max_units: float  # K of diff_src, or of the first output (each output's own K judges it)
     src_scale: np.ndarray | None = field(default=None, repr=False)  # diff_src's error scale, (N, C, S)
 
     @property
@@ -110,22 +117,25 @@ def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.n
     with np.errstate(invalid="ignore", over="ignore"):
         xhat = (x - facts.mean[:, None]) * facts.invstd[:, None]
     gamma = np.ones_like(facts.mean) if inputs.gamma is None else to_float64(inputs.gamma)
-    observed = {}
-    unit = max_units = None
-    for name, (a, r, comparison) in outputs.items():
-        if name == "diff_src":
-            a, r = to_float64(view3(a, fmt)), to_float64(view3(r, fmt))
-        else:
-            a, r = to_float64(a).reshape(-1), to_float64(r).reshape(-1)
-        observed[name] = Output(a, r, comparison)
-        unit, max_units = comparison.scaled.unit, comparison.scaled.max_units
-    case = Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units)
-    if "diff_src" in observed:
+    first = outputs.get("diff_src", next(iter(outputs.values())))[2]
+    unit, max_units = first.scaled.unit, first.scaled.max_units
+    scale = None
+    if "diff_src" in outputs:
         model = diff_src_scale(facts, unit, inputs.training)
         with np.errstate(invalid="ignore", over="ignore"):
-            scale = model.block(xhat, dy, observed["diff_src"].reference, slice(0, x.shape[1]))
-        case = Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units, scale)
-    return case
+            scale = model.block(xhat, dy, to_float64(view3(outputs["diff_src"][1], fmt)), slice(0, x.shape[1]))
+    s_beta, s_gamma = facts.sum_scales(unit)
+    observed = {}
+    for name, (a, r, comparison) in outputs.items():
+        if name == "diff_src":
+            a, r, s = to_float64(view3(a, fmt)), to_float64(view3(r, fmt)), scale
+        else:
+            a, r = to_float64(a).reshape(-1), to_float64(r).reshape(-1)
+            s = s_gamma if name == "diff_gamma" else s_beta
+        with np.errstate(invalid="ignore", over="ignore"):
+            beyond = ~(np.abs(a - r) <= comparison.scaled.max_units * s + ulp_spacing(r, comparison.dtype))
+        observed[name] = Output(a, r, comparison, beyond)
+    return Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units, scale)
 
 
 @dataclass(frozen=True)
@@ -188,7 +198,7 @@ def _tolerance(case: Case, name: str, p: np.ndarray, r: np.ndarray, extra: np.nd
     u, root = case.unit, math.sqrt(max(case.count, 1))
     with np.errstate(invalid="ignore", over="ignore"):
         noise = base + u * np.abs(p) + u * root * np.abs(p - r)
-        return case.max_units * noise + ulp_spacing(p, out.comparison.dtype)
+        return out.comparison.scaled.max_units * noise + ulp_spacing(p, out.comparison.dtype)
 
 
 def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None) -> bool:
@@ -208,12 +218,13 @@ def rounded(p: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def share_explained(out: Output, p: np.ndarray) -> float:
-    """1 - ||a - p|| / ||a - r|| with p rounded to the output's dtype (as a and r are): the share of the
-    deviation the prediction accounts for."""
+    """1 - ||a - p|| / ||a - r|| with p rounded to the output's dtype (as a and r are), over the elements
+    beyond K units of the reference (all when none is): the share of the deviation the prediction accounts
+    for, not diluted by the rounding noise of the elements the bug left alone."""
     p = rounded(p, out.comparison.dtype)
     before = out.deviation_norm
     with np.errstate(invalid="ignore", over="ignore"):
-        after = _norm(out.actual - p)
+        after = _norm(out.where(out.actual - p))
     return 1.0 - after / before if before > 0 else 0.0
 
 
@@ -262,7 +273,7 @@ def _sample_agrees(out: Output, prediction: Prediction) -> bool:
     step_n = min(n, factor)
     step_s = min(s, -(-factor // step_n))
     rows = (slice(0, n, step_n), slice(None), slice(0, s, step_s))
-    sample = Output(out.actual[rows], out.reference[rows], out.comparison)
+    sample = Output(out.actual[rows], out.reference[rows], out.comparison, out.beyond[rows])
     return share_explained(sample, prediction.diff_src_rows(rows)) >= MIN_SHARE - 0.1
 
 

@@ -42,8 +42,8 @@ def sum_deviation(case: Case) -> SumDeviation | None:
     s_beta, s_gamma = case.facts.sum_scales(case.unit)
     if "diff_beta" in case.outputs and "diff_gamma" in case.outputs:
         b, g = case.outputs["diff_beta"], case.outputs["diff_gamma"]
-        noise_b = k_units * s_beta + ulp_spacing(b.reference, b.comparison.dtype)
-        noise_g = k_units * s_gamma + ulp_spacing(g.reference, g.comparison.dtype)
+        noise_b = b.comparison.scaled.max_units * s_beta + ulp_spacing(b.reference, b.comparison.dtype)
+        noise_g = g.comparison.scaled.max_units * s_gamma + ulp_spacing(g.reference, g.comparison.dtype)
         return SumDeviation(b.actual - b.reference, g.actual - g.reference, noise_b, noise_g, True)
     if "diff_src" not in case.outputs:
         return None
