@@ -67,12 +67,15 @@ def _choose(accepted: list) -> Hint:
     """The best-explaining hypothesis; when another cause explains nearly as well (what it leaves is at most
     AMBIGUOUS times what the best leaves), the data cannot tell them apart and neither is named. When only a
     systematic scale is at stake (no element failed), the shares are estimates within their standard
-    errors: any other cause accepted at all makes it ambiguous."""
-    ranked = sorted(accepted, key=lambda pair: -pair[1].share)
+    errors: there another cause is a rival unless the best one's prediction, rounded to the output's grid,
+    misses at most half as many elements of the actual output."""
+    ranked = sorted(accepted, key=lambda pair: (pair[1].misses, -pair[1].share) if pair[1].statistical
+                    else (-pair[1].share,))
     best, assessment = ranked[0]
     left = 1.0 - assessment.share
     rivals = [c for c, a in ranked[1:] if c.cause != best.cause
-              and (assessment.statistical or 1.0 - a.share <= AMBIGUOUS * max(left, 1e-3))]
+              and (a.misses <= AMBIGUOUS * assessment.misses if assessment.statistical
+                   else 1.0 - a.share <= AMBIGUOUS * max(left, 1e-3))]
     if rivals:
         names = ", ".join(sorted({best.cause, *(c.cause for c in rivals)}))
         return Hint("ambiguous", f"several tested hypotheses explain the deviation equally well ({names}): "

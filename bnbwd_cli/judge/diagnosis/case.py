@@ -184,6 +184,7 @@ class Assessment:
 
     shares: Mapping[str, float]
     statistical: bool = False  # every share is a systematic scale's (no output failed element-wise)
+    misses: float = 1.0  # share of the suspicious outputs' elements that differ from the rounded prediction
 
     @property
     def share(self) -> float:
@@ -231,7 +232,9 @@ def share_explained(out: Output, p: np.ndarray) -> float:
 def _bias_left(case: Case, name: str, p: np.ndarray):
     """The systematic deviation of actual from ``p`` (judge/bias.py's fit and threshold), or None."""
     out = case.outputs[name]
-    shifted = out.actual - p + out.reference  # d = a - p against the reference's basis
+    # d = a - p against the reference's basis, p rounded to the output's grid as a and r are (else every
+    # element carries p's distance to the grid, noise that a - r does not have)
+    shifted = out.actual - rounded(p, out.comparison.dtype) + out.reference
     if name == "diff_src":
         regression = ChannelRegression(case.channels, out.comparison.dtype)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -308,4 +311,18 @@ def assess(case: Case, prediction: Prediction) -> Assessment | None:
             shares[name] = min(shares.get(name, 1.0), share)
     if not changed or not shares:
         return None
-    return Assessment(shares, statistical=not any(out.failed for out in case.outputs.values()))
+    statistical = not any(out.failed for out in case.outputs.values())
+    return Assessment(shares, statistical, _misses(case, prediction) if statistical else 1.0)
+
+
+def _misses(case: Case, prediction: Prediction) -> float:
+    """Share of the suspicious outputs' elements whose actual value is not the prediction rounded to the
+    output's grid: when every element is within an ulp, what tells two explanations of a scale apart."""
+    differ = total = 0
+    for name, out in case.outputs.items():
+        if out.suspicious:
+            p = prediction.of(name)
+            p = out.reference if p is None else rounded(p, out.comparison.dtype)
+            differ += int(np.count_nonzero(out.actual != p))
+            total += out.actual.size
+    return differ / total if total else 1.0

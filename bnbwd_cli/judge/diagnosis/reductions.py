@@ -22,7 +22,8 @@ from bnbwd_cli.judge.diagnosis.case import Case, Prediction, share_explained
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 BLOCKS = tuple(2**k for k in range(1, 14))  # block sizes searched for a lost partial sum: 2 .. 8192
-MAX_EMULATED = 1 << 15  # elements per channel up to which a 16-bit running sum is emulated
+MAX_EMULATED = 1 << 15
+CLEAR = 4.0  # how much better than the runner-up a lost block or tail must fit its sums  # elements per channel up to which a 16-bit running sum is emulated
 _SIXTEEN = (("bfloat16", np.dtype(ml_dtypes.bfloat16)), ("float16", np.dtype(np.float16)))
 
 
@@ -111,6 +112,26 @@ def _matches(deviation: SumDeviation, lost_beta: np.ndarray, lost_gamma: np.ndar
                 & (np.abs(deviation.gamma + lost_gamma) <= deviation.gamma_noise))
 
 
+def _misfit(deviation: SumDeviation, c: int, lost_beta: np.ndarray, lost_gamma: np.ndarray) -> np.ndarray:
+    """How far channel c's sums are from the true ones minus each candidate's (lost_beta, lost_gamma), in
+    units of their noise (<= 1: within it)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.maximum(np.abs(deviation.beta[c] + lost_beta) / deviation.beta_noise[c],
+                          np.abs(deviation.gamma[c] + lost_gamma) / deviation.gamma_noise[c])
+
+
+def _best(misfit: np.ndarray) -> int | None:
+    """The one candidate within the noise, or the best of several when it fits CLEAR times better than the
+    next (a real match fits to rounding; others within the noise do so by chance); None when unclear."""
+    inside = np.flatnonzero(misfit <= 1)
+    if inside.size == 0:
+        return None
+    order = inside[np.argsort(misfit[inside])]
+    if order.size > 1 and misfit[order[0]] * CLEAR > misfit[order[1]]:
+        return None
+    return int(order[0])
+
+
 def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
     """Part of each channel's reduction missing: its last t elements (a partial last block, a vector loop's
     remainder), or one block of b elements (a partial sum lost) in some channels."""
@@ -123,13 +144,12 @@ def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
     dy, terms = _ordered(case)
     tail_beta = np.cumsum(dy[:, ::-1], axis=1)[:, :-1]  # column t-1: the sum of the last t elements
     tail_gamma = np.cumsum(terms[:, ::-1], axis=1)[:, :-1]
-    good = np.ones(m - 1, bool)
+    worst = np.zeros(m - 1)
     for c in range(case.channels):
-        good &= (np.abs(deviation.beta[c] + tail_beta[c]) <= deviation.beta_noise[c]) & (
-            np.abs(deviation.gamma[c] + tail_gamma[c]) <= deviation.gamma_noise[c])
-    tails = np.flatnonzero(good) + 1
-    if tails.size:
-        yield _missing_tail(case, int(tails[0]), tail_beta, tail_gamma)
+        worst = np.maximum(worst, _misfit(deviation, c, tail_beta[c], tail_gamma[c]))
+    t = _best(worst)
+    if t is not None:
+        yield _missing_tail(case, t + 1, tail_beta, tail_gamma)
     yield from _lost_block(case, deviation, hit, dy, terms)
 
 
@@ -166,12 +186,11 @@ def _lost_block(case: Case, deviation: SumDeviation, hit: np.ndarray, dy: np.nda
         lost = np.full(case.channels, -1)
         ok = True
         for c in np.flatnonzero(hit):
-            found = np.flatnonzero((np.abs(deviation.beta[c] + block_beta[c]) <= deviation.beta_noise[c])
-                                   & (np.abs(deviation.gamma[c] + block_gamma[c]) <= deviation.gamma_noise[c]))
-            if found.size != 1:
+            found = _best(_misfit(deviation, c, block_beta[c], block_gamma[c]))
+            if found is None:
                 ok = False
                 break
-            lost[c] = found[0]
+            lost[c] = found
         if not ok:
             continue
         channels = tuple(int(c) for c in np.flatnonzero(lost >= 0))
