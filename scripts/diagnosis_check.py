@@ -28,8 +28,10 @@ def truth(problem: dict) -> dict:
     return {"diff_src": result.diff_src, "diff_gamma": result.diff_gamma, "diff_beta": result.diff_beta}
 
 
-def causes(problem: dict, outputs: dict) -> tuple[str, set[str]]:
-    result = compare_sets(outputs, truth(problem), Judging(), inputs=zoo.inputs_of(problem))
+def causes(problem: dict, outputs: dict, keep: tuple[str, ...] = ("diff_src", "diff_gamma", "diff_beta")) -> tuple[str, set[str]]:
+    reference = truth(problem)
+    result = compare_sets({k: outputs[k] for k in keep}, {k: reference[k] for k in keep}, Judging(),
+                          inputs=zoo.inputs_of(problem))
     named = {h.cause for o in result.outputs if o.comparison is not None for h in o.comparison.diagnosis}
     return result.status, named
 
@@ -39,6 +41,8 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--partial", action="store_true",
+                        help="also judge runs that hold only some outputs (diff_src alone, or without diff_gamma)")
     parser.add_argument("--family", action="append")
     parser.add_argument("--m-range", type=int, nargs=2, default=(600, 6000), metavar=("LOW", "HIGH"),
                         help="elements per channel drawn from [LOW, HIGH)")
@@ -57,7 +61,10 @@ def main() -> int:
         if planted is None:
             continue
         drawn += 1
-        status, named = causes(planted.problem, planted.outputs)
+        keep = ("diff_src", "diff_gamma", "diff_beta")
+        if args.partial:
+            keep = (keep, ("diff_src",), ("diff_src", "diff_beta"))[int(rng.integers(3))]
+        status, named = causes(planted.problem, planted.outputs, keep)
         expected = planted.bug.cause
         if status == "pass":
             outcome = "passed"
@@ -70,7 +77,7 @@ def main() -> int:
         tally[outcome] += 1
         per_family.setdefault(planted.bug.family, Counter())[outcome] += 1
         if args.verbose and outcome != "named":
-            print(f"{outcome:11s} {planted.bug.family} {fmt} {dtype} {planted.problem['src'].shape} -> {sorted(named)}")
+            print(f"{outcome:11s} {planted.bug.family} {fmt} {dtype} {planted.problem['src'].shape} {keep} -> {sorted(named)}")
     # correct kernels: must pass with no hint
     correct_fail = 0
     for _ in range(max(20, args.draws // 10)):

@@ -11,7 +11,7 @@ running sums; a mean instead of a sum), then recomputes the outputs from them an
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -54,8 +54,15 @@ def sum_deviation(case: Case) -> SumDeviation | None:
     with np.errstate(invalid="ignore", divide="ignore"):
         per = m / np.abs(k)
         fit_noise = 6 * rms / np.sqrt(m) * per
-        return SumDeviation(-offset * per * np.sign(k), -slope * per * np.sign(k), k_units * s_beta + fit_noise,
-                            k_units * s_gamma + fit_noise * np.sqrt(2), False)
+        implied = SumDeviation(-offset * per * np.sign(k), -slope * per * np.sign(k), k_units * s_beta + fit_noise,
+                               k_units * s_gamma + fit_noise * np.sqrt(2), False)
+    for name in ("diff_beta", "diff_gamma"):  # a sum the run holds is measured, not implied
+        if name in case.outputs:
+            out = case.outputs[name]
+            noise = out.comparison.scaled.max_units * case.sum_scale(name) + ulp_spacing(out.reference, out.comparison.dtype)
+            part = "beta" if name == "diff_beta" else "gamma"
+            implied = replace(implied, **{part: out.actual - out.reference, f"{part}_noise": noise})
+    return implied
 
 
 def candidates(case: Case) -> Iterator[Candidate]:
