@@ -28,7 +28,8 @@ from bnbwd_cli.judge.stats import Comparison, Hint
 __all__ = ["diagnose", "Hint"]
 
 AMBIGUOUS = 2.0  # another cause leaving at most this many times the best one's unexplained share: no name
-MAX_ELEMENTS = 1 << 25  # diff_src elements beyond which only the input check runs (float64 copies cost memory)
+MIN_COUNT = 8  # elements per channel below which no cause is named
+MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (~10 float64 copies are held)
 
 
 def _candidates(case: Case) -> Iterator[Candidate]:
@@ -45,10 +46,16 @@ def diagnose(inputs, facts: ChannelFacts,
     if not any(_suspicious(c) for _, _, c in judged.values()):
         return {}
     if inputs.src.size > MAX_ELEMENTS:
-        return {}
+        hint = Hint("not-diagnosed", f"no cause tested: src has {inputs.src.size} elements, more than the "
+                                     f"{MAX_ELEMENTS} the diagnosis holds in memory; a smaller case with the same "
+                                     "kernel gets one")
+        return {name: (hint,) for name, (_, _, c) in judged.items() if _suspicious(c)}
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         case = build_case(inputs, facts, judged)
         suspicious = case.suspicious
+        if case.count < MIN_COUNT:  # xhat takes a value or two: many bugs predict the same outputs
+            hint = Hint("unexplained", f"M = {case.count} elements per channel are too few to tell causes apart")
+            return {name: (hint,) for name in suspicious}
         accepted: list[tuple[Candidate, float]] = []
         tested = 0
         for candidate in _candidates(case):
