@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--bf16-params", action="store_true",
+                        help="a quarter of the problems hold mean, variance and gamma in bfloat16")
     parser.add_argument("--partial", action="store_true",
                         help="also judge runs that hold only some outputs (diff_src alone, or without diff_gamma)")
     parser.add_argument("--family", action="append")
@@ -57,7 +59,8 @@ def main() -> int:
         family = str(rng.choice(families))
         fmt = str(rng.choice(["NCX", "NXC"]))
         dtype = str(rng.choice(["f32", "bf16", "f16"]))
-        planted = bugs.plant(family, rng, fmt, dtype, m_range=tuple(args.m_range))
+        stats = "bf16" if args.bf16_params and rng.random() < 0.25 else "f32"
+        planted = bugs.plant(family, rng, fmt, dtype, m_range=tuple(args.m_range), stats=stats)
         if planted is None:
             continue
         drawn += 1
@@ -77,7 +80,8 @@ def main() -> int:
         tally[outcome] += 1
         per_family.setdefault(planted.bug.family, Counter())[outcome] += 1
         if args.verbose and outcome != "named":
-            print(f"{outcome:11s} {planted.bug.family} {fmt} {dtype} {planted.problem['src'].shape} {keep} -> {sorted(named)}")
+            print(f"{outcome:11s} {planted.bug.family} {fmt} {dtype}/{stats} {planted.problem['src'].shape} {keep} "
+                  f"-> {sorted(named)}")
     # correct kernels: must pass with no hint
     correct_fail = 0
     for _ in range(max(20, args.draws // 10)):

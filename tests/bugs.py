@@ -350,7 +350,7 @@ def random_shape(rng: np.random.Generator, fmt: str, m_range=(600, 6000), square
 
 
 def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tuple | None = None,
-          m_range: tuple[int, int] = (600, 6000)) -> Planted | None:
+          m_range: tuple[int, int] = (600, 6000), stats: str = "f32") -> Planted | None:
     """One bug of ``family`` on a random problem (None when the family has no instance at this shape)."""
     if shape is None:
         shape = random_shape(rng, fmt, m_range)
@@ -358,7 +358,7 @@ def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tu
             n, c = shape[0], shape[1] if fmt == "NCX" else shape[-1]
             w = int(rng.integers(4, 24))
             shape = (n, c, w, c) if fmt == "NCX" else (n, c, w, c)
-    problem = zoo.make_problem(rng, shape, fmt, DTYPES[dtype], np.float32)
+    problem = zoo.make_problem(rng, shape, fmt, DTYPES[dtype], DTYPES[stats])
     m = problem["src"].size // problem["mean"].shape[0]
     bug = FAMILIES[family](rng, problem, m)
     if bug is None:
