@@ -91,14 +91,42 @@ def _scaled_invstd(case: Case) -> Iterator[Candidate]:
         yield Candidate("unbiased-variance", backward_with(case, Ingredients(invstd=invstd)),
                         lambda s: f"an unbiased variance (divided by M-1 = {m - 1}, not M) explains the scale "
                                   f"({percent(s.share)} of the deviation)")
-    for candidate in EPSILONS:
+    fitted = _fitted_epsilon(case)
+    for candidate in EPSILONS + (() if fitted is None else (fitted,)):
         if candidate == eps:
             continue
         with np.errstate(invalid="ignore", divide="ignore"):
             invstd = 1 / np.sqrt(v + candidate)
+        how = " (fitted to the scale)" if candidate == fitted else ""
         yield Candidate("epsilon", backward_with(case, Ingredients(invstd=invstd)),
-                        lambda s, e=candidate: f"an epsilon of {e:g} (you passed {eps:g}) explains the scale "
-                                               f"({percent(s.share)} of the deviation)")
+                        lambda s, e=candidate, how=how: f"an epsilon of {e:g}{how} (you passed {eps:g}) explains the "
+                                                        f"scale ({percent(s.share)} of the deviation)")
+
+
+def _fitted_epsilon(case: Case) -> float | None:
+    """The epsilon whose invstd scale matches the fitted systematic scale of diff_src (else diff_gamma):
+    sqrt((v + eps) / (v + e)) - 1 averaged over the channels, solved for e >= 0 by bisection."""
+    scale = None
+    for name in ("diff_src", "diff_gamma"):
+        out = case.outputs.get(name)
+        if out is not None and out.comparison.bias is not None and out.comparison.bias.significant:
+            scale = out.comparison.bias.scale
+            break
+    if scale is None:
+        return None
+    v, eps = to_float64(case.inputs.variance), case.inputs.epsilon
+
+    def predicted(e: float) -> float:
+        return float(np.mean(np.sqrt((v + eps) / (v + e)) - 1))
+
+    low, high = 0.0, 1.0
+    if not predicted(high) <= scale <= predicted(low):
+        return None
+    for _ in range(60):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if predicted(middle) > scale else (low, middle)
+    fitted = float(f"{0.5 * (low + high):.2g}")
+    return fitted if fitted != eps and fitted not in EPSILONS else None
 
 
 def _deviation_text(case: Case, mean: np.ndarray, invstd: np.ndarray) -> str:
