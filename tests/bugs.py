@@ -8,7 +8,7 @@ float32 in blocks, one rounding to the output dtype), with one hook per bug.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -376,4 +376,4 @@ def correct(problem: dict) -> dict:
     return kernel(problem, {})
 
 
-__all__ = ["Bug", "FAMILIES", "Planted", "correct", "kernel", "plant", "random_shape", "replace"]
+__all__ = ["Bug", "FAMILIES", "Planted", "correct", "kernel", "plant", "random_shape"]

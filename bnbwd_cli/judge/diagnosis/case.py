@@ -18,9 +18,9 @@ would produce (float64, before its own rounding; None where the bug leaves an ou
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np

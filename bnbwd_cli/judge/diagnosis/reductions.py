@@ -22,8 +22,8 @@ from bnbwd_cli.judge.diagnosis.case import Case, Prediction, share_explained
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 BLOCKS = tuple(2**k for k in range(1, 14))  # block sizes searched for a lost partial sum: 2 .. 8192
-MAX_EMULATED = 1 << 15
-CLEAR = 4.0  # how much better than the runner-up a lost block or tail must fit its sums  # elements per channel up to which a 16-bit running sum is emulated
+MAX_EMULATED = 1 << 15  # elements per channel up to which a 16-bit running sum is emulated
+CLEAR = 4.0  # how much better than the runner-up a lost block or tail must fit its sums
 _SIXTEEN = (("bfloat16", np.dtype(ml_dtypes.bfloat16)), ("float16", np.dtype(np.float16)))
 
 
@@ -39,6 +39,8 @@ class SumDeviation:
 
 
 def sum_deviation(case: Case) -> SumDeviation | None:
+    """The kernel's sums' deviation: measured from the sums the run holds, implied by diff_src for the others
+    (None without diff_src and either sum)."""
     k_units = case.max_units
     s_beta, s_gamma = case.facts.sum_scales(case.unit)
     if "diff_beta" in case.outputs and "diff_gamma" in case.outputs:

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import ml_dtypes
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, percent
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
-from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.dtypes import to_float64
+from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
 INPUT_MATCH = 1e-2  # relative agreement for "the variance input holds invstd"
@@ -130,11 +130,14 @@ def _fitted_epsilon(case: Case) -> float | None:
 
 
 def _deviation_text(case: Case, mean: np.ndarray, invstd: np.ndarray) -> str:
+    """The implied per-channel deviation of the statistics the kernel used from the ones passed."""
     facts = case.facts
     with np.errstate(invalid="ignore", divide="ignore"):
         dm = np.nanmax(np.abs(mean - facts.mean) * facts.invstd)
         di = np.nanmax(np.abs(invstd / facts.invstd - 1))
-    return f"mean off by up to {dm:.1e} sd and invstd by up to {di:.1e} (relative) per channel"
+    parts = ([f"mean off by up to {dm:.1e} sd"] if dm > 0 else []) + (
+        [f"invstd by up to {di:.1e} (relative)"] if di > 0 else [])
+    return " and ".join(parts) + " per channel"
 
 
 def _own_statistics(case: Case) -> Iterator[Candidate]:
