@@ -10,7 +10,8 @@ would produce (float64, before its own rounding; None where the bug leaves an ou
   themselves (u*|p|) and of the bug's larger sums (u*sqrt(M)*|p - r|), plus one ulp of the output dtype;
 - every output that failed element-wise has >= MIN_SHARE of its deviation explained:
   1 - ||a - p|| / ||a - r|| (the number a hint reports);
-- every output with a significant systematic deviation has none left after the prediction is taken out
+- every output with a significant systematic deviation but no element beyond K units (where the share above
+  says nothing: the deviation is rounding-sized) has none left after the prediction is taken out
   (the same least-squares fit and threshold as judge/bias.py), and its scale shrank by >= MIN_SCALE_SHARE
   or what is left is within 3 standard errors of zero.
 """
@@ -301,9 +302,9 @@ def assess(case: Case, prediction: Prediction) -> Assessment | None:
                 return None
         if not within(case, name, p, prediction.noise(name)):
             return None
-    for name in names:  # the systematic deviations last: a least-squares pass each
+    for name in names:  # the systematic deviations of outputs within K units last: a least-squares pass each
         out = case.outputs[name]
-        if out.biased:
+        if out.biased and not out.failed:
             p = prediction.of(name)
             share = _bias_share(case, name, out.reference if p is None else p)
             if share is None:
