@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction
 
 
@@ -18,6 +19,12 @@ class Candidate:
     prediction: Prediction
     text: Callable[[Assessment], str]
     channels: tuple[int, ...] = ()
+
+
+def sixteen_bit_types(short: bool = False) -> tuple[tuple[str, np.dtype], ...]:
+    """(name, dtype) of bfloat16 and float16 (ml_dtypes is loaded here, on first use, not with the judge)."""
+    names = ("bf16", "f16") if short else ("bfloat16", "float16")
+    return tuple(zip(names, (dtype_from_name("bf16"), np.dtype(np.float16))))
 
 
 def percent(share: float) -> str:

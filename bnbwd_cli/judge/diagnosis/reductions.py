@@ -13,18 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-import ml_dtypes
 import numpy as np
 
 from bnbwd_cli.dtypes import exact_narrower, ulp_spacing
-from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_fit, channel_list, percent
+from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_fit, channel_list, percent, sixteen_bit_types
 from bnbwd_cli.judge.diagnosis.case import Case, Prediction, share_explained
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 BLOCKS = tuple(2**k for k in range(1, 14))  # block sizes searched for a lost partial sum: 2 .. 8192
 MAX_EMULATED = 1 << 15  # elements per channel up to which a 16-bit running sum is emulated
 CLEAR = 4.0  # how much better than the runner-up a lost block or tail must fit its sums
-_SIXTEEN = (("bfloat16", np.dtype(ml_dtypes.bfloat16)), ("float16", np.dtype(np.float16)))
 
 
 @dataclass(frozen=True)
@@ -274,7 +272,7 @@ def _sixteen_bit(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
         x32 = np.ascontiguousarray(case.x.transpose(1, 0, 2)).reshape(case.channels, -1).astype(np.float32)
         dy32 = dy.astype(np.float32)
         terms32 = dy32 * ((x32 - mean32[:, None]) * invstd32[:, None])
-        for name, dtype in _SIXTEEN:
+        for name, dtype in sixteen_bit_types():
             beta, gamma = _running_sum(dy32, dtype), _running_sum(terms32, dtype)
             lost_b, lost_g = case.facts.diff_beta - beta, case.facts.diff_gamma - gamma
             predicted = {"diff_beta": beta, "diff_gamma": gamma}

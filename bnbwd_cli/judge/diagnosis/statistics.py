@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import ml_dtypes
 import numpy as np
 
 from bnbwd_cli.dtypes import to_float64
-from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent
+from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent, sixteen_bit_types
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
 INPUT_MATCH = 1e-2  # relative agreement for "the variance input holds invstd"
-_SIXTEEN = (("bfloat16", np.dtype(ml_dtypes.bfloat16)), ("float16", np.dtype(np.float16)))
 
 
 def batch_variance(case: Case, mean: np.ndarray) -> np.ndarray:
@@ -156,7 +154,7 @@ def _own_statistics(case: Case) -> Iterator[Candidate]:
 
 def _sixteen_bit_statistics(case: Case) -> Iterator[Candidate]:
     facts = case.facts
-    for name, dtype in _SIXTEEN:
+    for name, dtype in sixteen_bit_types():
         with np.errstate(over="ignore", invalid="ignore"):
             mean16 = facts.mean.astype(dtype).astype(np.float64)
             invstd16 = facts.invstd.astype(dtype).astype(np.float64)

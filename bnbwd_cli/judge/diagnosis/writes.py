@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import ml_dtypes
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, channel_ratio, percent
+from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, channel_ratio, percent, sixteen_bit_types
 from bnbwd_cli.judge.diagnosis.case import Case, Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.layout import view3
 
-_NARROW = {"bf16": np.dtype(ml_dtypes.bfloat16), "f16": np.dtype(np.float16)}
 
 
 def candidates(case: Case) -> Iterator[Candidate]:
@@ -168,7 +166,7 @@ def _truncation(case: Case) -> Iterator[Candidate]:
     rounding moves a few across a grid point), where correct rounding does not (>= 20% differ)."""
     exact = backward_with(case, Ingredients())
     for name, out in case.outputs.items():
-        dtype = _NARROW.get(out.comparison.dtype)
+        dtype = dict(sixteen_bit_types(short=True)).get(out.comparison.dtype)
         if dtype is None or not out.suspicious or out.actual.size < 16:
             continue
         p64 = exact.of(name)
