@@ -24,7 +24,8 @@ from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
-from bnbwd_cli.judge.stats import Accumulator, Comparison, Layout, Once, Setup, compare_arrays
+from bnbwd_cli.judge.diagnosis import diagnose
+from bnbwd_cli.judge.stats import Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
@@ -165,8 +166,7 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: 
     # pass on first use.
     details_of = None if job.details_up_front else Once(
         lambda: _diff_src_pass(case, detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
-    comparison = state.result(bias, details_of)
-    return replace(comparison, hints=hint_rules.diff_src_hints(comparison, fit, facts, inputs))
+    return state.result(bias, details_of)
 
 
 def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts, output: str) -> Comparison:
@@ -179,12 +179,16 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: Chann
     sys_beta, sys_gamma = facts.systematic(state.rule.scaled.unit)
     systematic = sys_gamma if output == "diff_gamma" else sys_beta
     bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic)
-    comparison = state.result(bias)
-    return replace(comparison, hints=hint_rules.sum_hints(output, comparison, a64, r64, facts, inputs))
+    return state.result(bias)
+
+
+def _output_name(names: tuple[str, ...]) -> str | None:
+    """The op output (diff_src, diff_gamma, diff_beta) a pair of keys stands for, if any."""
+    return next((OUTPUT_ALIASES[n] for n in reversed(names) if n in OUTPUT_ALIASES), None)
 
 
 def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, facts) -> Comparison:
-    output = next((OUTPUT_ALIASES[n] for n in reversed(job.names) if n in OUTPUT_ALIASES), None)
+    output = _output_name(job.names)
     if inputs is None or output is None or job.settings.fixed_requested(job.names):
         return _fixed(a, r, job)
     expected = inputs.src.shape if output == "diff_src" else inputs.mean.shape
@@ -193,6 +197,15 @@ def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, fa
     if output == "diff_src":
         return _judge_diff_src(a, r, job, inputs, facts())
     return _judge_sum(a, r, job, inputs, facts(), output)
+
+
+def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[str, np.ndarray]) -> OutputResult:
+    """The output's row with its diagnosis and the hints' texts (then the precision note, judge/hints.py)."""
+    c = output.comparison
+    if c is None:
+        return output
+    texts = tuple(h.text for h in hints) + hint_rules.precision_hints(c, actual[output.actual_key])
+    return replace(output, comparison=replace(c, hints=texts, diagnosis=hints))
 
 
 def compare_sets(
@@ -221,6 +234,8 @@ def compare_sets(
     shapes = ShapesOnDemand((reference, actual), [*reference, *actual])
     match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore, shapes)
     outputs: list[OutputResult] = []
+    judged: dict[str, tuple[np.ndarray, np.ndarray, Comparison]] = {}  # the op's outputs, for the diagnosis
+    row_names: list[str | None] = []
     for pair in match.pairs:
         a, r = actual[pair.actual_key], reference[pair.reference_key]
         problem = structural_problem(pair.name, a, r)
@@ -229,8 +244,13 @@ def compare_sets(
             job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top,
                        judging.details_up_front)
             comparison = _compare_pair(a, r, job, inputs, facts)
-            comparison = replace(comparison, hints=comparison.hints + hint_rules.precision_hints(comparison, a))
+        name = _output_name(pair.names)
+        if comparison is not None and comparison.scaled is not None and name is not None and name not in judged:
+            judged[name] = (a, r, comparison)
+        row_names.append(name)
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
+    found = diagnose(inputs, facts(), judged) if judged else {}
+    outputs = [_with_hints(o, found.get(name, ()), actual) for o, name in zip(outputs, row_names)]
     key_problems = []
     for problem in match.problems:
         if problem.kind in ("missing", "extra") and not problem.message.startswith("--"):

@@ -29,7 +29,7 @@ from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_r
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 
-__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "HistogramBin", "Layout", "Located", "NonFinite",
+__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Layout", "Located", "NonFinite",
            "Once", "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
 CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
@@ -52,6 +52,16 @@ class Bias:
     @property
     def z(self) -> float:
         return abs(self.scale) / self.stderr if self.stderr > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A cause bnbwd tested against the data (judge/diagnosis/): a stable ``cause`` id, one line of ``text``
+    with its evidence number, and the channels it names (may be empty)."""
+
+    cause: str
+    text: str
+    channels: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,8 @@ class Comparison:
     mostly_zeros: bool
     details_of: Callable[[], Details] = field(repr=False, compare=False, kw_only=True)
     bias: Bias | None = None
-    hints: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()  # the texts of ``diagnosis``, then any other notes (judge/hints.py)
+    diagnosis: tuple[Hint, ...] = ()
 
     @property
     def details(self) -> Details:

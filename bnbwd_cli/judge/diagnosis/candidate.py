@@ -1,0 +1,73 @@
+"""A hypothesis to test: the cause it names, what a kernel with that bug outputs, how to say it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.dtypes import dtype_from_name
+from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """``text`` turns the assessment (the shares explained) into the hint's one line."""
+
+    cause: str
+    prediction: Prediction
+    text: Callable[[Assessment], str]
+    channels: tuple[int, ...] = ()
+
+
+def sixteen_bit_types(short: bool = False) -> tuple[tuple[str, np.dtype], ...]:
+    """(name, dtype) of bfloat16 and float16 (ml_dtypes is loaded here, on first use, not with the judge)."""
+    names = ("bf16", "f16") if short else ("bfloat16", "float16")
+    return tuple(zip(names, (dtype_from_name("bf16"), np.dtype(np.float16))))
+
+
+def percent(share: float) -> str:
+    """A share as a percentage that never rounds up to 100%."""
+    value = np.floor(share * 1000) / 10
+    return f"{value:.1f}%"
+
+
+def channel_list(channels: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(f"c={c}" for c in channels[:limit])
+    return shown + (f" and {len(channels) - limit} more" if len(channels) > limit else "")
+
+
+def channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per channel, diff_src's deviation d = a - r fitted as offset + slope*xhat (least squares), and the
+    residual's rms; NaN where a channel has fewer than 3 finite elements."""
+    out = case.outputs["diff_src"]
+    d = out.actual - out.reference
+    x = case.xhat
+    usable = np.isfinite(d) & np.isfinite(x)
+    d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
+    n = usable.sum(axis=(0, 2)).astype(np.float64)
+    sx, sxx = x.sum(axis=(0, 2)), np.einsum("ncs,ncs->c", x, x)
+    sd, sxd = d.sum(axis=(0, 2)), np.einsum("ncs,ncs->c", x, d)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        det = n * sxx - sx * sx
+        slope = (n * sxd - sx * sd) / det
+        offset = (sd - slope * sx) / n
+        residual = d - offset[:, None] - slope[:, None] * x
+        rms = np.sqrt(np.einsum("ncs,ncs->c", residual, residual) / np.maximum(n - 2, 1))
+    bad = (n < 3) | ~(np.abs(det) > 0)
+    return np.where(bad, np.nan, offset), np.where(bad, np.nan, slope), np.where(bad, np.nan, rms)
+
+
+def channel_ratio(case: Case) -> np.ndarray:
+    """Per channel, the least-squares ratio <a, r> / <r, r> of diff_src (NaN where r is zero)."""
+    out = case.outputs["diff_src"]
+    a, r = np.nan_to_num(out.actual), np.nan_to_num(out.reference)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.einsum("ncs,ncs->c", a, r) / np.einsum("ncs,ncs->c", r, r)
+
+
+def deviating_channels(case: Case, name: str) -> np.ndarray:
+    """(C,) bool: channels of ``name`` with an element beyond K units of the reference."""
+    beyond = case.outputs[name].beyond
+    return beyond.any(axis=(0, 2)) if name == "diff_src" else beyond

@@ -1,0 +1,98 @@
+"""The outputs of a batch-norm backward computed with some of its ingredients changed (float64).
+
+A hypothesis names what a buggy kernel used instead of the true ingredients (other statistics, another
+gamma, sums over part of the channel, a permuted diff_dst...); ``backward_with`` computes what such a
+kernel would output, before its own rounding, for the outputs the run holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+
+
+@dataclass(frozen=True)
+class Ingredients:
+    """What the kernel used; None: the true value. Per-channel arrays are (C,); x and dy are (N, C, S).
+    ``beta``/``gamma_sum``: the sums the kernel computed, used in diff_src and written (None: computed from
+    the other ingredients); ``written_gamma``: a diff_gamma written other than the one diff_src used;
+    ``divisor``: what the sums were divided by (None: M); ``subtract_mean``: (C,) bool, channels whose
+    diff_src subtracts diff_beta/M."""
+
+    mean: np.ndarray | None = None
+    invstd: np.ndarray | None = None
+    gamma: np.ndarray | None = None
+    x: np.ndarray | None = None
+    dy: np.ndarray | None = None
+    beta: np.ndarray | None = None
+    gamma_sum: np.ndarray | None = None
+    written_gamma: np.ndarray | None = None
+    divisor: float | None = None
+    subtract_mean: np.ndarray | None = None
+    inference: bool = False
+
+
+def pick(value, default):
+    return default if value is None else value
+
+
+def backward_with(case: Case, used: Ingredients) -> Prediction:
+    """diff_src, diff_gamma and diff_beta of a kernel that used ``used`` (only the outputs the run holds);
+    diff_src is computed on first use."""
+    facts = case.facts
+    mean, invstd = pick(used.mean, facts.mean), pick(used.invstd, facts.invstd)
+    x, dy = pick(used.x, case.x), pick(used.dy, case.dy)
+    same_xhat = used.mean is None and used.invstd is None and used.x is None
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if used.beta is not None:
+            beta = used.beta
+        else:
+            beta = facts.diff_beta if used.dy is None else dy.sum(axis=(0, 2))
+        if used.gamma_sum is not None:
+            gamma_sum = used.gamma_sum
+        elif same_xhat and used.dy is None:
+            gamma_sum = facts.diff_gamma
+        elif used.x is None and used.dy is None:  # other statistics: sum dy*(x - m')*i' in closed form
+            gamma_sum = invstd * (facts.diff_gamma / facts.invstd + (facts.mean - mean) * facts.diff_beta)
+        else:
+            gamma_sum = np.einsum("ncs,ncs->c", dy, (x - mean[:, None]) * invstd[:, None])
+
+    def diff_src(rows: tuple[slice, slice, slice]) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            xhat = case.xhat[rows] if same_xhat else (x[rows] - mean[:, None]) * invstd[:, None]
+            return _diff_src(case, used, _Sums(beta, gamma_sum, invstd), xhat, dy[rows])
+
+    return Prediction(
+        diff_src=diff_src if "diff_src" in case.outputs else None,
+        diff_gamma=pick(used.written_gamma, gamma_sum) if "diff_gamma" in case.outputs else None,
+        diff_beta=beta if "diff_beta" in case.outputs else None,
+    )
+
+
+@dataclass(frozen=True)
+class _Sums:
+    beta: np.ndarray
+    gamma_sum: np.ndarray
+    invstd: np.ndarray
+
+
+def _diff_src(case: Case, used: Ingredients, sums: _Sums, xhat: np.ndarray, dy: np.ndarray):
+    """diff_src and its error scale: the error model's (judge/model.py) for this computation, its sums'
+    errors divided by what it divides them by, times its own k and xhat."""
+    facts, u = case.facts, case.unit
+    k = (pick(used.gamma, case.gamma) * sums.invstd)[:, None]
+    if used.inference or not case.inputs.training:
+        return k * dy, np.abs(k) * u * np.abs(dy)
+    divisor = pick(used.divisor, float(max(case.count, 1)))
+    mean_dy = sums.beta / divisor
+    if used.subtract_mean is not None:
+        mean_dy = np.where(used.subtract_mean, mean_dy, 0.0)
+    diff_src = k * (dy - mean_dy[:, None] - xhat * (sums.gamma_sum / divisor)[:, None])
+    s_beta, s_gamma = facts.sum_scales(u)
+    s_gamma = s_gamma * np.abs(sums.invstd / facts.invstd)
+    noise = np.abs(k) * (u * np.abs(dy) + ((u * np.abs(sums.beta) + s_beta) / divisor)[:, None]
+                         + np.abs(xhat) * ((u * np.abs(sums.gamma_sum) + s_gamma) / divisor)[:, None])
+    return diff_src, noise
