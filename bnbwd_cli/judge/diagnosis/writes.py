@@ -107,17 +107,20 @@ def _spatial(case: Case) -> Iterator[Candidate]:
     if _swap_spatial(full, fmt) is None:
         return
     axes = "H and W"
-    written = _unswap_spatial(full, fmt)
-    yield Candidate("spatial-axes-swapped", Prediction(diff_src=view3(written, fmt)),
-                    lambda s: f"diff_src was written with {axes} swapped (the reference transposed explains "
-                              f"{percent(s.share)} of the deviation)")
-    for name in ("diff_dst", "src"):
-        array = getattr(case.inputs, name)
-        swapped = view3(_swap_spatial(array.astype(np.float64), fmt), fmt)
-        used = Ingredients(dy=swapped) if name == "diff_dst" else Ingredients(x=swapped)
-        yield Candidate("spatial-axes-swapped", backward_with(case, used),
-                        lambda s, name=name: f"the kernel read {name} with {axes} swapped (recomputed with it "
-                                             f"transposed: explains {percent(s.share)} of the deviation)")
+    # A swapped index is either side of the transpose: the kernel's (h, w) at the buffer's w*H + h, or the buffer's
+    # (h, w) at the kernel's w*H + h; both permutations are tried, for the output written and for each input read.
+    for permute in (_unswap_spatial, _swap_spatial):
+        written = permute(full, fmt)
+        yield Candidate("spatial-axes-swapped", Prediction(diff_src=view3(written, fmt)),
+                        lambda s: f"diff_src was written with {axes} swapped (the reference transposed explains "
+                                  f"{percent(s.share)} of the deviation)")
+        for name in ("diff_dst", "src"):
+            array = getattr(case.inputs, name)
+            swapped = view3(permute(array.astype(np.float64), fmt), fmt)
+            used = Ingredients(dy=swapped) if name == "diff_dst" else Ingredients(x=swapped)
+            yield Candidate("spatial-axes-swapped", backward_with(case, used),
+                            lambda s, name=name: f"the kernel read {name} with {axes} swapped (recomputed with it "
+                                                 f"transposed: explains {percent(s.share)} of the deviation)")
 
 
 def _full(array3: np.ndarray, shape: tuple[int, ...], fmt: str) -> np.ndarray:
