@@ -20,11 +20,8 @@ from bnbwd_cli.files.mapped import file_mappings
 from bnbwd_cli.op import Op
 
 CORES = ("auto", "numpy", "numba")
-# core="auto" picks numba for inputs this big only. Measured per fresh process (a `bnbwd run` calls the core once),
-# f32 (N,128,56,56) both layouts, 2 threads, warm on-disk cache, best of 3 (a busy 2-core EPYC, so ~2x a quiet
-# machine's times): import numba + cached-kernel load + first call ~1.0-1.3 s at N=1 vs 16-33 ms for the NumPy core;
-# each further MB of src costs the NumPy core 7.6-10 ms and numba 3.8-5.8 ms (first call: fresh pages included),
-# so numba breaks even at 260-290 MB. Below 256 MiB, core="numba" opts in.
+# core="auto" picks numba for inputs this big only: below it, importing numba and loading its cached kernels
+# costs more than the compiled core saves in one call (the break-even measured: bench/RESULTS.md, "core=auto").
 AUTO_NUMBA_MIN_BYTES = 256 << 20
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import re
 import signal
 import subprocess
@@ -13,11 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
 
 from bnbwd_cli.cli import main
 
 INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma")
 ROOT = Path(__file__).resolve().parent.parent
+
+# Hypothesis: the suite draws the same examples on every run and machine (a CI failure reproduces by rerunning
+# it), and keeps no example database beside the checkout. HYPOTHESIS_PROFILE=explore draws fresh examples.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 # ---------------------------------------------------------------- the numba JIT, compiled once a session
