@@ -39,11 +39,12 @@ def problem_arrays(problem: dict) -> tuple:
 
 @st.composite
 def problems(draw, *, dtypes, max_rank: int, max_channels: int, max_batch: int, spatial_sizes=None,
-             stats=("float32",), **options):
+             stats=("float32",), max_elements: int | None = None, **options):
     """A random op's description for problem_arrays: shape (either layout), dtypes, gamma, training, seed.
 
     spatial_sizes: the sizes each spatial dim is drawn from; None: 1..12 within a budget of ~3000 elements
-    per channel. stats: the stats dtypes drawn from ("float32", "float64", "same" as the data); float64
+    per channel; max_elements caps N*C*prod(X) for spatial_sizes (sizes that would pass it are not drawn).
+    stats: the stats dtypes drawn from ("float32", "float64", "same" as the data); float64
     data always gets float64 stats. options: extra keys drawn from the given strategies (threads, epsilon...).
     """
     rank = draw(st.integers(2, max_rank))
@@ -51,7 +52,11 @@ def problems(draw, *, dtypes, max_rank: int, max_channels: int, max_batch: int, 
     batch = draw(st.integers(1, max_batch))
     spatial, budget = [], 3000 // channels
     for _ in range(rank - 2):
-        size = draw(st.sampled_from(spatial_sizes) if spatial_sizes else st.integers(1, max(1, min(12, budget))))
+        if spatial_sizes and max_elements is not None:
+            room = max_elements // (batch * channels * math.prod(spatial))
+            size = draw(st.sampled_from([s for s in spatial_sizes if s <= room] or [1]))
+        else:
+            size = draw(st.sampled_from(spatial_sizes) if spatial_sizes else st.integers(1, max(1, min(12, budget))))
         spatial.append(size)
         budget = max(1, budget // size)
     data_format = draw(st.sampled_from(["NCX", "NXC"]))
