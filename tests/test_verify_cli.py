@@ -138,7 +138,7 @@ def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
     result = cli("verify", actual, reference, "--json", "-")
     assert result.exit_code == 1
     document = json.loads(result.stdout)
-    assert document["schema_version"] == 2 and document["status"] == "mismatch"
+    assert document["schema_version"] == 3 and document["status"] == "mismatch"
     assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "fail"]
 
 
@@ -223,7 +223,7 @@ def test_verify_inputs_fails_a_wrong_epsilon_and_names_it(cli, tmp_path):
     assert result.exit_code == 1
     document = json.loads(result.stdout)
     gamma = next(o for o in document["outputs"] if o["name"] == "diff_gamma")["comparison"]
-    assert gamma["rule"] == "scaled" and any("epsilon of 0.001" in h for h in gamma["hints"])
+    assert gamma["rule"] == "scaled" and any("epsilon of 0.001" in h["evidence"] for h in gamma["hints"])
     run = cli("run", bundle, "-q", "--reference", kernel)  # the same judgement from run
     assert run.exit_code == 1 and "an epsilon of 0.001 (you passed 1e-05)" in run.stdout
 

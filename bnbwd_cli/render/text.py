@@ -1,12 +1,13 @@
-"""Render comparisons as text: the rich report, one line per output with --brief, error lines.
+"""Render comparisons as text: the rich report (--brief: render/brief.py), error lines.
 
 The console is built once at the edge (the click layer) and passed in, so tests render into a
 ``Console(file=StringIO(), width=100, color_system=None)``. Tables are printed at the width they
 need (never cropped or folded), so numbers stay whole on an 80-column terminal.
 
 Passing outputs get one row of the summary table; failing ones (all of them with --verbose) get
-their details: worst elements with coordinates, the systematic-deviation estimate, the channel
-table and the likely causes.
+their details: worst elements with coordinates, the systematic scale that decided against its
+threshold (render/decision.py), the channel table and the diagnosis' hints (judge/diagnosis/: a
+hint comes only from there, never from a guess here).
 """
 
 from __future__ import annotations
