@@ -121,3 +121,16 @@ def test_no_guess_in_the_report_without_a_diagnosis(cli, tmp_path):
     result = cli("verify", save_bundle(tmp_path / "a.npz", out), save_bundle(tmp_path / "r.npz", ref), "--format", "NCHW")
     assert result.exit_code == 1 and "Channels with mismatches: 1 of 3" in result.stdout
     assert "hint" not in result.stdout and "?" not in result.stdout
+
+
+def test_stored_wider_note_names_no_flag_in_the_api(problem):
+    """float32 outputs that hold bfloat16 values: the note says how to judge them as bf16 in the face's own words."""
+    inputs, grads = problem
+    from bnbwd_cli.dtypes import BFLOAT16
+
+    upcast = {k: v.astype(BFLOAT16).astype(np.float32) for k, v in grads.items()}
+    report = bnbwd_cli.check(upcast, **inputs)
+    causes = {h.cause for o in report.result.outputs for h in o.comparison.diagnosis}
+    assert not report and "computed-narrower" in causes
+    assert "save the bfloat16 tensor itself to judge it as bf16" in report.summary
+    assert "--bf16" not in report.summary + report.text
