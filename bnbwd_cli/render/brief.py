@@ -1,6 +1,7 @@
-"""The few lines a failure is told in: the verdict first, then per output each test it was held to (the statistic
-against its threshold), its hints and its worst element. `--brief`, `check`'s line per case and the Python API's
-AssertionError; the full report is render/text.py's. Advice is phrased for the face the reader uses (phrase).
+"""The few lines a failure is told in: the verdict first, then per output each criterion it was held to (the
+statistic against its threshold), its hints and its worst element. `--brief`, `check`'s line per case and the
+Python API's AssertionError; the full report is render/text.py's. Advice is phrased for the face the reader
+uses (phrase).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ API_ADVICE = (
 
 
 def op_text(value: float, threshold: float) -> str:
+    """How a statistic stands against its threshold: beyond it (">") or within ("<=")."""
     return ">" if abs(value) > threshold else "<="
 
 
 def criterion_text(test: Criterion, c: Comparison) -> str:
-    """One test as its statistic against its threshold, e.g. "max 3.2 units <= K 16" or
+    """One criterion as its statistic against its threshold, e.g. "max 3.2 units <= K 16" or
     "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"."""
     if test.statistic == "max_units":
         text = f"max {fmt_ulp(test.value)} units {op_text(test.value, test.threshold)} K {test.threshold:g}"
@@ -48,11 +50,12 @@ def criterion_text(test: Criterion, c: Comparison) -> str:
         return f"rel L2 {fmt(test.value)} {op_text(test.value, test.threshold)} {test.threshold:.2g}"
     where = f" in c={test.channel}" if test.channel is not None else ""
     unchecked = "" if test.checked else " (not checked)"
-    return f"systematic scale {test.value:+.1e}{where} {op_text(test.value, test.threshold)} threshold {test.threshold:.1e}{unchecked}"
+    op = op_text(test.value, test.threshold)
+    return f"systematic scale {test.value:+.1e}{where} {op} threshold {test.threshold:.1e}{unchecked}"
 
 
 def brief_line(output: OutputResult) -> str:
-    """One line: name, status and each test it was held to, the statistic against its threshold."""
+    """One line: name, status and each criterion it was held to, the statistic against its threshold."""
     c = output.comparison
     if c is None:
         # The problem's message starts with the output's name, which the line already gives.
@@ -73,7 +76,7 @@ def phrase(text: str, face: str) -> str:
 
 
 def render_brief(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
-    """The verdict first, then per output its tests and, under it, its hints and worst element: a few lines per
+    """The verdict first, then per output its criteria and, under it, its hints and worst element: a few lines per
     output (the pytest failure message, --brief)."""
     render_verdict(console, result, where="below" if style.problems_inline else "each named on stderr")
     console.print(Text(f"actual {labels.actual} vs reference {labels.reference}"), soft_wrap=True)

@@ -1,7 +1,7 @@
-"""What decided an output: each test it was held to, as one statistic against its threshold.
+"""What decided an output: each criterion it was held to, as one statistic against its threshold.
 
 One rule, shown the same way by the text report, --brief, `check`'s lines and the JSON document: an output
-fails when any of its tests fails, and each test is a number compared with a bound. Pure (no rich, no
+fails when any of its criteria fails, and each is a number compared with a bound. Pure (no rich, no
 comparison modules loaded): render/text.py and render/json.py both read it.
 """
 
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Criterion:
-    """One criterion an output is held to. ``statistic``: "max_units" (its worst element, in units of the error scale, against
-    K), "mismatches" (failing elements against those allowed), "rel_l2" (the fixed rule's norm test) or
+    """One criterion an output is held to. ``statistic``: "max_units" (its worst element, in units of the error
+    scale, against K), "mismatches" (failing elements against those allowed), "rel_l2" (the fixed rule's norm test) or
     "systematic_scale" (|scale| of actual vs reference, overall or in ``channel``, against its threshold).
     ``checked``: False for a systematic scale reported under --no-bias-check (it decides nothing)."""
 
@@ -31,22 +31,23 @@ class Criterion:
 
 def criteria_of(c: Comparison) -> tuple[Criterion, ...]:
     """The criteria that decided ``c``, in the order the report states them."""
-    tests: list[Criterion] = []
+    criteria: list[Criterion] = []
     elements_ok = c.mismatches <= c.allowed_mismatches
     if c.scaled is not None and c.allowed_mismatches == 0 and c.max_units is not None:
-        tests.append(Criterion("max_units", c.max_units.value, c.scaled.max_units, elements_ok))
+        criteria.append(Criterion("max_units", c.max_units.value, c.scaled.max_units, elements_ok))
     else:
-        tests.append(Criterion("mismatches", float(c.mismatches), float(c.allowed_mismatches), elements_ok))
+        criteria.append(Criterion("mismatches", float(c.mismatches), float(c.allowed_mismatches), elements_ok))
     if c.tolerance is not None:
-        tests.append(Criterion("rel_l2", c.rel_l2, c.tolerance.rel_l2, c.rel_l2_passed))
+        criteria.append(Criterion("rel_l2", c.rel_l2, c.tolerance.rel_l2, c.rel_l2_passed))
     if c.bias is not None:
         channel, scale, threshold = c.bias.decisive()
         checked = c.scaled is not None and c.scaled.bias_check
-        tests.append(Criterion("systematic_scale", scale, threshold, not (checked and abs(scale) > threshold), channel, checked))
-    return tuple(tests)
+        passed = not (checked and abs(scale) > threshold)
+        criteria.append(Criterion("systematic_scale", scale, threshold, passed, channel, checked))
+    return tuple(criteria)
 
 
 def deciding(c: Comparison) -> Criterion:
     """The criterion that decided: the first one failed, else the first (the elements')."""
-    tests = criteria_of(c)
-    return next((t for t in tests if not t.passed), tests[0])
+    criteria = criteria_of(c)
+    return next((t for t in criteria if not t.passed), criteria[0])

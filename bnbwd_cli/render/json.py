@@ -70,7 +70,8 @@ def _located(located: Located | None, axis_names) -> dict[str, Any] | None:
 def _bias(bias: Bias | None, failed: bool) -> dict[str, Any] | None:
     if bias is None:
         return None
-    return {"scale": finite(bias.scale), "stderr": finite(bias.stderr), "z": finite(bias.z), "threshold": finite(bias.threshold),
+    return {"scale": finite(bias.scale), "stderr": finite(bias.stderr), "z": finite(bias.z),
+            "threshold": finite(bias.threshold),
             "significant": bias.significant, "failed": failed,
             "channels": [{"channel": c, "scale": finite(s), "stderr": finite(e)} for c, s, e in bias.channels]}
 
