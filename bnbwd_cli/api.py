@@ -43,6 +43,8 @@ from bnbwd_cli.render import text as report_text
 from bnbwd_cli.status import Status
 
 REFERENCE_LABEL = "bnbwd_cli.backward"
+API_TOOL = "bnbwd_cli.check"  # the JSON document's "tool"
+FULL_REPORT = "full report: bnbwd_cli.check(...).text"
 REPORT_WIDTH = 120  # the CLI's width when piped: reports read the same in a log and in a terminal
 
 
@@ -50,8 +52,9 @@ REPORT_WIDTH = 120  # the CLI's width when piped: reports read the same in a log
 class Report:
     """The verdict on a kernel's outputs: truthy iff every output passes.
 
-    ``text`` is the report `bnbwd run --reference` prints, ``to_json()`` its JSON document (the same
-    schema as `--json`), ``status`` "pass", "mismatch" or "structural", ``result`` the full comparison.
+    ``text`` is the report `bnbwd run --reference` prints, ``summary`` its few lines per output (the verdict,
+    each output's tests and hints: what assert_backward_close raises), ``to_json()`` its JSON document (the
+    same schema as `--json`), ``status`` "pass", "mismatch" or "structural", ``result`` the full comparison.
     """
 
     result: SetComparison
@@ -66,15 +69,21 @@ class Report:
 
     @property
     def text(self) -> str:
+        return self._render(report_text.ReportStyle(problems_inline=True, face="api"))
+
+    @property
+    def summary(self) -> str:
+        return self._render(report_text.ReportStyle(brief=True, problems_inline=True, face="api"))
+
+    def _render(self, style: report_text.ReportStyle) -> str:
         buffer = io.StringIO()
         console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False)
-        report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL),
-                                  report_text.ReportStyle(problems_inline=True))
+        report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL), style)
         return buffer.getvalue()
 
     def to_json(self) -> str:
-        document = report_json.report_document(self.result, actual_label=self.actual_label,
-                                               reference_label=REFERENCE_LABEL)
+        document = report_json.report_document(self.result, report_json.Source(API_TOOL, self.actual_label,
+                                                                                REFERENCE_LABEL))
         return report_json.document_text(document)
 
     def __str__(self) -> str:
@@ -230,7 +239,9 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
-    """check(actual, **inputs), raising AssertionError with the report's text when it does not pass.
+    """check(actual, **inputs), raising AssertionError when it does not pass: the verdict, each output's tests
+    against their thresholds, its hints and worst element (Report.summary, a few lines per output, as
+    torch.testing.assert_close's); the full report is check(...).text.
 
     >>> import numpy as np
     >>> x = np.arange(12, dtype=np.float64).reshape(3, 4)
@@ -240,10 +251,10 @@ def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
     'pass'
     >>> assert_backward_close({"diff_beta": np.zeros(4)}, **inputs)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    AssertionError: Comparison: actual kernel outputs vs reference bnbwd_cli.backward
+    AssertionError: FAIL (exit 1): numerical mismatch in diff_beta
     ...
     """
     report = check(actual, **inputs)
     if not report:
-        raise AssertionError(report.text)
+        raise AssertionError(report.summary + FULL_REPORT)
     return report

@@ -104,7 +104,9 @@ def test_check_fails_a_wrong_kernel_with_the_report_text(problem):
     assert "FAIL (exit 1): numerical mismatch in diff_src" in report.text
     with pytest.raises(AssertionError) as raised:
         bnbwd_cli.assert_backward_close(wrong, **kwargs)
-    assert str(raised.value) == report.text
+    message = str(raised.value)
+    assert message.startswith("FAIL (exit 1): numerical mismatch in diff_src\n") and report.summary in message
+    assert message.splitlines()[-1] == "full report: bnbwd_cli.check(...).text"
     assert json.loads(report.to_json())["exit_code"] == 1
 
 

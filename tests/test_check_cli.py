@@ -65,8 +65,9 @@ def test_exit_1_names_the_failing_case(cli, case, tmp_path):
                        epsilon=1e-3, data_format="NHWC")
     result = cli("check", path, wrong)
     assert result.exit_code == 1, result.output
-    assert re.search(rf"^FAIL  {re.escape(wrong)}: .*diff_beta \S+ units FAIL.*hint: diff_beta is 40 = M times too small",
-                     result.stdout, re.M)
+    # the verdict and the hint lead; then the failed test, its statistic against its threshold
+    assert re.search(rf"^FAIL  {re.escape(wrong)}: hint: diff_beta is 40 = M times too small.*; .*diff_beta FAIL max \S+ "
+                     r"units > K 5", result.stdout, re.M)
     assert result.stdout.splitlines()[-1] == f"FAIL (exit 1): 2 case(s), 1 failed ({wrong})"
 
 
@@ -134,8 +135,15 @@ def test_json_same_facts_and_exit_code(cli, case, tmp_path):
     assert [(c["case"], c["status"], c["exit_code"]) for c in document["cases"]] == [
         (path, "pass", 0), (wrong, "mismatch", 1), (str(tmp_path / "absent.npz"), "error", 3)]
     assert document["cases"][1]["notes"] == ["not used: loss"]
-    assert document["cases"][1]["report"]["outputs"][1]["name"] == "diff_gamma"
-    assert document["cases"][2]["report"] is None and "no such file" in document["cases"][2]["error"]
+    assert document["schema_version"] == 3
+    passing, failing = document["cases"][0]["outputs"], document["cases"][1]["outputs"]
+    assert all(o["comparison"] is None and o["max_units"] is not None for o in passing)  # compact: no details
+    gamma = failing[1]
+    assert gamma["name"] == "diff_gamma" and gamma["status"] == "fail" and gamma["comparison"]["worst"]
+    assert any(not t["passed"] for t in gamma["criteria"])
+    assert all((o["comparison"] is None) == (o["status"] == "pass") for o in failing)  # details for failures only
+    assert document["cases"][1]["hint"] == (gamma["hints"][0]["evidence"] if gamma["hints"] else None)
+    assert document["cases"][2]["outputs"] == [] and "no such file" in document["cases"][2]["error"]
     assert f"FAIL  {wrong}" in result.stderr
     target = tmp_path / "check.json"
     again = cli("check", path, "--json", target)

@@ -202,7 +202,7 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
     """--json/--verbose gather every output's details in the judging pass: the same document as computing them
     in a second pass on first use, with one pass over diff_src instead of two."""
     from bnbwd_cli.app.judge import reference_outputs
-    from bnbwd_cli.render.json import report_document
+    from bnbwd_cli.render.json import Source, report_document
     from tests.conftest import make_inputs
 
     rng = np.random.default_rng(14)
@@ -221,7 +221,7 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
         passes.clear()
         judging = Judging(CompareSettings(), details_up_front=up_front)
         result = sets.compare_sets(actual, reference, judging, data_format="NCX", inputs=op if with_inputs else None)
-        documents.append(report_document(result, actual_label="a", reference_label="r"))  # reads every detail
+        documents.append(report_document(result, Source("bnbwd verify", "a", "r")))  # reads every detail
         assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
     assert documents[0] == documents[1]
     assert any(output["comparison"]["worst"] for output in documents[0]["outputs"]), "no details in the document"

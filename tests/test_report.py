@@ -12,7 +12,7 @@ from rich.console import Console
 from bnbwd_cli.judge import CompareSettings, Judging, SetComparison, compare_sets
 from bnbwd_cli.judge.tolerance import PerOutput
 from bnbwd_cli.files.write import write_text
-from bnbwd_cli.render.json import SCHEMA_VERSION, document_text, report_document
+from bnbwd_cli.render.json import SCHEMA_VERSION, Source, document_text, report_document
 from bnbwd_cli.render.text import Labels, ReportStyle, coordinates, fmt, render_report
 
 
@@ -71,7 +71,6 @@ Channels with mismatches: 1 of 2
 c  mismatched  max abs  max err/allowed
 ───────────────────────────────────────
 1       2 / 4  1.2e-01         1.11e+04
-all mismatches are in channel c=1: a bad per-channel reduction or parameter?
 |a-r| histogram (finite elements)
 |a-r|           count
 ─────────────────────────────────────────────────────
@@ -172,12 +171,13 @@ def _types(value):
 
 
 def test_json_schema_pinned():
-    document = report_document(mismatch_case(), actual_label="a.npz", reference_label="r.npz")
+    document = report_document(mismatch_case(), Source("bnbwd verify", "a.npz", "r.npz"))
     json.dumps(document, allow_nan=False)
-    assert document["schema_version"] == SCHEMA_VERSION == 2
+    assert document["schema_version"] == SCHEMA_VERSION == 3
     assert (document["status"], document["exit_code"]) == ("mismatch", 1)
     schema = _types(document)
     assert schema["default_tolerances"]["bf16"] == {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float"}
+    assert document["default_max_units"] == {"diff_src": 16.0, "diff_gamma": 5.0, "diff_beta": 5.0}
     output = schema["outputs"][0]
     assert output.keys() == {"name", "actual_key", "reference_key", "status", "comparison"}
     comparison = output["comparison"]
@@ -200,6 +200,9 @@ def test_json_schema_pinned():
         "max_rel": {"value": "float", "index": ["int"], "where": "str"},
         "max_ulp": {"value": "float", "index": ["int"], "where": "str"},
         "max_units": "NoneType",
+        "units_unbounded": "bool",
+        "criteria": [{"statistic": "str", "value": "float", "threshold": "float", "passed": "bool", "channel": "NoneType",
+                   "checked": "bool"}],
         "rel_l2": "float",
         "rel_l2_passed": "bool",
         "min_atol": "float",
@@ -237,7 +240,7 @@ def test_json_schema_pinned():
 
 
 def test_json_structural_rows_and_non_finite_encoding(tmp_path):
-    document = report_document(structural_case(), actual_label="a", reference_label="r")
+    document = report_document(structural_case(), Source("bnbwd verify", "a", "r"))
     assert (document["status"], document["exit_code"]) == ("structural", 3)
     assert [(o["name"], o["status"], o["comparison"]) for o in document["outputs"] if o["comparison"] is None] == [
         ("diff_src", "shape", None),
@@ -247,6 +250,6 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     assert document["notes"] == ["not compared: junk (only in actual)"]
     nan_case = compare_sets({"x": np.array([np.nan, 1.0])}, {"x": np.array([1.0, 1.0])}, Judging())
     path = tmp_path / "r.json"
-    write_text(str(path), document_text(report_document(nan_case, actual_label="a", reference_label="r")))
+    write_text(str(path), document_text(report_document(nan_case, Source("bnbwd verify", "a", "r"))))
     loaded = json.loads(path.read_text())["outputs"][0]["comparison"]
     assert loaded["min_atol"] is None and loaded["worst"][0]["abs_err"] is None

@@ -7,7 +7,6 @@ the op are run's own definitions (cli/params.op_options), so they cannot drift a
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -94,9 +93,8 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
                     training=False if op_options["inference"] else None,
                     variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")
-    # The JSON document holds every output's details: gather them in the judging pass, not in a second one.
-    judging = comparison.judging if json_target is None else replace(comparison.judging, details_up_front=True)
-    request = app_check.CaseRequest(op, judging, bf16=op_options["bf16_inputs"])
+    # The JSON document holds the details of failing outputs only: gathered on first use, as the lines' are.
+    request = app_check.CaseRequest(op, comparison.judging, bf16=op_options["bf16_inputs"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
     outcomes = app_check.judge_cases(found, request,
                                      on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison),

@@ -50,7 +50,8 @@ def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, st
         writer.write(report.render_report, stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
                      report.ReportStyle(verbose=options.verbose, brief=options.brief))
     if json_target is not None:
-        document = report_json.report_document(result, actual_label=sets.actual_label, reference_label=sets.reference_label)
+        tool = f"bnbwd {click.get_current_context().info_name}"  # the command that ran: run or verify
+        document = report_json.report_document(result, report_json.Source(tool, sets.actual_label, sets.reference_label))
         text = report_json.document_text(document)
         writer.write(lambda: files_write.write_text(json_target, text, fsync=fsync))
     report.print_problems(result)

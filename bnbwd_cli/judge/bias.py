@@ -219,7 +219,7 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
         if abs(scale[c]) > max(BIAS_Z * max(stderr[c], unit * 1e-3), floor)
     )
     significant = bool(abs(overall) > threshold or flagged)
-    return Bias(overall, overall_se, threshold, significant, flagged)
+    return Bias(overall, overall_se, threshold, significant, flagged, floor)
 
 
 def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, unit: float,
@@ -241,4 +241,4 @@ def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, un
     if systematic is not None:
         floor = max(floor, SYSTEMATIC_UNITS * float(np.sum(w * np.abs(r) * systematic[usable]) / information))
     threshold = max(BIAS_Z * stderr, floor)
-    return Bias(scale, float(stderr), float(threshold), bool(abs(scale) > threshold), ())
+    return Bias(scale, float(stderr), float(threshold), bool(abs(scale) > threshold), (), floor)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from bnbwd_cli.dtypes import exact_narrower
-from bnbwd_cli.judge.stats import Comparison
+from bnbwd_cli.judge.stats import Comparison, Hint
 
 
-def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[str, ...]:
+def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[Hint, ...]:
     """A failing f32/f64 output whose every element is exactly a bf16 (or f16) value: it was made in that
     precision and upcast, so it is being held to the wider format's tolerance."""
     if comparison.passed:
@@ -22,6 +22,7 @@ def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[str, ..
         return ()
     name = {"bf16": "bfloat16", "f16": "float16"}[narrower]
     bits = " (or its int16 bits, read with --bf16 KEY)" if narrower == "bf16" else ""
-    return (f"every element of actual is exactly a {name} value although it is stored as {comparison.actual_dtype}: "
+    text = (f"every element of actual is exactly a {name} value although it is stored as {comparison.actual_dtype}: "
             f"the kernel computed it in {narrower} and upcast it, and it is judged at {comparison.dtype} precision; "
-            f"save the {name} tensor itself{bits} to judge it as {narrower}",)
+            f"save the {name} tensor itself{bits} to judge it as {narrower}")
+    return (Hint("computed-narrower", text),)

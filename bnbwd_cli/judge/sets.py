@@ -204,8 +204,8 @@ def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[s
     c = output.comparison
     if c is None:
         return output
-    texts = tuple(h.text for h in hints) + hint_rules.precision_hints(c, actual[output.actual_key])
-    return replace(output, comparison=replace(c, hints=texts, diagnosis=hints))
+    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key])
+    return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))
 
 
 def compare_sets(

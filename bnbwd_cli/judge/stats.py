@@ -26,7 +26,7 @@ from bnbwd_cli.judge.accumulators import (
     RelativeL2, Worst, ZeroCounts, log_histogram,
 )
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
-from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, comparison_dtype
+from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Layout", "Located", "NonFinite",
@@ -48,10 +48,21 @@ class Bias:
     threshold: float
     significant: bool
     channels: tuple[tuple[int, float, float], ...]
+    floor: float = 0.0  # the smallest threshold any estimate is held to (what a correct kernel's roundings shift)
 
     @property
     def z(self) -> float:
         return abs(self.scale) / self.stderr if self.stderr > 0 else math.inf
+
+    def decisive(self) -> tuple[int | None, float, float]:
+        """The estimate that decides: (its channel, None for the overall one; its scale; its threshold). The one
+        furthest beyond its threshold; when none is beyond, the overall one."""
+        best: tuple[int | None, float, float] = (None, self.scale, self.threshold)
+        for channel, scale, stderr in self.channels:
+            threshold = max(BIAS_Z * stderr, self.floor)
+            if threshold > 0 and abs(scale) * best[2] > abs(best[1]) * threshold:
+                best = (channel, scale, threshold)
+        return best
 
 
 @dataclass(frozen=True)
@@ -117,8 +128,8 @@ class Comparison:
     mostly_zeros: bool
     details_of: Callable[[], Details] = field(repr=False, compare=False, kw_only=True)
     bias: Bias | None = None
-    hints: tuple[str, ...] = ()  # the texts of ``diagnosis``, then any other notes (judge/hints.py)
-    diagnosis: tuple[Hint, ...] = ()
+    hints: tuple[str, ...] = ()  # the texts of ``diagnosis``
+    diagnosis: tuple[Hint, ...] = ()  # the causes tested (judge/diagnosis/), then notes (judge/hints.py)
 
     @property
     def details(self) -> Details:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bnbwd_cli.render import json as report_json
+from bnbwd_cli.render.decision import deciding
+from bnbwd_cli.render.brief import criterion_text
 from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli.status import Status, exit_code, suite_status
 
@@ -26,26 +28,34 @@ class CaseOutcome(Protocol):
 
 
 def _output_cell(output: OutputResult) -> str:
-    """An output in a few characters: the number that decided it."""
+    """An output in a few words: its largest error in units; failing, the test that failed against its threshold."""
     c = output.comparison
     if c is None:
         return f"{output.name} {output.status.upper()}"
-    cell = f"{output.name} {decisive_number(c)}"
-    return cell if c.passed else f"{cell} FAIL" + (" (systematic)" if c.bias_failed else "")
+    if c.passed:
+        return f"{output.name} {decisive_number(c)}"
+    return f"{output.name} FAIL {criterion_text(deciding(c), c)}"
+
+
+def _hints(result: SetComparison) -> list[str]:
+    """The distinct hints of the failing outputs, in output order (one diagnosis often names every output)."""
+    return list(dict.fromkeys(h for o in result.outputs if o.status == "fail" for h in o.comparison.hints))
 
 
 def case_line(outcome: CaseOutcome) -> str:
-    """PASS/FAIL/ERROR, the case, each output's decisive number; for a failure its first hint or problem;
-    the keys the file holds that were not used."""
+    """PASS/FAIL/ERROR and the case; for a failure its first hint (then how many more) or problem; each output's
+    largest error in units and, failing, its failed test; the keys the file holds that were not used."""
     if outcome.result is None:
         return f"ERROR {outcome.error}"
     result = outcome.result
     line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {outcome.path}: "
+    hints = _hints(result)
+    if hints:
+        more = f" (+{len(hints) - 1} more: -v)" if len(hints) > 1 else ""
+        line += f"hint: {hints[0]}{more}; "
     line += ", ".join(_output_cell(o) for o in result.outputs)
     if result.status == Status.STRUCTURAL:
         line += f"; error: {result.all_problems[0].message}"
-    hints = [h for o in result.outputs if o.status == "fail" for h in o.comparison.hints]
-    line += f"; hint: {hints[0]}" if hints else ""
     return line + "".join(f"; {note}" for note in outcome.notes)
 
 
@@ -61,17 +71,38 @@ def summary_line(outcomes: Sequence[CaseOutcome]) -> str:
     return f"FAIL (exit {int(exit_code(verdict))}): {len(outcomes)} case(s), {'; '.join(parts)}"
 
 
+def _output_json(output: OutputResult) -> dict[str, Any]:
+    """One output of a case, compact: its verdict, worst units, tests and hints; its comparison only when it fails."""
+    c = output.comparison
+    compact: dict[str, Any] = {"name": output.name, "actual_key": output.actual_key, "status": output.status}
+    if c is None:
+        return compact | {"max_units": None, "units_unbounded": False, "criteria": [], "hints": [], "comparison": None}
+    return compact | {
+        "max_units": None if c.max_units is None else report_json.finite(c.max_units.value),
+        "units_unbounded": report_json.units_unbounded(c),
+        "criteria": report_json.criteria_json(c),
+        "hints": report_json.hints_json(c),
+        "comparison": None if c.passed else report_json.comparison_json(c),
+    }
+
+
+def _case_json(outcome: CaseOutcome) -> dict[str, Any]:
+    result = outcome.result
+    case: dict[str, Any] = {"case": outcome.path, "status": outcome.status, "exit_code": int(exit_code(outcome.status)),
+                            "error": outcome.error, "notes": list(outcome.notes)}
+    if result is None:
+        return case | {"hint": None, "problems": [], "outputs": []}
+    hints = _hints(result)
+    return case | {"hint": hints[0] if hints else None,
+                   "problems": [{"kind": p.kind, "name": p.name, "message": p.message} for p in result.all_problems],
+                   "outputs": [_output_json(o) for o in result.outputs]}
+
+
 def cases_document(outcomes: Sequence[CaseOutcome]) -> str:
-    """The JSON text: per case its status and error, notes, and the full comparison (verify's schema)."""
-    cases: list[dict[str, Any]] = []
-    for outcome in outcomes:
-        report = None
-        if outcome.result is not None:
-            report = report_json.report_document(outcome.result, actual_label=outcome.path, reference_label="bnbwd")
-        cases.append({"case": outcome.path, "status": outcome.status, "exit_code": int(exit_code(outcome.status)),
-                      "error": outcome.error, "notes": list(outcome.notes), "report": report})
+    """The JSON text, compact: per case its verdict, its first hint, and per output its worst units, tests and hints;
+    the comparison details (worst elements, channels, histogram) only for the outputs that fail."""
     verdict = suite_status(o.status for o in outcomes)
     document = {"schema_version": report_json.CHECK_SCHEMA_VERSION, "tool": "bnbwd check",
-                "status": verdict, "exit_code": int(exit_code(verdict)),
-                "summary": summary_line(outcomes), "cases": cases}
+                "status": verdict, "exit_code": int(exit_code(verdict)), "summary": summary_line(outcomes),
+                **report_json.defaults(), "cases": [_case_json(o) for o in outcomes]}
     return report_json.document_text(document)

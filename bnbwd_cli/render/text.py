@@ -1,12 +1,13 @@
-"""Render comparisons as text: the rich report, one line per output with --brief, error lines.
+"""Render comparisons as text: the rich report (--brief: render/brief.py), error lines.
 
 The console is built once at the edge (the click layer) and passed in, so tests render into a
 ``Console(file=StringIO(), width=100, color_system=None)``. Tables are printed at the width they
 need (never cropped or folded), so numbers stay whole on an 80-column terminal.
 
 Passing outputs get one row of the summary table; failing ones (all of them with --verbose) get
-their details: worst elements with coordinates, the systematic-deviation estimate, the channel
-table and the likely causes.
+their details: worst elements with coordinates, the systematic scale that decided against its
+threshold (render/decision.py), the channel table and the diagnosis' hints (judge/diagnosis/: a
+hint comes only from there, never from a guess here).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from rich.table import Table
 from rich.text import Text
 
 from bnbwd_cli.layout import coordinates
+from bnbwd_cli.render.decision import criteria_of
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES
 from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_TOLERANCES, default_max_units, tolerance_text
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
-    from bnbwd_cli.judge.stats import Bias, ChannelStat, Comparison, HistogramBin
+    from bnbwd_cli.judge.stats import ChannelStat, Comparison, HistogramBin
 
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red"}
 _BAR_WIDTH = 30
@@ -103,31 +105,35 @@ class Labels:
 @dataclass(frozen=True)
 class ReportStyle:
     """How much the report says. verbose: every output's details; brief: one line per output;
-    problems_inline: the structural problems are printed in the report (the Python API's text has no stderr)."""
+    problems_inline: the structural problems are printed in the report (the Python API's text has no stderr);
+    face: "cli" or "api", whose words advice uses (--variance-is-invstd or variance_is_invstd=True)."""
 
     verbose: bool = False
     brief: bool = False
     problems_inline: bool = False
+    face: str = "cli"
+
 
 
 def render_report(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
-    """The whole report: what was compared and how, one row per output, details of failures, the verdict."""
+    """The whole report: what was compared and how, one row per output, details of failures, the verdict.
+    With style.brief: render_brief."""
+    if style.brief:
+        from bnbwd_cli.render.brief import render_brief
+
+        render_brief(console, result, labels, style)
+        return
     console.print(Text(f"Comparison: actual {labels.actual} vs reference {labels.reference}", style="bold"), soft_wrap=True)
     _render_rules(console, result)
-    if style.brief:
-        for output in result.outputs:
-            console.print(brief_line(output), highlight=False, soft_wrap=True)
-    else:
-        _render_summary(console, result)
+    _render_summary(console, result)
     # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
-    if not style.brief:
-        for output in result.outputs:
-            if output.comparison is not None and (style.verbose or not output.comparison.passed):
-                _render_details(console, output, style.verbose)
+    for output in result.outputs:
+        if output.comparison is not None and (style.verbose or not output.comparison.passed):
+            _render_details(console, output, style)
     if style.problems_inline:
         for problem in result.all_problems:
             console.print(Text(f"error: {problem.message}"), soft_wrap=True)
-    _render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
+    render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
 
 
 def _units_text(units: list[tuple[str, float]]) -> str:
@@ -149,8 +155,9 @@ def _render_rules(console: Console, result: SetComparison) -> None:
         defaults = [(name, default_max_units(OUTPUT_ALIASES.get(name))) for name, _ in scaled]
         default = "" if scaled == defaults else f" (default {_units_text(defaults)})"
         checked = any(c.scaled.bias_check for c in comparisons if c.scaled is not None)
-        bias = (f"A systematic scale beyond {BIAS_Z:g} standard errors fails too." if checked
-                else "Systematic scales are reported, not checked (--no-bias-check).")
+        bias = (f"A systematic scale of actual vs reference, overall or in one channel, fails beyond its threshold: "
+                f"{BIAS_Z:g} standard errors of its estimate, and never less than a correct kernel's roundings shift it."
+                if checked else "Systematic scales are reported, not checked (--no-bias-check).")
         console.print(f"scaled by the problem: element passes if |a-r| <= K*s + 1 ulp, s = the error a correct kernel "
                       f"may make there (docs/tolerances.md); K = {k}{default}. {bias}", highlight=False, soft_wrap=True)
     fixed = {(c.dtype, c.tolerance) for c in comparisons if c.tolerance is not None}
@@ -173,27 +180,8 @@ def _render_rules(console: Console, result: SetComparison) -> None:
 
 
 def decisive_number(c: Comparison) -> str:
-    """The number that decided an output: its largest error in units (scaled rule), or its mismatch count."""
+    """The number that decided an output's elements: its largest error in units (scaled rule), or its mismatch count."""
     return f"{fmt_ulp(c.max_units.value)} units" if c.scaled is not None else f"{c.mismatches}/{c.elements} mismatched"
-
-
-def brief_line(output: OutputResult) -> str:
-    """One line: name, status and the number that decided it."""
-    c = output.comparison
-    if c is None:
-        # The problem's message starts with the output's name, which the line already gives.
-        return f"{output.name}: {output.status.upper()} ({output.problem.message.removeprefix(output.name + ': ')})"
-    if c.scaled is not None:
-        line = f"{output.name}: {output.status.upper()} max {decisive_number(c)} (K {c.scaled.max_units:g})"
-    else:
-        line = f"{output.name}: {output.status.upper()} {decisive_number(c)}, max abs {fmt(c.max_abs.value)}"
-        if not c.rel_l2_passed:  # the output's norm test failed: say so, or "0/96 mismatched" reads as a pass
-            line += f", rel L2 {fmt(c.rel_l2)} > {c.tolerance.rel_l2:.2g}"
-    if c.bias is not None:
-        line += f", scale {c.bias.scale:+.1e} (z {fmt_ulp(c.bias.z)})"
-    if c.bias_failed:
-        line += " systematic"
-    return line
 
 
 def _render_summary(console: Console, result: SetComparison) -> None:
@@ -201,7 +189,7 @@ def _render_summary(console: Console, result: SetComparison) -> None:
     scaled = any(o.comparison is not None and o.comparison.scaled is not None for o in result.outputs)
     fixed = any(o.comparison is not None and o.comparison.tolerance is not None for o in result.outputs)
     headers = ["output", "shape", "dtype", "status", "mismatched", "max abs", "max ULP"]
-    headers += ["max units", "scale (z)"] if scaled else []
+    headers += ["max units", "systematic scale"] if scaled else []
     headers += ["rel L2", "min atol"] if fixed else []
     for header in headers:
         table.add_column(header, justify="left" if header in ("output", "shape", "dtype", "status") else "right", no_wrap=True)
@@ -214,7 +202,7 @@ def _render_summary(console: Console, result: SetComparison) -> None:
         cells = [output.name, _shape_text(c.shape), dtype, _status_text(output.status), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
                  fmt(c.max_abs.value), fmt_ulp(c.max_ulp.value)]
         if scaled:
-            cells += [fmt_ulp(c.max_units.value) if c.max_units else "-", _bias_cell(c.bias)]
+            cells += [fmt_ulp(c.max_units.value) if c.max_units else "-", _bias_cell(c)]
         if fixed:
             cells += ["-", "-"] if c.tolerance is None else [fmt(c.rel_l2), fmt(c.min_atol)]
         table.add_row(*cells)
@@ -222,21 +210,28 @@ def _render_summary(console: Console, result: SetComparison) -> None:
     console.print()
 
 
-def _bias_cell(bias: Bias | None) -> str:
-    if bias is None:
+def _bias_cell(c: Comparison) -> str:
+    """The deciding systematic scale against its threshold, e.g. "+2.1e-03 > 9.5e-07 c=5"."""
+    from bnbwd_cli.render.brief import op_text
+    test = next((t for t in criteria_of(c) if t.statistic == "systematic_scale"), None)
+    if test is None:
         return "-"
-    return f"{bias.scale:+.1e} ({fmt_ulp(bias.z)})" + ("!" if bias.significant else "")
+    where = f" c={test.channel}" if test.channel is not None else ""
+    return f"{test.value:+.1e} {op_text(test.value, test.threshold)} {test.threshold:.1e}{where}"
 
 
-def _render_details(console: Console, output: OutputResult, verbose: bool) -> None:
+def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
+    from bnbwd_cli.render.brief import phrase
+
     c = output.comparison
+    verbose = style.verbose
     console.rule(Text(f"{output.name}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
     console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
                   f"allowed {c.allowed_mismatches}", highlight=False)
     where = c.axis_names
     if c.scaled is not None:
         console.print(f"max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} (K {c.scaled.max_units:g}); "
-                      f"would pass with --max-units {fmt_ulp(c.min_units)}", highlight=False)
+                      + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", style.face), highlight=False)
     console.print(f"max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
                   f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
     if c.tolerance is not None:
@@ -249,7 +244,7 @@ def _render_details(console: Console, output: OutputResult, verbose: bool) -> No
     if c.channels is not None and (verbose or c.mismatches):
         _render_channels(console, c, len(c.worst) or 10)
     for hint in c.hints:
-        console.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+        console.print(Text(f"hint: {phrase(hint, style.face)}", style="yellow"), soft_wrap=True)
     if verbose and c.elements:
         _render_histogram(console, c.histogram)
     console.print()
@@ -266,14 +261,21 @@ def _render_fixed_details(console: Console, c: Comparison) -> None:
 
 
 def _render_bias(console: Console, c: Comparison) -> None:
+    from bnbwd_cli.render.brief import criterion_text
+
     b = c.bias
-    verdict = "FAIL: a systematic deviation" if c.bias_failed else ("significant (not checked)" if b.significant else "ok")
-    console.print(f"systematic scale: actual = (1 {b.scale:+.2e} ± {b.stderr:.1e}) x reference, z = {fmt_ulp(b.z)}, "
-                  f"threshold {b.threshold:.1e}: {verdict}", highlight=False, soft_wrap=True)
+    test = next(t for t in criteria_of(c) if t.statistic == "systematic_scale")
+    verdict = "FAIL" if not test.passed else ("beyond it (not checked)" if abs(test.value) > test.threshold else "ok")
+    console.print(f"{criterion_text(test, c)}: {verdict}", highlight=False, soft_wrap=True)
+    if test.channel is not None:
+        console.print(f"  overall: actual = (1 {b.scale:+.2e} ± {b.stderr:.1e}) x reference, threshold {b.threshold:.1e}",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"  actual = (1 {b.scale:+.2e} ± {b.stderr:.1e}) x reference", highlight=False, soft_wrap=True)
     if b.channels:
         shown = ", ".join(f"c={ch} {scale:+.1e}" for ch, scale, _ in b.channels[:8])
         more = f" (+{len(b.channels) - 8} more)" if len(b.channels) > 8 else ""
-        console.print(f"channels with their own significant scale: {shown}{more}", highlight=False, soft_wrap=True)
+        console.print(f"  channels beyond their own threshold: {shown}{more}", highlight=False, soft_wrap=True)
 
 
 def _render_nonfinite(console: Console, c: Comparison) -> None:
@@ -317,8 +319,6 @@ def _render_channels(console: Console, c: Comparison, limit: int) -> None:
     for ch in shown:
         table.add_row(str(ch.channel), _channel_mismatch(ch), fmt(ch.max_abs), fmt(ch.max_ratio) if math.isinf(ch.max_ratio) else f"{ch.max_ratio:.3g}")
     _print_table(console, table)
-    if len(bad) == 1 and len(c.channels) > 1:
-        console.print(f"all mismatches are in channel c={bad[0].channel}: a bad per-channel reduction or parameter?", highlight=False)
 
 
 def _channel_mismatch(ch: ChannelStat) -> str:
@@ -342,7 +342,7 @@ def _render_histogram(console: Console, bins: Sequence[HistogramBin]) -> None:
     _print_table(console, table)
 
 
-def _render_verdict(console: Console, result: SetComparison, where: str) -> None:
+def render_verdict(console: Console, result: SetComparison, where: str) -> None:
     status = result.status
     if status == "pass":
         console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))

@@ -1,0 +1,97 @@
+"""The few lines a failure is told in: the verdict first, then per output each criterion it was held to (the
+statistic against its threshold), its hints and its worst element. `--brief`, `check`'s line per case and the
+Python API's AssertionError; the full report is render/text.py's. Advice is phrased for the face the reader
+uses (phrase).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.text import Text
+
+from bnbwd_cli.layout import coordinates
+from bnbwd_cli.render.decision import Criterion, criteria_of
+from bnbwd_cli.render.text import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.sets import OutputResult, SetComparison
+    from bnbwd_cli.judge.stats import Comparison
+
+# The CLI's advice as the Python API says it: longest phrases first (a phrase, then its flag alone).
+API_ADVICE = (
+    (" (or its int16 bits, read with --bf16 KEY)", ""),
+    ("pass --variance-is-invstd", "pass variance_is_invstd=True"),
+    ("--variance-is-invstd", "variance_is_invstd=True"),
+    ("check --format", "check data_format"),
+    ("--format", "data_format"),
+    ("--max-units ", "max_units="),
+    ("--epsilon", "epsilon"),
+    ("--inference", "training=False"),
+)
+
+
+def op_text(value: float, threshold: float) -> str:
+    """How a statistic stands against its threshold: beyond it (">") or within ("<=")."""
+    return ">" if abs(value) > threshold else "<="
+
+
+def criterion_text(test: Criterion, c: Comparison) -> str:
+    """One criterion as its statistic against its threshold, e.g. "max 3.2 units <= K 16" or
+    "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"."""
+    if test.statistic == "max_units":
+        text = f"max {fmt_ulp(test.value)} units {op_text(test.value, test.threshold)} K {test.threshold:g}"
+        return text + (f" ({c.mismatches} of {c.elements} elements fail)" if c.mismatches else "")
+    if test.statistic == "mismatches":
+        op = "<=" if test.passed else ">"
+        return f"{c.mismatches}/{c.elements} mismatched {op} allowed {c.allowed_mismatches}"
+    if test.statistic == "rel_l2":
+        return f"rel L2 {fmt(test.value)} {op_text(test.value, test.threshold)} {test.threshold:.2g}"
+    where = f" in c={test.channel}" if test.channel is not None else ""
+    unchecked = "" if test.checked else " (not checked)"
+    op = op_text(test.value, test.threshold)
+    return f"systematic scale {test.value:+.1e}{where} {op} threshold {test.threshold:.1e}{unchecked}"
+
+
+def brief_line(output: OutputResult) -> str:
+    """One line: name, status and each criterion it was held to, the statistic against its threshold."""
+    c = output.comparison
+    if c is None:
+        # The problem's message starts with the output's name, which the line already gives.
+        return f"{output.name}: {output.status.upper()} ({output.problem.message.removeprefix(output.name + ': ')})"
+    texts = [criterion_text(t, c) for t in criteria_of(c)]
+    if c.tolerance is not None:
+        texts[0] += f", max abs {fmt(c.max_abs.value)}"
+    return f"{output.name}: {output.status.upper()} " + "; ".join(texts)
+
+
+def phrase(text: str, face: str) -> str:
+    """Advice as the face the reader uses says it: the CLI's flags, or the Python API's arguments."""
+    if face != "api":
+        return text
+    for flag, argument in API_ADVICE:
+        text = text.replace(flag, argument)
+    return text
+
+
+def render_brief(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
+    """The verdict first, then per output its criteria and, under it, its hints and worst element: a few lines per
+    output (the pytest failure message, --brief)."""
+    render_verdict(console, result, where="below" if style.problems_inline else "each named on stderr")
+    console.print(Text(f"actual {labels.actual} vs reference {labels.reference}"), soft_wrap=True)
+    for output in result.outputs:
+        console.print(Text(brief_line(output)), soft_wrap=True)
+        c = output.comparison
+        if c is None:
+            continue
+        for hint in c.hints:
+            console.print(Text(f"  hint: {phrase(hint, style.face)}"), soft_wrap=True)
+        if not c.passed and c.mismatches and c.worst:
+            e = c.worst[0]
+            units = f" ({fmt_ulp(e.units)} units)" if c.scaled is not None else ""
+            console.print(Text(f"  worst: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, expected "
+                               f"{fmt_value(e.expected)}{units}"), soft_wrap=True)
+    if style.problems_inline:
+        for problem in result.all_problems:
+            console.print(Text(f"error: {problem.message}"), soft_wrap=True)
