@@ -225,3 +225,12 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
         assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
     assert documents[0] == documents[1]
     assert any(output["comparison"]["worst"] for output in documents[0]["outputs"]), "no details in the document"
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 3), (5000, 3), (700, 128), (2049, 64)])
+def test_cumsum_by_bands_of_rows_is_numpys_cumsum(rows: int, columns: int) -> None:
+    """model.cumsum_rows folds each band's carry into its first row: the same additions as np.cumsum(axis=0)."""
+    rng = np.random.default_rng(rows)
+    plane = 1e4 + rng.standard_normal((rows, columns)) * 10.0 ** rng.integers(-8, 8, (rows, columns))
+    plane[rows // 2, 0] = np.inf
+    assert model.cumsum_rows(plane).tobytes() == np.cumsum(plane, axis=0).tobytes()
