@@ -234,3 +234,31 @@ def test_cumsum_by_bands_of_rows_is_numpys_cumsum(rows: int, columns: int) -> No
     plane = 1e4 + rng.standard_normal((rows, columns)) * 10.0 ** rng.integers(-8, 8, (rows, columns))
     plane[rows // 2, 0] = np.inf
     assert model.cumsum_rows(plane).tobytes() == np.cumsum(plane, axis=0).tobytes()
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_finite: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of a block (the last one smaller) give every number of whole blocks, the relative L2 included
+    (its sums stay by block), with non-finite elements and with the details."""
+    rng = np.random.default_rng(17)
+    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
+    src = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    axes = (0, 2) if data_format == "NCX" else (0, 1)
+    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    reference = rng.standard_normal(shape).astype(np.float32)
+    actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-7, 1e-3], size=shape)).astype(np.float32)
+    if non_finite:
+        actual[1, 2, 3], reference[4, 1, 2], actual[5, 0, 0], reference[5, 0, 0] = np.nan, np.inf, 3e38, -3e38
+    judging = Judging(CompareSettings(), details_up_front=True)
+    monkeypatch.setattr(sets, "BLOCK", 500)
+
+    def judged(piece: int) -> str:
+        monkeypatch.setattr(sets, "PIECE", piece)
+        result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, judging, inputs=inputs)
+        comparison = result.outputs[0].comparison
+        return repr(comparison) + repr(comparison.details)
+
+    assert judged(70) == judged(40) == judged(500)

@@ -25,7 +25,7 @@ from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
-from bnbwd_cli.judge.stats import Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
+from bnbwd_cli.judge.stats import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
 # (scripts/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
+PIECE = STATS_CHUNK  # elements judged at a time within a block
 
 
 @dataclass(frozen=True)
@@ -142,15 +143,24 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accum
     a3 = views[0]
     regression = ChannelRegression(a3.shape[1], state.dtype) if regress else None
     scratch = Scratch()
+    pieces = scratch.take(("scale", "terms"), PIECE)  # the scale and a term of one piece
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
             shape = a3[where].shape
-            # a, r, dy, src then xhat, and the scale's two terms
-            space = scratch.take(("a", "r", "dy", "src", "scale", "terms"), shape)
+            space = scratch.take(("a", "r", "dy", "src"), shape)  # a, r, dy, src then xhat
             a64, r64, dy, src = (to_float64(view[where], out) for view, out in zip(views, space))
             xhat = xhat_block(src, where[1], facts.mean, facts.invstd, out=space[3] if src is space[3] else None)
-            scale = model.block(xhat, dy, r64, where[1], out=(space[4], space[5]))
-            state.add(a64.reshape(-1), r64.reshape(-1), flat_offset(a3.shape, where), scale.reshape(-1))
+            offset = flat_offset(a3.shape, where)
+            # Judged in cache-sized pieces of the block (each a contiguous flat range): ~2x faster than whole
+            # blocks, the same statistics; the relative L2's sums stay by block (they depend on the chunking).
+            for piece in blocks(shape, PIECE):
+                channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
+                size = xhat[piece].size
+                scale = model.block(xhat[piece], dy[piece], r64[piece], channels,
+                                    out=tuple(buffer[:size].reshape(xhat[piece].shape) for buffer in pieces))
+                state.add(a64[piece].reshape(-1), r64[piece].reshape(-1), offset + flat_offset(shape, piece),
+                          scale.reshape(-1), norms=False)
+            state.add_norms(a64.reshape(-1), r64.reshape(-1))
             if regression is not None:
                 regression.add(xhat, r64, a64, dy, where[1])
     return state, regression
