@@ -262,3 +262,26 @@ def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_fin
         return repr(comparison) + repr(comparison.details)
 
     assert judged(70) == judged(40) == judged(500)
+
+
+def test_judging_progress_climbs_to_its_total_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare_sets' progress: (done, total) never going back, the pass over the inputs and every output counted
+    (diff_src block by block), ending at done == total; the verdict and its numbers the same as without it."""
+    monkeypatch.setattr(sets, "BLOCK", 150)
+    rng = np.random.default_rng(5)
+    src = rng.standard_normal((6, 5, 40)).astype(np.float32)
+    dy = rng.standard_normal(src.shape).astype(np.float32)
+    inputs = Op(src, dy, src.mean((0, 2)), src.var((0, 2)), None, epsilon=1e-5, data_format="NCX")
+    from bnbwd_cli import core
+
+    result = core.backward(inputs, core.Settings(outputs=("diff_src", "diff_beta")))
+    reference = {"diff_src": result.diff_src, "diff_beta": result.diff_beta}
+    actual = {"diff_src": result.diff_src * np.float32(1 + 1e-6), "diff_beta": result.diff_beta}
+    seen: list[tuple[int, int]] = []
+    told = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs,
+                             progress=lambda done, total: seen.append((done, total)))
+    plain = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs)
+    total = 2 * src.size + 5
+    assert len(seen) > 4 and {t for _, t in seen} == {total} and seen[-1] == (total, total)
+    assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
+    assert repr(told.outputs) == repr(plain.outputs)

@@ -36,7 +36,7 @@ CHUNK elements, so memory stays bounded whatever the tensor size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -249,8 +249,9 @@ class _Sequential32:
             self.total[channels] = np.add.reduce(rows, axis=0, dtype=np.float32)
 
 
-def channel_facts(inputs: Op) -> ChannelFacts:
-    """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients."""
+def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> ChannelFacts:
+    """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients.
+    ``advance``: told each block's element count once it is done (a progress bar)."""
     dy3 = view3(inputs.diff_dst, inputs.data_format)
     channels = dy3.shape[1]
     mean, invstd, scale = channel_constants(inputs)
@@ -270,6 +271,8 @@ def channel_facts(inputs: Op) -> ChannelFacts:
             seq_beta.add(dy, where[1])
             seq_gamma.add(terms, where[1])
             seq_centred.add((src.astype(np.float32) - mean32[where[1]]) * dy.astype(np.float32), where[1])
+            if advance is not None:
+                advance(dy.size)
     count = dy3.shape[0] * dy3.shape[2]
     with np.errstate(invalid="ignore", over="ignore"):
         centred_error = np.abs(seq_centred.total * invstd - gamma.total)
