@@ -62,19 +62,21 @@ class ChannelRegression:
     degree of freedom fewer than its clusters.
     """
 
-    def __init__(self, channels: int, dtype: str) -> None:
+    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None) -> None:
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
-        self.scratch = Scratch()  # d; a piece's bins by both keys (2, size) and products; the ULP spacing's bits
+        # d, then the ULP spacing's bits in its place; a piece's bins by both keys (2, size) and products. A caller's
+        # scratch shares its "difference" buffer (Accumulator.add_norms' a - r, done with before add is called).
+        self.scratch = Scratch() if scratch is None else scratch
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        d = self.scratch.get("d", xhat.shape)
+        d = self.scratch.get("difference", xhat.shape)
         if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
             w, x, r = None, xhat, reference
             d = np.subtract(actual, reference, out=d)
@@ -93,7 +95,7 @@ class ChannelRegression:
         self.cross[:, channels] += sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
         self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
         if w is None:
-            spacing = ulp_spacing(actual, self.dtype, out=self.scratch.get("spacing_bits", actual.size, INT64))
+            spacing = ulp_spacing(actual, self.dtype, out=d.reshape(-1).view(INT64))  # d is summed: its memory is free
         else:
             spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)

@@ -157,7 +157,7 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accum
     model = diff_src_scale(facts, state.rule.scaled.unit, inputs.training)
     views = tuple(layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst, inputs.src))
     a3 = views[0]
-    regression = ChannelRegression(a3.shape[1], state.dtype) if regress else None
+    regression = ChannelRegression(a3.shape[1], state.dtype, state.scratch) if regress else None
     scratch = Scratch()
     pieces = scratch.take(("scale", "terms"), PIECE)  # the scale and a term of one piece
     with np.errstate(invalid="ignore", over="ignore"):

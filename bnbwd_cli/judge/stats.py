@@ -282,7 +282,7 @@ class Accumulator:
         """The relative L2's sums of a flat chunk, as add() forms them (non-finite positions count as 0 on both
         sides; |a - r| and a - r have the same squares)."""
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.subtract(a, r, out=self.scratch.get("norm_diff", a.size))
+            diff = np.subtract(a, r, out=self.scratch.get("difference", a.size))
             if not np.isfinite(diff).all():
                 finite = np.isfinite(a) & np.isfinite(r)
                 diff, r = np.where(finite, diff, 0.0), np.where(finite, r, 0.0)
