@@ -1,53 +1,91 @@
-"""Interleaved before/after of bench/targets.py's judge rows: per round, fresh processes floor, plain and judged
-for a base tree and this one (PYTHONPATH picks the tree), both layouts, f32 (32,128,56,56), 2 threads.
+"""The judged path before and after a change, interleaved: bench/targets.py's judge rows for two trees.
 
-    git archive BASE bnbwd_cli | tar -x -C /tmp/base && python bench/judge_ab.py /tmp/base 7
+    git archive BASE bnbwd_cli | tar -x -C /tmp/base && python bench/judge_ab.py /tmp/base [--rounds 7]
+
+Each round runs fresh processes, back to back: the floor (`import numpy`), then for the base tree and this one
+(PYTHONPATH and the working directory pick the tree) a plain `run` and a `run --reference`. f32 (32,128,56,56),
+.npy inputs, both layouts, 2 threads. Prints each round, then medians (min-max): judging's added time as a
+multiple of the plain run (both net of the floor), `run --reference`'s wall time and its paired after/before
+ratio, and its peak RSS over the bytes of src + diff_dst + the outputs judged.
 """
-import os, subprocess, sys, time, tempfile, shutil
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
+
 import numpy as np
+
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-import targets, end_to_end
-TREES = {"before": sys.argv[1], "after": str(BENCH.parent)}
-rounds = int(sys.argv[2])
-def child(cmd, tree):
+
+import end_to_end  # noqa: E402 - bench/ is a folder of scripts
+import targets  # noqa: E402
+
+
+def child(command: list[str], tree: str) -> tuple[float, float]:
+    """Wall milliseconds and peak RSS (MiB) of one Python child running `tree`'s bnbwd_cli."""
     env = {**end_to_end.child_env(), "PYTHONPATH": tree}
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", targets.RSS_WRAPPER, *cmd], env=env, cwd=tree, capture_output=True, text=True)
-    s = time.perf_counter() - t
-    assert done.returncode in (0, 1), done.stderr[-400:]
-    peak = [l.split()[1] for l in done.stderr.splitlines() if l.startswith("VmHWM_KB")]
-    return s * 1e3, int(peak[-1]) / 1024
-work_root = Path(tempfile.mkdtemp())
-print("load at start", os.getloadavg())
-for fmt in ("NCHW", "NHWC"):
-    work = work_root / fmt; work.mkdir()
-    end_to_end.write_inputs(work, fmt)
-    out = work / "judged"; out.mkdir()
-    child(end_to_end.run_command(work, fmt, 2, ["--out-dir", str(out)])[1:], TREES["before"])
-    plain = end_to_end.run_command(work, fmt, 2, [])[1:]
-    judged = end_to_end.run_command(work, fmt, 2, ["--reference", str(out)])[1:]
-    data = sum(np.load(work / f"{n}.npy", mmap_mode="r").nbytes for n in ("src", "diff_dst"))
-    data += sum(np.load(out / f"{n}.npy", mmap_mode="r").nbytes for n in ("diff_src", "diff_gamma", "diff_beta"))
-    res = {k: {"added": [], "rss": [], "judged": [], "plain": []} for k in TREES}
-    for r in range(rounds + 1):
-        f, _ = child(["-c", "import numpy"], TREES["after"])
-        row = {}
-        for name, tree in TREES.items():
-            p, _ = child(plain, tree); j, rss = child(judged, tree)
-            if r:
-                res[name]["added"].append((j - p) / (p - f)); res[name]["rss"].append(rss * 2**20 / data)
-                res[name]["judged"].append(j); res[name]["plain"].append(p)
-                row[name] = f"plain {p:.0f} judged {j:.0f} floor {f:.0f} added {(j-p)/(p-f):.2f} rss {rss:.0f}MiB"
-        if r: print(fmt, r, row, "load", os.getloadavg()[0], flush=True)
-    for name in TREES:
-        v = res[name]
-        print(f"{fmt} {name}: added median {np.median(v['added']):.2f} ({min(v['added']):.2f}-{max(v['added']):.2f}); "
-              f"judged ms {np.median(v['judged']):.0f} ({min(v['judged']):.0f}-{max(v['judged']):.0f}); plain ms {np.median(v['plain']):.0f}; "
-              f"rss {np.median(v['rss']):.2f}x ({min(v['rss']):.2f}-{max(v['rss']):.2f}) of {data/2**20:.0f} MiB")
-    ratio = [a / b for a, b in zip(res["after"]["judged"], res["before"]["judged"])]
-    print(f"{fmt} judged after/before, paired: median {np.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
-    shutil.rmtree(work)
-print("load at end", os.getloadavg())
-shutil.rmtree(work_root)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", targets.RSS_WRAPPER, *command], env=env, cwd=tree,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode not in (0, 1):  # 1: a mismatch is still a timed run
+        raise RuntimeError(done.stderr[-400:])
+    peaks = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("VmHWM_KB")]
+    return seconds * 1e3, int(peaks[-1]) / 1024
+
+
+def layout_rows(work: Path, data_format: str, trees: dict[str, str], rounds: int) -> None:
+    end_to_end.write_inputs(work, data_format)
+    out = work / "judged"
+    out.mkdir()
+    child(end_to_end.run_command(work, data_format, 2, ["--out-dir", str(out)])[1:], trees["after"])
+    plain = end_to_end.run_command(work, data_format, 2, [])[1:]
+    judged = end_to_end.run_command(work, data_format, 2, ["--reference", str(out)])[1:]
+    data = sum(np.load(work / f"{name}.npy", mmap_mode="r").nbytes for name in ("src", "diff_dst"))
+    data += sum(np.load(out / f"{name}.npy", mmap_mode="r").nbytes for name in ("diff_src", "diff_gamma", "diff_beta"))
+    results = {name: {"added": [], "rss": [], "judged": []} for name in trees}
+    for round_ in range(rounds + 1):  # round 0 warms the page cache and bytecode
+        floor, _ = child(["-c", "import numpy"], trees["after"])
+        for name, tree in trees.items():
+            plain_ms, _ = child(plain, tree)
+            judged_ms, rss = child(judged, tree)
+            if round_:
+                results[name]["added"].append((judged_ms - plain_ms) / (plain_ms - floor))
+                results[name]["rss"].append(rss * 2**20 / data)
+                results[name]["judged"].append(judged_ms)
+                print(f"{data_format} round {round_} {name}: plain {plain_ms:.0f} judged {judged_ms:.0f} floor "
+                      f"{floor:.0f} ms, rss {rss:.0f} MiB; load {os.getloadavg()[0]:.2f}", flush=True)
+    for name, result in results.items():
+        print(f"{data_format} {name}: judging adds {targets.spread(result['added'], '.2f')}x a plain run; "
+              f"`run --reference` {targets.spread(result['judged'])} ms; peak RSS "
+              f"{targets.spread(result['rss'], '.2f')}x the data ({data / 2**20:.0f} MiB)")
+    ratio = [a / b for a, b in zip(results["after"]["judged"], results["before"]["judged"])]
+    print(f"{data_format} `run --reference` after/before, paired: {targets.spread(ratio, '.2f')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", help="a tree holding the base's bnbwd_cli/")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    trees = {"before": str(Path(args.base).resolve()), "after": str(BENCH.parent)}
+    print(f"load average at start {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    with tempfile.TemporaryDirectory() as root:
+        for data_format in ("NCHW", "NHWC"):
+            work = Path(root) / data_format
+            work.mkdir()
+            layout_rows(work, data_format, trees, args.rounds)
+            shutil.rmtree(work)
+    print(f"load average at the end {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
