@@ -225,3 +225,63 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
         assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
     assert documents[0] == documents[1]
     assert any(output["comparison"]["worst"] for output in documents[0]["outputs"]), "no details in the document"
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 3), (5000, 3), (700, 128), (2049, 64)])
+def test_cumsum_by_bands_of_rows_is_numpys_cumsum(rows: int, columns: int) -> None:
+    """model.cumsum_rows folds each band's carry into its first row: the same additions as np.cumsum(axis=0)."""
+    rng = np.random.default_rng(rows)
+    plane = 1e4 + rng.standard_normal((rows, columns)) * 10.0 ** rng.integers(-8, 8, (rows, columns))
+    plane[rows // 2, 0] = np.inf
+    assert model.cumsum_rows(plane).tobytes() == np.cumsum(plane, axis=0).tobytes()
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_finite: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of a block (the last one smaller) give every number of whole blocks, the relative L2 included
+    (its sums stay by block), with non-finite elements and with the details."""
+    rng = np.random.default_rng(17)
+    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
+    src = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    axes = (0, 2) if data_format == "NCX" else (0, 1)
+    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    reference = rng.standard_normal(shape).astype(np.float32)
+    actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-7, 1e-3], size=shape)).astype(np.float32)
+    if non_finite:
+        actual[1, 2, 3], reference[4, 1, 2], actual[5, 0, 0], reference[5, 0, 0] = np.nan, np.inf, 3e38, -3e38
+    judging = Judging(CompareSettings(), details_up_front=True)
+    monkeypatch.setattr(sets, "BLOCK", 500)
+
+    def judged(piece: int) -> str:
+        monkeypatch.setattr(sets, "PIECE", piece)
+        result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, judging, inputs=inputs)
+        comparison = result.outputs[0].comparison
+        return repr(comparison) + repr(comparison.details)
+
+    assert judged(70) == judged(40) == judged(500)
+
+
+def test_judging_progress_climbs_to_its_total_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare_sets' progress: (done, total) never going back, the pass over the inputs and every output counted
+    (diff_src block by block), ending at done == total; the verdict and its numbers the same as without it."""
+    monkeypatch.setattr(sets, "BLOCK", 150)
+    rng = np.random.default_rng(5)
+    src = rng.standard_normal((6, 5, 40)).astype(np.float32)
+    dy = rng.standard_normal(src.shape).astype(np.float32)
+    inputs = Op(src, dy, src.mean((0, 2)), src.var((0, 2)), None, epsilon=1e-5, data_format="NCX")
+    from bnbwd_cli import core
+
+    result = core.backward(inputs, core.Settings(outputs=("diff_src", "diff_beta")))
+    reference = {"diff_src": result.diff_src, "diff_beta": result.diff_beta}
+    actual = {"diff_src": result.diff_src * np.float32(1 + 1e-6), "diff_beta": result.diff_beta}
+    seen: list[tuple[int, int]] = []
+    told = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs,
+                             progress=lambda done, total: seen.append((done, total)))
+    plain = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs)
+    total = 2 * src.size + 5
+    assert len(seen) > 4 and {t for _, t in seen} == {total} and seen[-1] == (total, total)
+    assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
+    assert repr(told.outputs) == repr(plain.outputs)

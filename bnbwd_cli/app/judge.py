@@ -68,11 +68,14 @@ def read_sets(files: FileSets, on_note: Callable[[str], None] | None = None) -> 
     return TensorSets(actual, reference, files.actual, files.reference, inputs)
 
 
-def compare(sets: TensorSets, judging: Judging, data_format: str | None = None) -> SetComparison:
-    """Compare two tensor sets key by key; with sets.inputs, the op's outputs by the problem's error scale."""
+def compare(sets: TensorSets, judging: Judging, data_format: str | None = None,
+            progress: Callable[[int, int], None] | None = None) -> SetComparison:
+    """Compare two tensor sets key by key; with sets.inputs, the op's outputs by the problem's error scale.
+    progress: told (done, total) elements as the judging goes (a bar's callback, as app/run.py's)."""
     from bnbwd_cli.judge.sets import compare_sets
 
-    return compare_sets(sets.actual, sets.reference, judging, data_format=data_format, inputs=sets.inputs)
+    return compare_sets(sets.actual, sets.reference, judging, data_format=data_format, inputs=sets.inputs,
+                        progress=progress)
 
 
 def reference_outputs(problem: Op, names: tuple[str, ...], threads: int | None = None) -> dict[str, np.ndarray]:

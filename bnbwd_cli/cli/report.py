@@ -6,7 +6,7 @@ the report render/'s; the JSON document goes to a file through files/write.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +30,7 @@ def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any],
 
 
 def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,  # noqa: ANN001
-                      fsync: bool = False) -> ExitCode:
+                      fsync: bool = False, progress: Callable[[int, int], None] | None = None) -> ExitCode:
     """Compare two tensor sets, print the report (and JSON), return the exit code.
 
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
@@ -43,7 +43,7 @@ def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, st
     judging = options.judging
     if json_target is not None or options.verbose:  # every output's details will be shown: gather them at once
         judging = replace(judging, details_up_front=True)
-    result = app_judge.compare(sets, judging, options.data_format)
+    result = app_judge.compare(sets, judging, options.data_format, progress)
     record_verdict(exit_code(result.status))  # a reader that stops reading the report cannot change it
     writer = ReportWriter()
     if json_target != "-":

@@ -178,7 +178,8 @@ def run(no_param_grads: bool, **kwargs) -> None:
 
             render_run(report_console, stderr_console, facts)
         if options.reference is not None:
-            click.get_current_context().exit(_judge_reference(options, request, prepared, computed, report_console))
+            code = _judge_reference(options, request, prepared, computed, (report_console, stderr_console), stack)
+            click.get_current_context().exit(code)
 
 
 def _check_usage(options: RunOptions) -> None:
@@ -243,27 +244,47 @@ def _reference_paths(options: RunOptions) -> list[Path]:
 def _compute(request: app_run.RunRequest, prepared: app_run.Prepared, stack: contextlib.ExitStack,
              stderr_console) -> app_run.Computed:  # noqa: ANN001
     """The run, with a progress bar on a terminal when it takes long enough to want one."""
-    on_progress = None
-    if stderr_console is not None and stderr_console.is_terminal and prepared.op.src.nbytes >= PROGRESS_MIN_BYTES:
-        from bnbwd_cli.render.run import progress_bar as make_bar  # rich: only when a bar shows
-
-        progress_bar, on_progress = make_bar(stderr_console)
-        stack.callback(progress_bar.stop)
-        progress_bar.start()
+    progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "backward")
     computed = app_run.compute(request, prepared, on_progress)
-    if on_progress is not None:
+    if progress_bar is not None:
         progress_bar.stop()
     return computed
 
 
+def _progress_bar(prepared: app_run.Prepared, stack: contextlib.ExitStack, stderr_console, description: str):  # noqa: ANN001, ANN202
+    """(bar, callback) started on a terminal for inputs large enough to want one, else (None, None)."""
+    if stderr_console is None or not stderr_console.is_terminal or prepared.op.src.nbytes < PROGRESS_MIN_BYTES:
+        return None, None
+    from bnbwd_cli.render.run import progress_bar as make_bar  # rich: only when a bar shows
+
+    progress_bar, on_progress = make_bar(stderr_console, description)
+    stack.callback(progress_bar.stop)
+    progress_bar.start()
+    return progress_bar, on_progress
+
+
 def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared: app_run.Prepared,
-                     computed: app_run.Computed, console) -> int:  # noqa: ANN001
-    """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back."""
+                     computed: app_run.Computed, consoles: tuple, stack: contextlib.ExitStack) -> int:
+    """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back.
+    consoles: the report's and the progress bar's (stderr; None under --quiet)."""
     from bnbwd_cli.cli.report import report_comparison  # the comparison and its report: only when judging
 
+    console, stderr_console = consoles
     sets = app_run.reference_sets(request, prepared, computed.arrays, options.reference)
     comparison = replace(options.comparison, data_format=prepared.op.data_format)  # run's --format names the axes
-    return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync)
+    progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "judging")
+    return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync,
+                             progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))
+
+
+def _stopping_at_the_end(progress_bar, on_progress):  # noqa: ANN001, ANN202
+    """on_progress, and the bar stopped once judging is done (before the report prints)."""
+    def update(done: int, total: int) -> None:
+        on_progress(done, total)
+        if done >= total:
+            progress_bar.stop()
+
+    return update
 
 
 def _console(stderr: bool):

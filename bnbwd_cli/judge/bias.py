@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
+from bnbwd_cli.judge.model import blocks
 from bnbwd_cli.judge.stats import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 from bnbwd_cli.scratch import Scratch
@@ -33,6 +34,7 @@ CLUSTER_BITS = 6
 CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
 INT64 = np.dtype(np.int64)
 PIECE = 1 << 15  # elements whose products and bins stay in the CPU's cache while they are summed
+_PRODUCTS = ("xx", "xr", "rr", "xd", "rd")  # the scratch buffers of a piece's products
 
 
 @dataclass(frozen=True)
@@ -60,58 +62,61 @@ class ChannelRegression:
     degree of freedom fewer than its clusters.
     """
 
-    def __init__(self, channels: int, dtype: str) -> None:
+    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None) -> None:
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
-        self.scratch = Scratch()  # d; the bins by both keys (2, size); the ULP spacing's exponent bits
+        # d, then the ULP spacing's bits in its place; a piece's bins by both keys (2, size) and products. A caller's
+        # scratch shares its "difference" buffer (Accumulator.add_norms' a - r, done with before add is called).
+        self.scratch = Scratch() if scratch is None else scratch
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        d = self.scratch.get("d", xhat.size)
+        d = self.scratch.get("difference", xhat.shape)
         if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
-            w, x, r = None, xhat.reshape(-1), reference.reshape(-1)
-            d = np.subtract(actual.reshape(-1), r, out=d)
+            w, x, r = None, xhat, reference
+            d = np.subtract(actual, reference, out=d)
         else:
-            w = usable.reshape(-1).astype(np.float64)
-            x, r, d = (np.where(usable, v, 0.0).reshape(-1) for v in (xhat, reference, actual - reference))
+            w = usable.astype(np.float64)
+            x, r, d = (np.where(usable, v, 0.0) for v in (xhat, reference, actual - reference))
         # Per clustering, product and bin: this block's sums from 0 over its elements in storage order, piece
-        # after piece (np.add.at adds in order: the sums of one np.bincount over the block, bit for bit), each
-        # piece's products formed and summed while they are in the CPU's cache.
+        # after piece (np.add.at adds in order: the sums of one np.bincount over the block, bit for bit, however
+        # the block is cut), each piece's bins and products formed and summed while they are in the CPU's cache.
         c = xhat.shape[1]
-        bins = self._bins(diff_dst, reference)
         sums = np.zeros((2, 9, c * CLUSTERS))
-        for start in range(0, d.size, PIECE):
-            piece = slice(start, start + PIECE)
-            self._add_piece(sums, bins[:, piece], (None if w is None else w[piece], x[piece], r[piece], d[piece]))
+        for piece in blocks(xhat.shape, PIECE):
+            bins = self._bins(diff_dst[piece], reference[piece], piece[1])
+            basis = tuple(None if v is None else v[piece].reshape(-1) for v in (w, x, r, d))
+            self._add_piece(sums, bins, basis)
         self.cross[:, channels] += sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
-        self.dd[channels] += np.einsum("ncs,ncs->c", *(d.reshape(xhat.shape),) * 2)
+        self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
         if w is None:
-            spacing = ulp_spacing(actual, self.dtype, out=self.scratch.get("spacing_bits", actual.size, INT64))
+            spacing = ulp_spacing(actual, self.dtype, out=d.reshape(-1).view(INT64))  # d is summed: its memory is free
         else:
             spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
-    def _bins(self, diff_dst: np.ndarray, reference: np.ndarray) -> np.ndarray:
-        """(2, size): each element's bin, channel * CLUSTERS + its cluster, by diff_dst and by reference."""
-        n, c, s = reference.shape
-        bins = self.scratch.get("bins", (2, n, c, s), INT64)
+    def _bins(self, diff_dst: np.ndarray, reference: np.ndarray, channels: slice) -> np.ndarray:
+        """(2, size): each element of a piece (n, c, s) whose channels are ``channels`` of the block: its bin,
+        channel * CLUSTERS + its cluster, by diff_dst and by reference."""
+        bins = self.scratch.get("bins", (2, *reference.shape), INT64)
         for key, out in zip((diff_dst, reference), bins):
             cluster_of(key, out=out.view(np.uint64))
-        bins += np.arange(c)[:, None] * CLUSTERS
+        bins += np.arange(channels.start, channels.stop)[:, None] * CLUSTERS
         return bins.reshape(2, -1)
 
-    @staticmethod
-    def _add_piece(sums: np.ndarray, bins: np.ndarray, basis: tuple) -> None:
+    def _add_piece(self, sums: np.ndarray, bins: np.ndarray, basis: tuple) -> None:
         """One piece's w, x, r and d into the block's sums (w None: every weight is 1); bins: (2, piece)."""
         w, x, r, d = basis
         # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
-        # are 0 wherever w is), so only five products are formed.
-        products = (w, x, r, x * x, x * r, r * r, d, x * d, r * d)
+        # are 0 wherever w is), so only five products are formed (into reused buffers).
+        xx, xr, rr, xd, rd = (np.multiply(p, q, out=out) for (p, q), out in zip(
+            ((x, x), (x, r), (r, r), (x, d), (r, d)), self.scratch.take(_PRODUCTS, x.size)))
+        products = (w, x, r, xx, xr, rr, d, xd, rd)
         for clustering, ids in enumerate(bins):
             for k, values in enumerate(products):
                 if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)

@@ -36,7 +36,7 @@ CHUNK elements, so memory stays bounded whatever the tensor size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -167,11 +167,6 @@ def channel_constants(inputs: Op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, invstd, gamma * invstd
 
 
-def src_block(inputs: Op, where) -> np.ndarray:
-    """One block of src, float64."""
-    return to_float64(view3(inputs.src, inputs.data_format)[where])
-
-
 def xhat_block(src: np.ndarray, channels: slice, mean: np.ndarray, invstd: np.ndarray,
                out: np.ndarray | None = None) -> np.ndarray:
     """(src - mean) * invstd of one float64 block of src whose channels are `channels` (into ``out``, which may be src)."""
@@ -179,22 +174,45 @@ def xhat_block(src: np.ndarray, channels: slice, mean: np.ndarray, invstd: np.nd
     return np.multiply(out, invstd[channels][:, None], out=out)
 
 
+ROWS_BYTES = 1 << 18  # rows of a (rows, c) cumsum handled at a time: they stay in the CPU's cache
+
+
+def cumsum_rows(plane: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """np.cumsum(plane, axis=0) of a 2-D float64 array, the same bits, band of rows by band: numpy runs a
+    large array's axis-0 cumsum column by column across all its rows (out of cache, ~3x slower). Each band
+    starts from the last prefix sum folded into its first row, so every column still adds row after row.
+    ``out``: a float64 array of plane's shape for the result (not plane itself)."""
+    rows, columns = plane.shape
+    out = np.empty((rows, columns)) if out is None else out
+    band = max(1, ROWS_BYTES // (8 * max(columns, 1)))
+    for start in range(0, rows, band):
+        part = out[start:start + band]
+        if start:
+            part[...] = plane[start:start + band]
+            part[0] += out[start - 1]
+            np.cumsum(part, axis=0, out=part)
+        else:
+            np.cumsum(plane[:band], axis=0, out=part)
+    return out
+
+
 class _PartialSums:
     """Running sum, sum of squared prefix sums and sum of squares per channel, over blocks in storage order."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, scratch: Scratch | None = None) -> None:
         self.total = np.zeros(channels)
         self.partial_squares = np.zeros(channels)
         self.squares = np.zeros(channels)
+        self.scratch = Scratch() if scratch is None else scratch  # the prefix sums' buffers
 
     def add(self, values: np.ndarray, channels: slice) -> None:
         """values: (n, c, s) float64 block of channels `channels`, rows in storage order."""
         # NXC rows hold one element: the prefix sums are the running total, no cumsum along a length-1 axis
         # (numpy's per-row loops over those cost ~1 s on a 12.8M-element tensor).
         single = values.shape[2] == 1
-        within = values if single else np.cumsum(values, axis=2)
+        within = values if single else np.cumsum(values, axis=2, out=self.scratch.get("within", values.shape))
         plane = within[:, :, -1] if single else within[:, :, -1].copy()  # (within is overwritten below)
-        before = np.cumsum(plane, axis=0)  # then the prefix sum before each row, in place (NXC: full-size)
+        before = cumsum_rows(plane, self.scratch.get("before", plane.shape))  # then the prefix sum before each row, in place (NXC: full-size)
         before = np.subtract(np.add(self.total[channels], before, out=before), plane, out=before)
         if single:
             prefix = np.add(before, plane, out=before)
@@ -209,9 +227,9 @@ class _PartialSums:
 class _Sequential32:
     """One float32 accumulator per channel, element by element in storage order, over blocks."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, scratch: Scratch | None = None) -> None:
         self.total = np.zeros(channels, np.float32)
-        self.scratch = Scratch()
+        self.scratch = Scratch() if scratch is None else scratch
 
     def add(self, terms: np.ndarray, channels: slice) -> None:
         """terms: (n, c, s) block, rounded to float32 here, one row per element in storage order after a row
@@ -228,27 +246,40 @@ class _Sequential32:
             self.total[channels] = np.add.reduce(rows, axis=0, dtype=np.float32)
 
 
-def channel_facts(inputs: Op) -> ChannelFacts:
-    """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients."""
+def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> ChannelFacts:
+    """One blocked float64 pass over src and diff_dst: the sums and their error-scale ingredients.
+    ``advance``: told each block's element count once it is done (a progress bar)."""
     dy3 = view3(inputs.diff_dst, inputs.data_format)
     channels = dy3.shape[1]
     mean, invstd, scale = channel_constants(inputs)
-    beta, gamma = _PartialSums(channels), _PartialSums(channels)
+    # One set of block buffers for the whole pass (the accumulators use theirs one after another): fresh
+    # temporaries would cost page faults on every block.
+    scratch = Scratch()
+    beta, gamma = _PartialSums(channels, scratch), _PartialSums(channels, scratch)
     # The sequential float32 sums: of dy, of dy*xhat, and of dy*(x - mean) as PyTorch's CPU kernel
     # forms it (float32 difference and product; times invstd at the end). Two forms of diff_gamma's
     # terms because correlated roundings depend on the exact terms: two realisations, not one.
-    seq_beta, seq_gamma, seq_centred = (_Sequential32(channels) for _ in range(3))
+    seq_beta, seq_gamma, seq_centred = (_Sequential32(channels, scratch) for _ in range(3))
     mean32 = mean.astype(np.float32)[:, None]
+    src3 = view3(inputs.src, inputs.data_format)
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(dy3.shape):
-            dy = to_float64(dy3[where])
-            src = src_block(inputs, where)
-            terms = dy * xhat_block(src, where[1], mean, invstd)
+            shape = dy3[where].shape
+            dy = to_float64(dy3[where], scratch.get("dy", shape))
+            src = to_float64(src3[where], scratch.get("src", shape))  # (float64 src: the input itself, read only)
+            centred, dy32 = scratch.take(("centred", "dy32"), shape, np.dtype(np.float32))
+            np.copyto(centred, src)  # src.astype(float32), minus mean, times dy.astype(float32)
+            np.copyto(dy32, dy)
+            np.multiply(np.subtract(centred, mean32[where[1]], out=centred), dy32, out=centred)
+            seq_centred.add(centred, where[1])
+            terms = xhat_block(src, where[1], mean, invstd, out=scratch.get("terms", shape))
+            terms = np.multiply(dy, terms, out=terms)
             beta.add(dy, where[1])
             gamma.add(terms, where[1])
             seq_beta.add(dy, where[1])
             seq_gamma.add(terms, where[1])
-            seq_centred.add((src.astype(np.float32) - mean32[where[1]]) * dy.astype(np.float32), where[1])
+            if advance is not None:
+                advance(dy.size)
     count = dy3.shape[0] * dy3.shape[2]
     with np.errstate(invalid="ignore", over="ignore"):
         centred_error = np.abs(seq_centred.total * invstd - gamma.total)

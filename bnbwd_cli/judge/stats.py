@@ -254,8 +254,11 @@ class Accumulator:
         self.details = _DetailStats(self.shape, setup) if setup.detailed else None
         self.scratch = Scratch()
 
-    def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None) -> None:
-        """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule)."""
+    def add(self, a: np.ndarray, r: np.ndarray, offset: int, scale: np.ndarray | None = None, *,
+            norms: bool = True) -> None:
+        """a, r: float64 flat chunks starting at flat index `offset`; scale: the error scale (scaled rule).
+        ``norms`` False: the relative L2's sums are left to add_norms, fed larger chunks (its float sums
+        depend on the chunking; every other statistic here does not)."""
         self.zeros.update(a, r)
         finite = bad = None
         # |a - r|, the ULP spacing, and three for the rule (judge/rules.Chunk)
@@ -277,13 +280,24 @@ class Accumulator:
         failing_nonfinite = np.full(0 if bad is None else int(np.count_nonzero(bad)), np.inf)
         for largest, need in zip(self.need, verdicts.need):
             largest.update(np.concatenate([need, failing_nonfinite]) if failing_nonfinite.size else need)
-        self.l2.update(abs_err, r)
+        if norms:
+            self.l2.update(abs_err, r)
         self.max_abs.update(abs_err, finite, offset)
         self.max_ulp.update(verdicts.ulp_err, finite, offset)
         if verdicts.units is not None:
             self.max_units.update(verdicts.units, finite, offset)
         if self.details is not None:
             self.details.update(chunk, _Judged(verdicts, fails, finite, bad, offset))
+
+    def add_norms(self, a: np.ndarray, r: np.ndarray) -> None:
+        """The relative L2's sums of a flat chunk, as add() forms them (non-finite positions count as 0 on both
+        sides; |a - r| and a - r have the same squares)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.subtract(a, r, out=self.scratch.get("difference", a.size))
+            if not np.isfinite(diff).all():
+                finite = np.isfinite(a) & np.isfinite(r)
+                diff, r = np.where(finite, diff, 0.0), np.where(finite, r, 0.0)
+        self.l2.update(diff, r)
 
     def result(self, bias: Bias | None = None, details_of: Callable[[], Details] | None = None) -> Comparison:
         """The comparison; ``details_of`` supplies the details when this pass did not gather them."""

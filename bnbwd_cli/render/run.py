@@ -38,13 +38,13 @@ class RunFacts:
     stats: dict[str, OutputStats]
 
 
-def progress_bar(console):  # noqa: ANN001 - a rich Console
+def progress_bar(console, description: str = "backward"):  # noqa: ANN001 - a rich Console
     """A transient rich progress bar on `console` and the callback (done, total) that moves it."""
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 
     bar = Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
                    TimeRemainingColumn(), console=console, transient=True)
-    task = bar.add_task("backward", total=None)
+    task = bar.add_task(description, total=None)
 
     def update(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
