@@ -67,7 +67,7 @@ class Report:
     @property
     def text(self) -> str:
         buffer = io.StringIO()
-        console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False)
+        console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False, markup=False)
         report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL),
                                   report_text.ReportStyle(problems_inline=True))
         return buffer.getvalue()

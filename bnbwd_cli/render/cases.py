@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bnbwd_cli.render import json as report_json
+from bnbwd_cli.literal import literal
 from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli.status import Status, exit_code, suite_status
 
@@ -40,7 +41,7 @@ def case_line(outcome: CaseOutcome) -> str:
     if outcome.result is None:
         return f"ERROR {outcome.error}"
     result = outcome.result
-    line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {outcome.path}: "
+    line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {literal(outcome.path)}: "
     line += ", ".join(_output_cell(o) for o in result.outputs)
     if result.status == Status.STRUCTURAL:
         line += f"; error: {result.all_problems[0].message}"
@@ -54,8 +55,8 @@ def summary_line(outcomes: Sequence[CaseOutcome]) -> str:
     verdict = suite_status(o.status for o in outcomes)
     if verdict == Status.PASS:
         return f"PASS: {len(outcomes)} case(s), every output within tolerance"
-    failed = [o.path for o in outcomes if o.status == Status.MISMATCH]
-    broken = [o.path for o in outcomes if o.status in (Status.STRUCTURAL, Status.ERROR)]
+    failed = [literal(o.path) for o in outcomes if o.status == Status.MISMATCH]
+    broken = [literal(o.path) for o in outcomes if o.status in (Status.STRUCTURAL, Status.ERROR)]
     parts = [f"{len(failed)} failed ({', '.join(failed)})"] if failed else []
     parts += [f"{len(broken)} could not be judged ({', '.join(broken)})"] if broken else []
     return f"FAIL (exit {int(exit_code(verdict))}): {len(outcomes)} case(s), {'; '.join(parts)}"
