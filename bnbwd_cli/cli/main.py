@@ -83,10 +83,10 @@ class ReportWriter:
             _silence_stdout()
 
     def finish(self) -> None:
-        if self.failure is not None:
-            raise self.failure
         if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be written
             echo_error(f"note: no report: stdout is closed; exit code {_Verdict.code} is the verdict's")
+        elif self.failure is not None:
+            raise self.failure
 
 
 def echo_error(text: str) -> None:

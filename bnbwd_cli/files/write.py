@@ -364,9 +364,12 @@ def staging() -> Scratch:
 
 
 def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--json") -> None:
-    """Text to a path (all or nothing, or written through for a FIFO/device), or to stdout for "-"."""
+    """Text to a path (all or nothing, or written through for a FIFO/device), or to stdout for "-".
+
+    A report on stdout that cannot be written (closed, full) stays an OSError: the CLI keeps the verdict's exit
+    code and says the report was cut short."""
     if target == "-":
-        write_stdout(text.encode())
+        _write_to_stdout(text.encode())
         return
     try:
         with OutputSet(fsync=fsync) as outputs:
@@ -384,11 +387,20 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def write_stdout(data: bytes) -> None:
     """Bytes to stdout; a closed reader stays BrokenPipeError (reported by the CLI), any other failure
     (a full device, a closed descriptor) is one line and exit 3."""
-    stream = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
     try:
-        stream.write(data)
-        stream.flush()
+        _write_to_stdout(data)
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as exc:
         raise BnbwdError(f"stdout: write failed ({reason(exc)})") from None
+
+
+def _write_to_stdout(data: bytes) -> None:
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise OSError(errno.EBADF, "stdout is closed")
+    stream = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
+    try:
+        stream.write(data)
+        stream.flush()
+    except ValueError as exc:  # a closed file object
+        raise OSError(errno.EBADF, reason(exc)) from None
