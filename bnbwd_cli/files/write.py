@@ -364,11 +364,8 @@ def staging() -> Scratch:
 
 
 def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--json") -> None:
-    """Text to a path (all or nothing, or written through for a FIFO/device), or to stdout for "-".
-
-    A report on stdout that cannot be written (closed, full) stays an OSError: the CLI keeps the verdict's exit
-    code and says the report was cut short."""
-    if target == "-":
+    """Text to a path (all or nothing, or written through for a FIFO/device), or to stdout for "-"."""
+    if target == "-":  # a report: a closed or full stdout stays an OSError, and the verdict's exit code stands
         _write_to_stdout(text.encode())
         return
     try:
@@ -398,9 +395,6 @@ def write_stdout(data: bytes) -> None:
 def _write_to_stdout(data: bytes) -> None:
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         raise OSError(errno.EBADF, "stdout is closed")
-    stream = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
-    try:
-        stream.write(data)
-        stream.flush()
-    except ValueError as exc:  # a closed file object
-        raise OSError(errno.EBADF, reason(exc)) from None
+    stream = getattr(sys.stdout, "buffer", sys.stdout)
+    stream.write(data)
+    stream.flush()
