@@ -21,9 +21,12 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import io
+import math
 import numbers
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ from rich.console import Console
 from bnbwd_cli.app import judge as app_judge
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.errors import InputError
+from bnbwd_cli.files.common import short_repr
 from bnbwd_cli.op import Op
 from bnbwd_cli.spec import ATTRIBUTE_KEYS, OUTPUT_NAMES, PROFILES, is_input_key
 from bnbwd_cli.judge import SetComparison
@@ -77,13 +81,16 @@ class Report:
 
     def _render(self, style: report_text.ReportStyle) -> str:
         buffer = io.StringIO()
-        console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False)
-        report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL), style)
+        console = Console(file=buffer, width=REPORT_WIDTH, color_system=None, highlight=False, markup=False)
+        with _quiet_numerics():  # details the report shows are computed now
+            report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL),
+                                      style)
         return buffer.getvalue()
 
     def to_json(self) -> str:
-        document = report_json.report_document(self.result, report_json.Source(API_TOOL, self.actual_label,
-                                                                                REFERENCE_LABEL))
+        with _quiet_numerics():
+            document = report_json.report_document(self.result, report_json.Source(API_TOOL, self.actual_label,
+                                                                                    REFERENCE_LABEL))
         return report_json.document_text(document)
 
     def __str__(self) -> str:
@@ -149,15 +156,15 @@ def _problem(call: _Call) -> Op:
     """Array-likes by any of the CLI's names -> checked Op (app/inputs.py, as every command checks them); arguments
     of the wrong kind are InputErrors too, never a TypeError or AttributeError from deep inside."""
     op = call.op
-    if op.epsilon is not None and (isinstance(op.epsilon, bool) or not isinstance(op.epsilon, numbers.Real)):
-        raise InputError(f"epsilon is {op.epsilon!r}, expected a finite number > 0")
+    if op.epsilon is not None and not _finite_real(op.epsilon):
+        raise InputError(f"epsilon is {short_repr(op.epsilon)}, expected a finite number > 0")
     if op.data_format is None:
         raise InputError("data_format is required: NCHW (or NCX) for PyTorch tensors, channels_last ones too; "
                          "NHWC (or NXC) for TensorFlow's default")
     if not isinstance(op.data_format, str):
-        raise InputError(f"data_format is {op.data_format!r}, expected a layout name such as NCHW or NHWC")
-    if op.spec not in PROFILES:
-        raise InputError(f"spec is {op.spec!r}, expected one of {', '.join(PROFILES)}")
+        raise InputError(f"data_format is {short_repr(op.data_format)}, expected a layout name such as NCHW or NHWC")
+    if not isinstance(op.spec, str) or op.spec not in PROFILES:
+        raise InputError(f"spec is {short_repr(op.spec)}, expected one of {', '.join(PROFILES)}")
     arrays = {name: value for name, value in call.arrays.items() if value is not None}
     for name in arrays:
         if not is_input_key(call.key_map.get(name, name)) or name in ATTRIBUTE_KEYS:
@@ -171,7 +178,52 @@ def _problem(call: _Call) -> Op:
 
 
 def _settings(epsilon: Any, data_format: Any, spec: Any, training: Any, variance_is_invstd: Any) -> OpSettings:
-    return OpSettings(epsilon, data_format, spec, bool(training), bool(variance_is_invstd))
+    return OpSettings(epsilon, data_format, spec, _flag("training", training), _flag("variance_is_invstd", variance_is_invstd))
+
+
+def _flag(name: str, value: Any) -> bool:
+    """True or False (NumPy's too, or 0 and 1), never the truth of a string or an array."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise InputError(f"{name} is {short_repr(value)}, expected True or False")
+
+
+def _max_units(value: Any) -> float | None:
+    """K as the CLI's --max-units takes it: a finite number >= 0."""
+    if value is None:
+        return None
+    if not _finite_real(value) or value < 0:
+        raise InputError(f"max_units is {short_repr(value)}, expected a finite number >= 0")
+    return float(value)
+
+
+def _finite_real(value: Any) -> bool:
+    """A real number (NumPy's too, not a bool, a string or an array) that is a finite float (10**400 is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _key_map(key_map: Any) -> dict[str, str]:
+    """{THEIRS: OURS}, names as strings."""
+    if key_map is None:
+        return {}
+    if not isinstance(key_map, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in key_map.items()):
+        raise InputError(f"key_map is {short_repr(key_map)}, expected a mapping of names to names ({{'dx': 'diff_src'}})")
+    return dict(key_map)
+
+
+@contextlib.contextmanager
+def _quiet_numerics():
+    """NumPy's RuntimeWarnings silenced: inf, NaN and zero variance are inputs the core and the judge handle (and
+    count), so a warning on the way would be noise, and under pytest's filterwarnings=error a failure of the
+    caller's test. np.errstate is per thread; the All-NaN warnings of NumPy's nan-functions need the filter."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, epsilon: float | None = None,
@@ -199,7 +251,8 @@ def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, e
     """
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), {}))
-    return app_judge.reference_outputs(problem, OUTPUT_NAMES)
+    with _quiet_numerics():
+        return app_judge.reference_outputs(problem, OUTPUT_NAMES)
 
 
 def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
@@ -231,11 +284,12 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     >>> "FAIL (exit 1): numerical mismatch in diff_beta" in report.text
     True
     """
-    key_map = dict(key_map or {})
+    key_map, max_units = _key_map(key_map), _max_units(max_units)
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
-    settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(float(max_units), {}))
-    return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=key_map)))
+    settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(max_units, {}))
+    with _quiet_numerics():
+        return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=key_map)))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from bnbwd_cli.literal import literal_line
+
 
 class ExitCode(enum.IntEnum):
     """Stable exit codes: scripts and CI depend on them."""
@@ -28,8 +30,9 @@ class InputError(ValueError):
     exit_code = ExitCode.INPUT
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        # One line, whatever the cause: newlines would break log greps.
-        self.message = " ".join(str(message).split())
+        # One printable line, whatever it quotes: a newline in a file's name would forge a line of a log, ESC would
+        # reach the terminal, a 10 MB key would be a 10 MB line (literal.py).
+        self.message = " ".join(literal_line(str(message)).split())
         self.hint = hint
         super().__init__(self.message)
 

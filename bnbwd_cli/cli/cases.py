@@ -12,6 +12,7 @@ import click
 
 from bnbwd_cli.app import cases as app_cases
 from bnbwd_cli.cli.params import FORMAT_CHOICE, ByteSize
+from bnbwd_cli.literal import literal
 
 _HELP = """Write a suite of test cases for your kernel: NAME.npz input bundles and a manifest.
 
@@ -61,8 +62,8 @@ def cases(out_dir: Path, dtype: str, data_format: str, preset: str, max_bytes: i
     settings = app_cases.SuiteSettings(dtype=dtype.lower(), data_format=data_format.upper(), preset=preset,
                                        max_bytes=max_bytes)
     suite = app_cases.write_suite(settings, out_dir)
-    click.echo(f"wrote {len(suite.cases)} cases ({_size(suite.nbytes)}) to {out_dir}; "
-               f"{out_dir / app_cases.MANIFEST_TEXT} says what each one targets")
+    click.echo(f"wrote {len(suite.cases)} cases ({_size(suite.nbytes)}) to {literal(out_dir)}; "
+               f"{literal(out_dir / app_cases.MANIFEST_TEXT)} says what each one targets")
     if suite.left_out:
         click.echo(f"left out {len(suite.left_out)} (the manifest says why): "
                    + ", ".join(name for name, _ in suite.left_out))

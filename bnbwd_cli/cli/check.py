@@ -13,9 +13,10 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
-from bnbwd_cli.cli.main import ReportWriter, record_verdict
+from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
+from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.runtime import usable_cores
 from bnbwd_cli.status import exit_code
 
@@ -96,12 +97,17 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     # The JSON document holds the details of failing outputs only: gathered on first use, as the lines' are.
     request = app_check.CaseRequest(op, comparison.judging, bf16=op_options["bf16_inputs"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
-    outcomes = app_check.judge_cases(found, request,
-                                     on_case=lambda outcome: writer.write(_print_case, console, outcome, comparison),
-                                     jobs=jobs or usable_cores())
+    errors_on_stderr = json_target != "-"  # with --json -, the lines are on stderr already
+
+    def on_case(outcome: app_check.CaseOutcome) -> None:
+        writer.write(_print_case, console, outcome, comparison)
+        if errors_on_stderr:
+            _echo_case_errors(outcome)
+
+    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores())
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)
-    writer.write(lambda: console.print(report_cases.summary_line(outcomes), highlight=False, soft_wrap=True))
+    writer.write(lambda: console.print(literal(report_cases.summary_line(outcomes), None), highlight=False, soft_wrap=True))
     if json_target is not None:
         document = report_cases.cases_document(outcomes)
         writer.write(lambda: files_write.write_text(json_target, document, fsync=fsync))
@@ -109,11 +115,21 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     click.get_current_context().exit(code)
 
 
+def _echo_case_errors(outcome: app_check.CaseOutcome) -> None:
+    """A case that could not be judged, also as `error:` lines on stderr (errors go there; the case's line stays
+    in the report on stdout)."""
+    if outcome.result is None:
+        echo_error(f"error: {outcome.error}")
+    else:
+        for problem in outcome.result.all_problems:
+            echo_error(f"error: {outcome.path}: {problem.message}")
+
+
 def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
     from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 
-    console.print(report_cases.case_line(outcome), highlight=False, soft_wrap=True)
+    console.print(literal_line(report_cases.case_line(outcome)), highlight=False, soft_wrap=True)
     if comparison.verbose and outcome.result is not None:
         report_text.render_report(console, outcome.result, report_text.Labels(outcome.path, "bnbwd"),
                                   report_text.ReportStyle(verbose=False, brief=comparison.brief))

@@ -14,7 +14,8 @@ import click
 
 from bnbwd_cli._version import __version__
 from bnbwd_cli.errors import ExitCode, InputError
-from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.common import display, reason
+from bnbwd_cli.literal import literal, literal_line
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -28,7 +29,7 @@ class InputFailed(click.ClickException):
         super().__init__(error.format_message())
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"error: {self.message}", file=file, err=True)
+        echo_error(f"error: {self.message}")
 
 
 class Terminated(KeyboardInterrupt):
@@ -82,14 +83,19 @@ class ReportWriter:
             _silence_stdout()
 
     def finish(self) -> None:
-        if self.failure is not None:
-            raise self.failure
         if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be written
             echo_error(f"note: no report: stdout is closed; exit code {_Verdict.code} is the verdict's")
+        elif self.failure is not None:
+            raise self.failure
 
 
 def echo_error(text: str) -> None:
-    """One line on stderr; a failing stderr cannot change the exit code."""
+    """One line on stderr, printed literally (literal.py: control bytes escaped, at most LINE_LIMIT
+    characters); a failing stderr cannot change the exit code."""
+    _echo_stderr(literal_line(text))
+
+
+def _echo_stderr(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         click.echo(text, err=True)
 
@@ -105,7 +111,7 @@ def _show_error(exc: click.ClickException) -> None:
     text = " ".join(exc.format_message().split())
     if exc.ctx is not None:
         text += f" (see '{exc.ctx.command_path} --help')"
-    click.echo(f"error: {text}", err=True)
+    echo_error(f"error: {text}")
 
 
 # Each command's module, imported when the command is looked up: a `bnbwd run` never imports verify's and
@@ -162,15 +168,15 @@ class BnbwdGroup(click.Group):
             raise InputFailed(InputError("out of memory", "try --stream (inputs as .npy files) or a smaller --block-size")) from None
         except KeyboardInterrupt as exc:
             ctx.exit(_interrupted(exc))
-        except OSError as exc:  # writing the report to stdout or stderr failed (closed, full device)
-            ctx.exit(_stream_failed(exc))
+        except OSError as exc:  # the working directory, a file no reader named, or stdout or stderr
+            ctx.exit(_os_failed(exc))
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug in bnbwd: one line, and the traceback on request
             if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
                 from traceback import format_exc  # only on this path: it loads linecache, tokenize, textwrap
 
-                echo_error(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
+                _echo_stderr(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
             else:
                 echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
             ctx.exit(ExitCode.INTERNAL)
@@ -191,6 +197,20 @@ def _interrupted(exc: BaseException | None) -> ExitCode:
         return ExitCode.TERMINATED
     echo_error("error: interrupted; no partial output file is left")
     return ExitCode.INTERRUPTED
+
+
+def _os_failed(exc: OSError) -> int:
+    """An OSError that reached the group, said for what it is: a deleted working directory and a file's failure
+    are input errors (exit 3) naming their cause; only what names no file is stdout's or stderr's."""
+    try:
+        os.getcwd()
+    except OSError:
+        echo_error(f"error: the working directory no longer exists ({reason(exc)}); run bnbwd from one that does")
+        return ExitCode.INPUT
+    if exc.filename is not None:
+        echo_error(f"error: {literal(display(exc.filename))}: {reason(exc)}")
+        return ExitCode.INPUT
+    return _stream_failed(exc)
 
 
 def _stream_failed(exc: OSError) -> int:

@@ -194,6 +194,8 @@ def _check_usage(options: RunOptions) -> None:
     if options.output is not None and options.output.lower().endswith(".npy"):
         raise click.UsageError(f"-o {options.output}: -o writes one .npz archive of diff_src, diff_gamma and diff_beta, "
                                f"not a .npy; give -o {options.output[:-4]}.npz, or --out-dir DIR for one .npy per output")
+    if options.output == "-" and sys.stdout is None:  # started with `>&-`: before any work, not after it
+        raise InputError("-o -: stdout is closed; give -o FILE")
     if options.output == "-" and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary .npz data to a terminal; redirect stdout or use -o FILE")
     if options.stream and not options.has_file_output:

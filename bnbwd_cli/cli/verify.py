@@ -11,6 +11,7 @@ import click
 
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, read_sets
+from bnbwd_cli.cli.main import echo_error
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
@@ -131,6 +132,6 @@ def verify(**kwargs) -> None:
     judging = options.comparison.judging
     files = FileSets(options.actual, options.reference, options.inputs_bundle, op,
                      Naming(judging.key_map, judging.ignore), options.bf16_keys)
-    sets = read_sets(files, on_note=lambda note: click.echo(f"note: {note}", err=True))
+    sets = read_sets(files, on_note=lambda note: echo_error(f"note: {note}"))
     code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
     click.get_current_context().exit(code)

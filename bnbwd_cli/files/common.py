@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bnbwd_cli.errors import BnbwdError
+from bnbwd_cli.literal import clip
 
 # Errors numpy raises on malformed .npy bytes; anything else is a bug and keeps its traceback.
 # (tokenize.TokenError: NumPy tokenizes some headers; TypeError/OverflowError: header values of the wrong
@@ -22,14 +23,6 @@ def reason(exc: BaseException) -> str:
     """An exception as a short single-line reason."""
     text = " ".join(str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc).split())
     return (text or type(exc).__name__)[:200]
-
-
-def clip(text: str, limit: int = 200) -> str:
-    """A name for an error line, at most `limit` characters (the middle elided)."""
-    if len(text) <= limit:
-        return text
-    half = (limit - 3) // 2
-    return f"{text[:half]}...{text[-half:]}"
 
 
 def display(path: str | os.PathLike) -> str:

@@ -365,8 +365,8 @@ def staging() -> Scratch:
 
 def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--json") -> None:
     """Text to a path (all or nothing, or written through for a FIFO/device), or to stdout for "-"."""
-    if target == "-":
-        write_stdout(text.encode())
+    if target == "-":  # a report: a closed or full stdout stays an OSError, and the verdict's exit code stands
+        _write_to_stdout(text.encode())
         return
     try:
         with OutputSet(fsync=fsync) as outputs:
@@ -384,11 +384,17 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def write_stdout(data: bytes) -> None:
     """Bytes to stdout; a closed reader stays BrokenPipeError (reported by the CLI), any other failure
     (a full device, a closed descriptor) is one line and exit 3."""
-    stream = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
     try:
-        stream.write(data)
-        stream.flush()
+        _write_to_stdout(data)
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as exc:
         raise BnbwdError(f"stdout: write failed ({reason(exc)})") from None
+
+
+def _write_to_stdout(data: bytes) -> None:
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise OSError(errno.EBADF, "stdout is closed")
+    stream = getattr(sys.stdout, "buffer", sys.stdout)
+    stream.write(data)
+    stream.flush()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.decision import Criterion, criteria_of
 from bnbwd_cli.render.text import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
@@ -79,19 +80,21 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
     """The verdict first, then per output its criteria and, under it, its hints and worst element: a few lines per
     output (the pytest failure message, --brief)."""
     render_verdict(console, result, where="below" if style.problems_inline else "each named on stderr")
-    console.print(Text(f"actual {labels.actual} vs reference {labels.reference}"), soft_wrap=True)
+    console.print(Text(f"actual {literal(labels.actual)} vs reference {literal(labels.reference)}"), soft_wrap=True)
     for output in result.outputs:
-        console.print(Text(brief_line(output)), soft_wrap=True)
+        console.print(Text(literal_line(brief_line(output))), soft_wrap=True)
         c = output.comparison
         if c is None:
             continue
         for hint in c.hints:
-            console.print(Text(f"  hint: {phrase(hint, style.face)}"), soft_wrap=True)
+            console.print(Text(f"  hint: {literal_line(phrase(hint, style.face))}"), soft_wrap=True)
         if not c.passed and c.mismatches and c.worst:
             e = c.worst[0]
             units = f" ({fmt_ulp(e.units)} units)" if c.scaled is not None else ""
             console.print(Text(f"  worst: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, expected "
                                f"{fmt_value(e.expected)}{units}"), soft_wrap=True)
+    for note in result.notes:  # keys not compared: a misnamed output shows here first
+        console.print(Text(f"note: {literal_line(note)}"), soft_wrap=True)
     if style.problems_inline:
         for problem in result.all_problems:
-            console.print(Text(f"error: {problem.message}"), soft_wrap=True)
+            console.print(Text(f"error: {literal_line(problem.message)}"), soft_wrap=True)

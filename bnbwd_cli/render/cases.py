@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bnbwd_cli.render import json as report_json
+from bnbwd_cli.literal import literal
 from bnbwd_cli.render.decision import deciding
 from bnbwd_cli.render.brief import criterion_text
 from bnbwd_cli.render.text import decisive_number
@@ -48,7 +49,7 @@ def case_line(outcome: CaseOutcome) -> str:
     if outcome.result is None:
         return f"ERROR {outcome.error}"
     result = outcome.result
-    line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {outcome.path}: "
+    line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {literal(outcome.path)}: "
     hints = _hints(result)
     if hints:
         more = f" (+{len(hints) - 1} more: -v)" if len(hints) > 1 else ""
@@ -64,8 +65,8 @@ def summary_line(outcomes: Sequence[CaseOutcome]) -> str:
     verdict = suite_status(o.status for o in outcomes)
     if verdict == Status.PASS:
         return f"PASS: {len(outcomes)} case(s), every output within tolerance"
-    failed = [o.path for o in outcomes if o.status == Status.MISMATCH]
-    broken = [o.path for o in outcomes if o.status in (Status.STRUCTURAL, Status.ERROR)]
+    failed = [literal(o.path) for o in outcomes if o.status == Status.MISMATCH]
+    broken = [literal(o.path) for o in outcomes if o.status in (Status.STRUCTURAL, Status.ERROR)]
     parts = [f"{len(failed)} failed ({', '.join(failed)})"] if failed else []
     parts += [f"{len(broken)} could not be judged ({', '.join(broken)})"] if broken else []
     return f"FAIL (exit {int(exit_code(verdict))}): {len(outcomes)} case(s), {'; '.join(parts)}"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_label
+from bnbwd_cli.literal import literal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -79,11 +80,11 @@ def render_run(console: Console, error_console: Console, facts: RunFacts) -> Non
     epsilon = "n/a (variance is invstd)" if facts.epsilon is None else f"{facts.epsilon:g}"
     console.print(
         f"bnbwd run: src {src.shape} {dtype_label(src.dtype)} {facts.data_format} ({facts.canonical_format}), "
-        f"spec {facts.spec}, {mode}, epsilon {epsilon}, {facts.core} core{', streamed' if facts.stream else ''}, "
+        f"spec {literal(facts.spec)}, {mode}, epsilon {epsilon}, {facts.core} core{', streamed' if facts.stream else ''}, "
         f"{facts.elapsed_s * 1e3:.1f} ms",
         markup=False,
         soft_wrap=True,
     )
     console.print(table)
     if facts.written:
-        console.print("wrote " + ", ".join(facts.written), markup=False)
+        console.print("wrote " + ", ".join(literal(path) for path in facts.written), markup=False, soft_wrap=True)

@@ -29,6 +29,7 @@ from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.decision import criteria_of
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES
 from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_TOLERANCES, default_max_units, tolerance_text
+from bnbwd_cli.literal import literal, literal_line
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
@@ -123,7 +124,8 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
 
         render_brief(console, result, labels, style)
         return
-    console.print(Text(f"Comparison: actual {labels.actual} vs reference {labels.reference}", style="bold"), soft_wrap=True)
+    console.print(Text(f"Comparison: actual {literal(labels.actual)} vs reference {literal(labels.reference)}", style="bold"),
+                  soft_wrap=True)
     _render_rules(console, result)
     _render_summary(console, result)
     # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
@@ -132,7 +134,7 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
             _render_details(console, output, style)
     if style.problems_inline:
         for problem in result.all_problems:
-            console.print(Text(f"error: {problem.message}"), soft_wrap=True)
+            console.print(Text(f"error: {literal_line(problem.message)}"), soft_wrap=True)
     render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
 
 
@@ -175,7 +177,7 @@ def _render_rules(console: Console, result: SetComparison) -> None:
                       "size of the terms, not of the result. Give --inputs (or use run --reference) for a fair judgement.",
                       highlight=False, soft_wrap=True)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+        console.print(f"note: {literal_line(note)}", highlight=False, soft_wrap=True)
     console.print()
 
 
@@ -196,10 +198,10 @@ def _render_summary(console: Console, result: SetComparison) -> None:
     for output in result.outputs:
         c = output.comparison
         if c is None:
-            table.add_row(output.name, "-", "-", _status_text(output.status), *["-"] * (len(headers) - 4))
+            table.add_row(literal(output.name), "-", "-", _status_text(output.status), *["-"] * (len(headers) - 4))
             continue
         dtype = c.dtype if c.actual_dtype == c.reference_dtype else f"{c.actual_dtype}/{c.reference_dtype}"
-        cells = [output.name, _shape_text(c.shape), dtype, _status_text(output.status), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
+        cells = [literal(output.name), _shape_text(c.shape), dtype, _status_text(output.status), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
                  fmt(c.max_abs.value), fmt_ulp(c.max_ulp.value)]
         if scaled:
             cells += [fmt_ulp(c.max_units.value) if c.max_units else "-", _bias_cell(c)]
@@ -225,7 +227,7 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
 
     c = output.comparison
     verbose = style.verbose
-    console.rule(Text(f"{output.name}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
+    console.rule(Text(f"{literal(output.name)}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
     console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
                   f"allowed {c.allowed_mismatches}", highlight=False)
     where = c.axis_names
@@ -244,7 +246,7 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
     if c.channels is not None and (verbose or c.mismatches):
         _render_channels(console, c, len(c.worst) or 10)
     for hint in c.hints:
-        console.print(Text(f"hint: {phrase(hint, style.face)}", style="yellow"), soft_wrap=True)
+        console.print(Text(f"hint: {literal_line(phrase(hint, style.face))}", style="yellow"), soft_wrap=True)
     if verbose and c.elements:
         _render_histogram(console, c.histogram)
     console.print()
@@ -347,7 +349,7 @@ def render_verdict(console: Console, result: SetComparison, where: str) -> None:
     if status == "pass":
         console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
     elif status == "mismatch":
-        failed = ", ".join(o.name for o in result.outputs if o.status == "fail")
+        failed = ", ".join(literal(o.name) for o in result.outputs if o.status == "fail")
         console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
     else:
         console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), {where}",
@@ -357,7 +359,7 @@ def render_verdict(console: Console, result: SetComparison, where: str) -> None:
 def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
     """One ``error: ...`` line per structural problem, for stderr (scripts grep it)."""
     for problem in result.all_problems:
-        print(f"error: {problem.message}", file=file or sys.stderr)
+        print(f"error: {literal_line(problem.message)}", file=file or sys.stderr)
 
 
 def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
@@ -366,9 +368,10 @@ def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console
     A closed stdout (`bnbwd verify ... | head`) raises BrokenPipeError for the CLI to turn into
     exit 3: rich's own handling would exit 1, which means "mismatch".
     """
-    console = Console(file=file, stderr=stderr, highlight=False)
+    # markup=False: names are the user's data, printed as they are ("[/]" in a name is no closing tag).
+    console = Console(file=file, stderr=stderr, highlight=False, markup=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(file=file, stderr=stderr, highlight=False, width=120)
+        console = Console(file=file, stderr=stderr, highlight=False, markup=False, width=120)
     console.on_broken_pipe = _raise_broken_pipe
     return console
 
