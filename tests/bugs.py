@@ -4,8 +4,8 @@ Every family draws its parameters (block size, channels hit, which statistics, .
 generator, so the tests and scripts/diagnosis_check.py plant many instances, not a few fixed ones. The
 kernel is tests/zoo.py's float32 NumPy emulation (upcast, xhat in float32, sums in float32 in blocks of
 256, one rounding to the output dtype) with the family's hooks. tests/test_diagnosis.py plants them on
-random problems and tests/test_cases.py on the cases of `bnbwd cases` (TARGETS: which cases must expose
-each cause).
+random problems and tests/test_cases.py on the cases of `bnbwd cases` (CLASSES: the manifest class, and
+so the cases, where each cause must show).
 """
 
 from __future__ import annotations

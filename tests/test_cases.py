@@ -101,8 +101,9 @@ def _family_runs() -> list:
     runs = []
     for k, family in enumerate(sorted(bugs.CASE_FAMILIES)):
         for dtype, fmt in (("f32", "NCX"), ("bf16", "NXC")) if k % 2 == 0 else (("f32", "NXC"), ("f16", "NCX")):
+            # classes a suite of that dtype does not claim (app/cases.py: SIXTEEN_BIT_ONLY, FLOAT32_ONLY)
             if (family, dtype == "f32") in (("truncation", True), ("single_pass", False)):
-                continue  # the classes a suite of that dtype does not claim (app/cases.py: SIXTEEN_BIT_ONLY, FLOAT32_ONLY)
+                continue
             runs.append(pytest.param(family, dtype, fmt, id=f"{family}-{dtype}-{fmt}"))
     return runs
 
@@ -136,6 +137,8 @@ def test_every_bug_class_is_targeted_and_has_a_family(suites):
         assert set(manifest["bug_classes"]) == set(app_cases.BUG_CLASSES)
     assert targeted == set(app_cases.BUG_CLASSES)
     assert set(bugs.CLASSES.values()) == set(app_cases.BUG_CLASSES)  # each class has a cause a family plants
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "tolerances.md").read_text()
+    assert not [cause for cause in bugs.CLASSES if f"`{cause}`" not in documented]  # the diagnosis's cause ids
 
 
 def test_a_float32_suite_does_not_claim_truncation_nor_a_16_bit_one_cancellation(suites):
@@ -179,7 +182,8 @@ def test_cases_kernel_check_loop_fails_a_planted_bug_and_names_its_cause(tmp_pat
     assert len(failing) == 2 and result.output.count("PASS ") == 29, result.output
     for name, (hooks, cause) in planted.items():
         problem = _problem(tmp_path / "suite", {"file": f"{name}.npz"})
-        hint = next(h for o in _judge(problem, bugs.kernel(problem, hooks)).result.outputs for h in o.comparison.diagnosis)
+        report = _judge(problem, bugs.kernel(problem, hooks))
+        hint = next(h for o in report.result.outputs for h in o.comparison.diagnosis)
         line = next(line for line in failing if f"/{name}.npz:" in line)
         assert hint.cause == cause and f"hint: {hint.text}" in line, (hint, line)
 
