@@ -139,6 +139,9 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     """diff_src (dtype of src), diff_gamma, diff_beta (dtype of mean) as a float32 kernel summing in `order`
     computes them: a correct one, or with one of BUGS (`bug`) or any HOOKS (`hooks`) planted."""
     h = dict(hooks or {}, **(named_hooks(bug, bad_channel) if bug else {}))
+    unknown = {key for key in h if not key.startswith("_")} - set(HOOKS)  # "_inputs": bugs.py's, not a hook
+    if unknown:
+        raise ValueError(f"unknown hooks {sorted(unknown)}: a misspelt bug would plant nothing")
     fmt = problem["data_format"]
     read_fmt = h.get("read_format", fmt)
     src, dy = problem["src"], problem["diff_dst"]
