@@ -363,15 +363,15 @@ def test_readme_loop_runs_as_printed_and_every_case_passes(tmp_path, cli, monkey
     outputs)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("## Test suites for your kernel"):readme.index("## What bnbwd guarantees")]
-    commands = re.search(r"```shell\n(.*?)```", section, re.S).group(1).splitlines()
-    assert [command.split()[:2] for command in commands] == [["bnbwd", "cases"], ["python", "kernel.py"],
-                                                             ["bnbwd", "check"]]
+    block = re.search(r"```shell\n(.*?)```", section, re.S).group(1)
+    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
+    assert [command[:2] for command in commands] == [["bnbwd", "cases"], ["python", "kernel.py"], ["bnbwd", "check"]]
     (tmp_path / "kernel.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
     monkeypatch.chdir(tmp_path)
-    assert cli(*shlex.split(commands[0])[1:]).exit_code == 0
-    monkeypatch.setattr("sys.argv", shlex.split(commands[1])[1:])
+    assert cli(*commands[0][1:]).exit_code == 0
+    monkeypatch.setattr("sys.argv", commands[1][1:])
     exec(compile((tmp_path / "kernel.py").read_text(), "kernel.py", "exec"), {"__name__": "__main__"})  # noqa: S102
-    result = cli(*shlex.split(commands[2])[1:])
+    result = cli(*commands[2][1:])
     manifest = json.loads((tmp_path / "suite" / "manifest.json").read_text())
     assert result.exit_code == 0 and result.output.count("PASS ") == len(manifest["cases"]), result.output
     size = sum(case["bytes"] for case in manifest["cases"]) / 2**20
