@@ -2,28 +2,29 @@
 
 Every family draws its parameters (block size, channels hit, which statistics, ...) from a random
 generator, so the tests and scripts/diagnosis_check.py plant many instances, not a few fixed ones. The
-kernel is a float32 NumPy emulation like tests/zoo.py's correct ones (upcast, xhat in float32, sums in
-float32 in blocks, one rounding to the output dtype), with one hook per bug.
+kernel is tests/zoo.py's float32 NumPy emulation (upcast, xhat in float32, sums in float32 in blocks of
+256, one rounding to the output dtype) with the family's hooks. tests/test_diagnosis.py plants them on
+random problems and tests/test_cases.py on the cases of `bnbwd cases` (CLASSES: the manifest class, and
+so the cases, where each cause must show).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
-from bnbwd_cli.layout import view3
 from tests import zoo
 
 F32 = np.float32
-BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = zoo.BF16
 DTYPES = {"f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)}
 
 
 @dataclass(frozen=True)
 class Bug:
-    """One planted bug: its family, the cause the diagnosis must name, and the kernel's hooks."""
+    """One planted bug: its family, the cause the diagnosis must name, and the kernel's hooks (tests/zoo.py's
+    HOOKS; "_inputs" says how the family changes the problem's inputs, see _with_inputs)."""
 
     family: str
     cause: str
@@ -39,141 +40,9 @@ class Planted:
     bug: Bug
 
 
-def _rows(array: np.ndarray, fmt: str) -> np.ndarray:
-    """(C, M) float32: each channel's elements in storage order."""
-    x3 = view3(array, fmt)
-    return np.ascontiguousarray(x3.astype(np.float32).transpose(1, 0, 2).reshape(x3.shape[1], -1))
-
-
-def _unrows(rows: np.ndarray, like: np.ndarray, fmt: str) -> np.ndarray:
-    n, c, s = view3(like, fmt).shape
-    x3 = rows.reshape(c, n, s).transpose(1, 0, 2)
-    return np.ascontiguousarray(x3).reshape(like.shape) if fmt == "NCX" else np.ascontiguousarray(
-        x3.transpose(0, 2, 1)).reshape(like.shape)
-
-
-def _blocked_sums(terms: np.ndarray, block: int, lost: dict | None) -> np.ndarray:
-    """Per row: float32 partial sums of `block` elements, combined in float32; ``lost``: channel -> block
-    index whose partial sum is dropped."""
-    c, m = terms.shape
-    nb = -(-m // block)
-    padded = np.zeros((c, nb * block), np.float32)
-    padded[:, :m] = terms
-    partial = np.cumsum(padded.reshape(c, nb, block), axis=2, dtype=np.float32)[:, :, -1]
-    for channel, index in (lost or {}).items():
-        partial[channel, index] = 0
-    return np.cumsum(partial, axis=1, dtype=np.float32)[:, -1]
-
-
-def _running16(terms: np.ndarray, dtype) -> np.ndarray:
-    total = np.zeros(terms.shape[0], np.float32)
-    for k in range(terms.shape[1]):
-        total = (total + terms[:, k]).astype(dtype).astype(np.float32)
-    return total
-
-
-def _convert(values: np.ndarray, dtype, truncate: bool) -> np.ndarray:
-    out = values.astype(dtype)
-    if not truncate or np.dtype(dtype) == np.dtype(np.float32):
-        return out
-    wider = np.abs(out.astype(np.float32)) > np.abs(values)
-    bits = out.view(np.uint16).copy()
-    bits[wider] -= np.uint16(1)  # one step toward zero in magnitude
-    return bits.view(dtype)
-
-
-def _swap_read(array: np.ndarray, fmt: str) -> np.ndarray:
-    """The tensor read from ``array``'s buffer with H and W swapped."""
-    shape = array.shape
-    if fmt == "NCX":
-        h, w = shape[-2:]
-        return np.ascontiguousarray(array.reshape(*shape[:-2], w, h).swapaxes(-1, -2)).reshape(shape)
-    h, w = shape[-3:-1]
-    return np.ascontiguousarray(array.reshape(*shape[:-3], w, h, shape[-1]).swapaxes(-2, -3)).reshape(shape)
-
-
-def _swap_write(array: np.ndarray, fmt: str) -> np.ndarray:
-    if fmt == "NCX":
-        return np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(array.shape)
-    return np.ascontiguousarray(array.swapaxes(-2, -3)).reshape(array.shape)
-
-
 def kernel(problem: dict, hooks: dict) -> dict:
-    """diff_src, diff_gamma, diff_beta of a float32 kernel with the given hooks (none: a correct kernel)."""
-    h = hooks
-    fmt = problem["data_format"]
-    read_fmt = h.get("read_format", fmt)
-    src, dy = problem["src"], problem["diff_dst"]
-    if h.get("swap_read") == "diff_dst":
-        dy = _swap_read(dy, fmt)
-    if h.get("swap_read") == "src":
-        src = _swap_read(src, fmt)
-    x, g = _rows(src, read_fmt), _rows(dy, read_fmt)
-    c, m = x.shape
-    mean = problem["mean"].astype(F32)
-    stat = problem["variance"].astype(F32)
-    gamma = problem["gamma"].astype(F32)
-    eps = F32(h.get("epsilon", problem["epsilon"]))
-    if h.get("own_stats"):
-        x64 = x.astype(np.float64)
-        mean = x64.mean(axis=1).astype(F32)
-        stat = x64.var(axis=1).astype(F32)
-    if h.get("invstd_given") or problem.get("variance_is_invstd"):
-        invstd = stat
-    elif h.get("variance_as_invstd"):
-        invstd = stat
-    else:
-        variance = stat * F32(m / (m - 1)) if h.get("unbiased") else stat
-        invstd = (F32(1) / np.sqrt(variance + eps)).astype(F32)
-    if "stats16" in h:
-        dtype, which = h["stats16"]
-        if "mean" in which:
-            mean = mean.astype(dtype).astype(F32)
-        if "invstd" in which:
-            invstd = invstd.astype(dtype).astype(F32)
-    if "gamma" in h:
-        gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
-                 "previous": np.roll(gamma, 1)}[h["gamma"]]
-    xhat = (x - mean[:, None]) * invstd[:, None]
-    terms_g = {"xhat": g * xhat, "x": g * x, "x - mean": g * (x - mean[:, None])}[h.get("gamma_terms", "xhat")]
-    keep = m - h.get("skip_tail", 0)
-    if h.get("accumulate16") is not None:
-        beta, gam = _running16(g, h["accumulate16"]), _running16(terms_g, h["accumulate16"])
-    else:
-        block, lost = h.get("block", 256), h.get("lost")
-        beta = _blocked_sums(g[:, :keep], block, lost)
-        gam = _blocked_sums(terms_g[:, :keep], block, lost)
-    if h.get("single_pass"):
-        sxdy = np.cumsum(g * x, axis=1, dtype=F32)[:, -1]
-        beta = np.cumsum(g, axis=1, dtype=F32)[:, -1]
-        gam = (sxdy - mean * beta) * invstd
-    gam_src = gam if h.get("gamma_terms_in_src", True) or h.get("gamma_terms", "xhat") == "xhat" else \
-        _blocked_sums((g * xhat)[:, :keep], 256, None)
-    k = (gamma * invstd)[:, None]
-    divisor = F32(1) if h.get("divisor_one") else F32(m)
-    mean_dy = beta / divisor
-    if "no_mean_dy" in h:
-        mean_dy = mean_dy.copy()
-        mean_dy[list(h["no_mean_dy"])] = 0
-    if h.get("inference"):
-        diff_src = k * g
-    else:
-        diff_src = k * (g - mean_dy[:, None] - xhat * (gam_src / divisor)[:, None])
-    for channel in h.get("flip", ()):
-        diff_src[channel] = -diff_src[channel]
-    out_dtype = src.dtype
-    written = _convert(diff_src, out_dtype, h.get("truncate", False))
-    for channel, source in h.get("unwritten", {}).items():
-        written[channel] = 0 if source is None else written[source]
-    diff_src_out = _unrows(written, src, read_fmt)
-    if h.get("swap_write"):
-        diff_src_out = _swap_write(diff_src_out, fmt)
-    stats_dtype = problem["mean"].dtype
-    if h.get("sum_as_mean"):
-        beta = beta / F32(m)
-    return {"diff_src": diff_src_out,
-            "diff_gamma": _convert(gam, stats_dtype, h.get("truncate", False)),
-            "diff_beta": _convert(beta, stats_dtype, h.get("truncate", False))}
+    """diff_src, diff_gamma, diff_beta of a float32 kernel (blocks of 256) with the given hooks (none: correct)."""
+    return zoo.kernel(problem, "blocked", hooks=hooks)
 
 
 # --- the families: each draws one bug for a problem (and may change the problem's inputs) ---------------
@@ -376,4 +245,58 @@ def correct(problem: dict) -> dict:
     return kernel(problem, {})
 
 
-__all__ = ["Bug", "FAMILIES", "Planted", "correct", "kernel", "plant", "random_shape"]
+# --- on the cases of `bnbwd cases` ----------------------------------------------------------------------
+
+# The bug class (app/cases.BUG_CLASSES, a case's manifest `targets`) of each cause: the cases that target it
+# are where a bug with that cause must fail.
+CLASSES = {
+    "missing-tail": "skipped_remainder", "lost-partial-sum": "lost_partial", "unwritten-channels": "unwritten_channels",
+    "gamma-off-by-one": "gamma_shift", "gamma-ignored": "gamma_ignored", "gamma-applied-twice": "gamma_twice",
+    "gamma-sum-from-x": "x_for_xhat", "mean-dy-not-subtracted": "mean_dy_not_subtracted",
+    "variance-read-as-invstd": "variance_invstd", "variance-holds-invstd": "variance_invstd",
+    "own-batch-statistics": "other_statistics", "16-bit-statistics": "other_statistics",
+    "spatial-axes-swapped": "swapped_spatial", "layout-mixup": "layout_mixup", "16-bit-accumulation": "sum16",
+    "truncating-conversion": "truncation", "epsilon": "epsilon", "unbiased-variance": "unbiased_variance",
+    "missing-1/M": "formula", "inference-backward": "formula", "sign-flip": "formula", "sum-scaled-by-M": "formula",
+    "single-pass-cancellation": "cancellation",
+}
+
+
+def single_pass(rng, problem, m):
+    """sum(dy * (x - mean)) as sum(dy * x) - mean * sum(dy): loses digits only on data with |mean|/sd >> 1, which
+    the random problems lack (no family of FAMILIES; tests/test_diagnosis.py plants it on offset data)."""
+    return Bug("single-pass", "single-pass-cancellation", {"single_pass": True})
+
+
+# The families planted on the cases: every family, and the single-pass formula for the cancellation class.
+CASE_FAMILIES = dict(FAMILIES, single_pass=single_pass)
+
+
+def plant_on_case(family: str, problem: dict, targets: tuple[str, ...], rng: np.random.Generator) -> Planted | None:
+    """One bug of ``family`` whose class is among a case's ``targets``, on the case's problem (None when the
+    family has no such instance there). The case's inputs stay as the suite wrote them except where the bug lies
+    in them: invstd under `variance` (PyTorch's save_invstd, the batch's own: not where a case passes running
+    statistics). A kernel that uses its own statistics is exposed by the cases that pass running ones
+    (other_statistics), so own_stats does not change a case's."""
+    m = problem["src"].size // problem["mean"].shape[0]
+    for _ in range(20):  # a family may draw an instance of another class, or none at a draw's block size
+        bug = CASE_FAMILIES[family](rng, problem, m)
+        if bug is not None and CLASSES[bug.cause] in targets:
+            break
+    else:
+        return None
+    inputs = bug.hooks.get("_inputs")
+    if inputs == "invstd" and not _batch_statistics(problem):
+        return None
+    changed = _with_inputs(problem, inputs, rng) if inputs == "invstd" else problem
+    return Planted(changed, kernel(changed, bug.hooks), bug)
+
+
+def _batch_statistics(problem: dict) -> bool:
+    """Whether the problem's variance is its batch's (within 1%)."""
+    x = zoo._per_channel(problem["src"], problem["data_format"]).astype(np.float64)
+    return bool(np.allclose(problem["variance"].astype(np.float64), x.var(axis=1), rtol=0.01, atol=0))
+
+
+__all__ = ["Bug", "CASE_FAMILIES", "CLASSES", "FAMILIES", "Planted", "correct", "kernel", "plant", "plant_on_case",
+           "random_shape"]

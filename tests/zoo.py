@@ -1,10 +1,12 @@
 """A zoo of batch-norm backward kernels in plain NumPy: correct ones in float32 with different
-accumulation orders, and planted bugs. Used by tests/test_zoo.py and scripts/calibrate_tolerances.py.
+accumulation orders, and the same kernel with planted bugs. Used by tests/test_zoo.py,
+tests/bugs.py (the diagnosis's bug families, which draw this kernel's hooks) and the scripts.
 
 A correct kernel here does what PyTorch, TF and oneDNN do on a CPU: upcast reduced-precision inputs
 to float32, compute invstd and xhat = (x - mean) * invstd in float32, reduce sum(dy) and
 sum(dy * xhat) per channel in float32 in some order, write diff_src in float32 and round it once to
-the input dtype; diff_gamma/diff_beta are rounded once to the parameters' dtype.
+the input dtype; diff_gamma/diff_beta are rounded once to the parameters' dtype. A bug is a hook
+(kernel's `hooks`, listed in HOOKS) that changes one step of it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from bnbwd_cli.layout import view3
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.float32
 ORDERS = ("sequential", "blocked", "pairwise", "float64-combine")
+# The zoo's own named bugs: fixed instances of kernel's hooks (tests/bugs.py draws the hooks at random).
 BUGS = (
     "missing-1/M", "sign-flip-one-channel", "per-sample-stats", "inference-in-training", "epsilon-1e-3",
     "unbiased-variance", "bf16-accumulation", "nhwc-as-nchw",
@@ -62,8 +65,9 @@ def _from_per_channel(rows: np.ndarray, like: np.ndarray, data_format: str) -> n
     return rows.reshape(shape3[1], shape3[0], shape3[2]).transpose(1, 0, 2).reshape(like.shape)
 
 
-def channel_sums(terms: np.ndarray, order: str, block: int = 256) -> np.ndarray:
-    """Per-row sums of a (C, M) float32 array in one of the orders real kernels use."""
+def channel_sums(terms: np.ndarray, order: str, block: int = 256, lost: dict | None = None) -> np.ndarray:
+    """Per-row sums of a (C, M) float32 array in one of the orders real kernels use; ``lost`` (blocked
+    orders): channel -> index of a block whose partial sum is dropped (a race)."""
     c, m = terms.shape
     if m == 0:
         return np.zeros(c, np.float32)
@@ -71,14 +75,11 @@ def channel_sums(terms: np.ndarray, order: str, block: int = 256) -> np.ndarray:
         return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
     if order == "pairwise":  # NumPy's own float32 pairwise sum
         return terms.sum(axis=1, dtype=np.float32)
-    if order == "bf16-sequential":  # the bug: a bfloat16 accumulator
-        total = np.zeros(c, np.float32)
-        for k in range(m):
-            total = (total + terms[:, k]).astype(BF16).astype(np.float32)
-        return total
     pad = (-m) % block
     blocks = np.pad(terms, ((0, 0), (0, pad))).reshape(c, -1, block)
     partial = np.cumsum(blocks, axis=2, dtype=np.float32)[:, :, -1]  # sequential within a block
+    for channel, index in (lost or {}).items():
+        partial[channel, index] = 0
     if order == "blocked":  # block partials combined in float32, one after another
         return np.cumsum(partial, axis=1, dtype=np.float32)[:, -1]
     if order == "float64-combine":  # PyTorch CPU: float32 partials combined in float64
@@ -86,46 +87,177 @@ def channel_sums(terms: np.ndarray, order: str, block: int = 256) -> np.ndarray:
     raise ValueError(order)
 
 
-def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad_channel: int = 0) -> dict:
-    """diff_src (dtype of src), diff_gamma, diff_beta (dtype of mean) as a float32 kernel computes them."""
+def running16(terms: np.ndarray, dtype) -> np.ndarray:
+    """Per-row sums with a 16-bit accumulator (the sum rounded to ``dtype`` after every addition)."""
+    total = np.zeros(terms.shape[0], np.float32)
+    for k in range(terms.shape[1]):
+        total = (total + terms[:, k]).astype(dtype).astype(np.float32)
+    return total
+
+
+# Each hook is one bug; kernel(problem, hooks=...) applies them (tests/bugs.py's families draw them).
+HOOKS = {
+    "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
+    "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
+    "swap_write": "diff_src written with H and W swapped",
+    "epsilon": "this epsilon instead of the given one",
+    "own_stats": "the batch's own mean and variance (float64) instead of the given ones",
+    "invstd_given": "the variance input used as invstd (right when the inputs hold invstd)",
+    "variance_as_invstd": "the variance input used as invstd (the bug)",
+    "unbiased": "the variance scaled by M / (M - 1)",
+    "stats16": "(dtype, 'mean' / 'invstd' / 'mean invstd'): those kept in a 16-bit dtype",
+    "gamma": "'ignored', 'twice', 'next' or 'previous': gamma replaced by 1, gamma**2 or a neighbour's",
+    "gamma_terms": "'x' or 'x - mean': diff_gamma summed from these instead of xhat",
+    "gamma_terms_in_src": "False: diff_src uses the right sum of dy*xhat even when diff_gamma does not",
+    "skip_tail": "the last t elements of each channel left out of the sums",
+    "block": "the block size of a blocked sum (the order becomes 'blocked')",
+    "lost": "channel -> block index: that block's partial sum lost (with 'block')",
+    "accumulate16": "a dtype: the sums accumulated in it, element by element",
+    "single_pass": "diff_gamma = (sum(dy*x) - mean*sum(dy)) * invstd",
+    "divisor_one": "the sums not divided by M in diff_src",
+    "no_mean_dy": "channels where diff_beta/M is not subtracted",
+    "inference": "diff_src = gamma*invstd*diff_dst (inference's formula in training)",
+    "per_sample": "sums over each sample's positions only (per-sample statistics)",
+    "flip": "channels whose diff_src is negated",
+    "truncate": "16-bit outputs converted by truncation (round toward zero)",
+    "unwritten": "channel -> None (left zero) or another channel (stale: that channel's values)",
+    "sum_as_mean": "diff_beta and diff_gamma divided by M",
+}
+
+
+def named_hooks(bug: str, bad_channel: int = 0) -> dict:
+    """The hooks of one of BUGS."""
+    return {"missing-1/M": {"divisor_one": True}, "sign-flip-one-channel": {"flip": (bad_channel,)},
+            "per-sample-stats": {"per_sample": True}, "inference-in-training": {"inference": True},
+            "epsilon-1e-3": {"epsilon": 1e-3}, "unbiased-variance": {"unbiased": True},
+            "bf16-accumulation": {"accumulate16": BF16},
+            "nhwc-as-nchw": {"read_format": "NCX"}}[bug]  # an NHWC buffer read as NCHW (needs C == H)
+
+
+def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad_channel: int = 0,
+           hooks: dict | None = None) -> dict:
+    """diff_src (dtype of src), diff_gamma, diff_beta (dtype of mean) as a float32 kernel summing in `order`
+    computes them: a correct one, or with one of BUGS (`bug`) or any HOOKS (`hooks`) planted."""
+    h = dict(hooks or {}, **(named_hooks(bug, bad_channel) if bug else {}))
+    unknown = {key for key in h if not key.startswith("_")} - set(HOOKS)  # "_inputs": bugs.py's, not a hook
+    if unknown:
+        raise ValueError(f"unknown hooks {sorted(unknown)}: a misspelt bug would plant nothing")
     fmt = problem["data_format"]
+    read_fmt = h.get("read_format", fmt)
     src, dy = problem["src"], problem["diff_dst"]
-    if bug == "nhwc-as-nchw":  # the buffer of an NHWC tensor read as NCHW (needs C == H)
-        fmt = "NCX"
-    x, g = _per_channel(src, fmt), _per_channel(dy, fmt)
-    mean = problem["mean"].astype(np.float32)
-    variance = problem["variance"].astype(np.float32)
-    gamma = problem["gamma"].astype(np.float32)
-    m = x.shape[1]
-    eps = F32(1e-3 if bug == "epsilon-1e-3" else problem["epsilon"])
-    if bug == "unbiased-variance" and m > 1:
-        variance = (variance * F32(m / (m - 1))).astype(np.float32)
-    invstd = (F32(1) / np.sqrt(variance + eps)).astype(np.float32)
+    if h.get("swap_read") == "diff_dst":
+        dy = _swap_read(dy, fmt)
+    if h.get("swap_read") == "src":
+        src = _swap_read(src, fmt)
+    x, g = _per_channel(src, read_fmt), _per_channel(dy, read_fmt)
+    mean, invstd = _statistics(problem, x, h)
+    gamma = problem["gamma"].astype(F32)
+    if "gamma" in h:
+        gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
+                 "previous": np.roll(gamma, 1)}[h["gamma"]]
     xhat = (x - mean[:, None]) * invstd[:, None]
-    sum_order = "bf16-sequential" if bug == "bf16-accumulation" else order
-    beta = channel_sums(g, sum_order)
-    gam = channel_sums(g * xhat, sum_order)
-    k = (gamma * invstd)[:, None]
-    if bug == "per-sample-stats":  # sums over each sample's spatial positions only
-        n = view3(src, fmt).shape[0]
-        gs, xs = g.reshape(g.shape[0], n, -1), xhat.reshape(g.shape[0], n, -1)
-        per = gs.shape[2]
-        mean_dy = gs.sum(axis=2, keepdims=True, dtype=np.float32) / F32(per)
-        mean_dyx = (gs * xs).sum(axis=2, keepdims=True, dtype=np.float32) / F32(per)
-        diff_src = (k[:, :, None] * (gs - mean_dy - xs * mean_dyx)).reshape(g.shape)
-    elif bug == "inference-in-training":
-        diff_src = k * g
-    else:
-        divisor = F32(1) if bug == "missing-1/M" else F32(max(m, 1))
-        diff_src = k * (g - (beta / divisor)[:, None] - xhat * (gam / divisor)[:, None])
-    if bug == "sign-flip-one-channel":
-        diff_src[bad_channel] = -diff_src[bad_channel]
+    terms_g = {"xhat": g * xhat, "x": g * x, "x - mean": g * (x - mean[:, None])}[h.get("gamma_terms", "xhat")]
+    order = "blocked" if "block" in h else order
+    beta, gam = _sums(g, order, h), _sums(terms_g, order, h)
+    if h.get("single_pass"):
+        sxdy = np.cumsum(g * x, axis=1, dtype=F32)[:, -1]
+        beta = np.cumsum(g, axis=1, dtype=F32)[:, -1]
+        gam = (sxdy - mean * beta) * invstd
+    gam_src = gam if h.get("gamma_terms_in_src", True) or h.get("gamma_terms", "xhat") == "xhat" else \
+        _sums(g * xhat, order, dict(h, lost=None))
+    diff_src = _diff_src((g, xhat, beta, gam_src), (gamma * invstd)[:, None], src.shape[0], h)
+    for channel in h.get("flip", ()):
+        diff_src[channel] = -diff_src[channel]
+    written = _convert(diff_src, src.dtype, h.get("truncate", False))
+    for channel, source in h.get("unwritten", {}).items():
+        written[channel] = 0 if source is None else written[source]
+    diff_src_out = _from_per_channel(written, src, read_fmt)
+    if h.get("swap_write"):
+        diff_src_out = _swap_write(diff_src_out, fmt)
+    if h.get("sum_as_mean"):
+        beta = beta / F32(x.shape[1])
     stats_dtype = problem["mean"].dtype
-    return {
-        "diff_src": _from_per_channel(diff_src.astype(np.float32), src, fmt).astype(src.dtype),
-        "diff_gamma": gam.astype(stats_dtype),
-        "diff_beta": beta.astype(stats_dtype),
-    }
+    return {"diff_src": diff_src_out,
+            "diff_gamma": _convert(gam, stats_dtype, h.get("truncate", False)),
+            "diff_beta": _convert(beta, stats_dtype, h.get("truncate", False))}
+
+
+def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 mean and invstd the kernel uses."""
+    m = x.shape[1]
+    mean = problem["mean"].astype(F32)
+    stat = problem["variance"].astype(F32)
+    eps = F32(h.get("epsilon", problem["epsilon"]))
+    if h.get("own_stats"):
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=1).astype(F32)
+        stat = x64.var(axis=1).astype(F32)
+    if h.get("invstd_given") or h.get("variance_as_invstd") or problem.get("variance_is_invstd"):
+        invstd = stat
+    else:
+        variance = stat * F32(m / (m - 1)) if h.get("unbiased") and m > 1 else stat
+        invstd = (F32(1) / np.sqrt(variance + eps)).astype(F32)
+    if "stats16" in h:
+        dtype, which = h["stats16"]
+        if "mean" in which:
+            mean = mean.astype(dtype).astype(F32)
+        if "invstd" in which:
+            invstd = invstd.astype(dtype).astype(F32)
+    return mean, invstd
+
+
+def _sums(terms: np.ndarray, order: str, h: dict) -> np.ndarray:
+    if h.get("accumulate16") is not None:
+        return running16(terms, h["accumulate16"])
+    kept = terms[:, : terms.shape[1] - h.get("skip_tail", 0)]
+    return channel_sums(kept, order, h.get("block", 256), h.get("lost"))
+
+
+def _diff_src(sums: tuple, k: np.ndarray, batch: int, h: dict) -> np.ndarray:
+    """diff_src in float32 from (dy, xhat, diff_beta, the sum of dy*xhat it uses) and k = gamma*invstd."""
+    g, xhat, beta, gam = sums
+    c, m = g.shape
+    if h.get("inference"):
+        return k * g
+    if h.get("per_sample"):  # sums over each sample's positions only (rows are in (n, positions) order)
+        gs, xs = g.reshape(c, batch, -1), xhat.reshape(c, batch, -1)
+        per = F32(gs.shape[2])
+        mean_dy = gs.sum(axis=2, keepdims=True, dtype=F32) / per
+        mean_dyx = (gs * xs).sum(axis=2, keepdims=True, dtype=F32) / per
+        return (k[:, :, None] * (gs - mean_dy - xs * mean_dyx)).reshape(c, m)
+    divisor = F32(1) if h.get("divisor_one") else F32(max(m, 1))
+    mean_dy = beta / divisor
+    if "no_mean_dy" in h:
+        mean_dy = mean_dy.copy()
+        mean_dy[list(h["no_mean_dy"])] = 0
+    return k * (g - mean_dy[:, None] - xhat * (gam / divisor)[:, None])
+
+
+def _convert(values: np.ndarray, dtype, truncate: bool) -> np.ndarray:
+    """float32 -> dtype, to nearest; ``truncate``: 16-bit dtypes toward zero (float32 values are already there)."""
+    out = values.astype(dtype)
+    if not truncate or np.dtype(dtype) == np.dtype(np.float32):
+        return out
+    wider = np.abs(out.astype(np.float32)) > np.abs(values)
+    bits = out.view(np.uint16).copy()
+    bits[wider] -= np.uint16(1)  # one step toward zero in magnitude
+    return bits.view(dtype)
+
+
+def _swap_read(array: np.ndarray, fmt: str) -> np.ndarray:
+    """The tensor read from ``array``'s buffer with H and W swapped."""
+    shape = array.shape
+    if fmt == "NCX":
+        h, w = shape[-2:]
+        return np.ascontiguousarray(array.reshape(*shape[:-2], w, h).swapaxes(-1, -2)).reshape(shape)
+    h, w = shape[-3:-1]
+    return np.ascontiguousarray(array.reshape(*shape[:-3], w, h, shape[-1]).swapaxes(-2, -3)).reshape(shape)
+
+
+def _swap_write(array: np.ndarray, fmt: str) -> np.ndarray:
+    if fmt == "NCX":
+        return np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(array.shape)
+    return np.ascontiguousarray(array.swapaxes(-2, -3)).reshape(array.shape)
 
 
 def inputs_of(problem: dict):
