@@ -25,8 +25,8 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import end_to_end  # noqa: E402 - bench/ is a folder of scripts
-import targets  # noqa: E402
+import end_to_end  # bench/ is a folder of scripts
+import targets
 
 
 def child(command: list[str], tree: str) -> tuple[float, float]:

@@ -40,8 +40,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import ab_core  # noqa: E402 - bench/ is a folder of scripts
-import end_to_end  # noqa: E402
+import ab_core  # bench/ is a folder of scripts
+import end_to_end
 
 E2E_SHAPE = (32, 128, 56, 56)
 CORE_SHAPE = (64, 128, 56, 56)
@@ -191,7 +191,7 @@ def e2e_rows(work: Path, data_format: str, threads: int, rounds: int) -> list[st
         net = {"bnbwd": [b - f for b, f in zip(wall["bnbwd"], wall["floor"])],
                "torch": timing["torch"]["inner"],
                "naive": [n - f for n, f in zip(wall["naive"], wall["floor"])]}
-        ratio = lambda a, b: spread([x / y for x, y in zip(a, b)], ".2f")  # noqa: E731
+        ratio = lambda a, b: spread([x / y for x, y in zip(a, b)], ".2f")
         rss = " / ".join(f"{median(timing[name]['rss']):.0f}" for name in ("bnbwd", "torch", "naive"))
         rows.append(f"| {data_format} .{kind} | {spread(wall['bnbwd'])} | {spread(wall['torch'])} | "
                     f"{spread(wall['naive'])} | {spread(wall['floor'])} | {spread(net['torch'])} | "
@@ -324,7 +324,7 @@ def worker(contender: str) -> None:
 
 
 class Worker(ab_core.Worker):
-    def __init__(self, contender: str) -> None:  # noqa: D107 - ab_core's pipe protocol, this file's worker
+    def __init__(self, contender: str) -> None:  # ab_core's pipe protocol, this file's worker
         self.process = subprocess.Popen([sys.executable, __file__, "--worker", contender], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
 

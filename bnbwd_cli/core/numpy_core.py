@@ -227,11 +227,11 @@ class _Inline:
     def __enter__(self) -> _Inline:
         return self
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         return None
 
     @staticmethod
-    def map(function, items):  # noqa: ANN001, ANN205 - Executor.map's shape
+    def map(function, items):  # Executor.map's shape
         return map(function, items)
 
 
