@@ -34,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import end_to_end  # bench/ is on sys.path when this file runs as a script
 from bnbwd_cli.core.reference import reference_backward
 from tests.oracle import normalised_error
 
@@ -214,30 +215,10 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
     return lines, torch_version
 
 
-RSS_WRAPPER = """
-import atexit, runpy, sys
-def report():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            sys.stderr.write('VmHWM_KB ' + line.split()[1] + '\\n')
-atexit.register(report)
-mode, target, *rest = sys.argv[1:]
-sys.argv = [target, *rest]
-if mode == '-m':
-    runpy.run_module(target, run_name='__main__', alter_sys=True)
-else:
-    exec(target)
-"""
-
-
 def run_child(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one Python child (`-m module ...` or `-c script`).
-
-    The peak is the child's own VmHWM: getrusage/wait4's ru_maxrss would also count the
-    benchmark process's pages that the child inherited before its exec.
-    """
+    """Wall seconds and peak RSS (MiB, the child's own VmHWM) of one Python child (`-m module ...` or `-c script`)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command[1:]], stdout=subprocess.DEVNULL,
+    done = subprocess.run([sys.executable, "-c", end_to_end.RSS_WRAPPER, *command[1:]], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

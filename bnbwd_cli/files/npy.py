@@ -52,15 +52,10 @@ def read_exactly_into(stream: BinaryIO, size: int) -> tuple[np.ndarray, int]:
     return buffer, got
 
 
-@dataclass(frozen=True)
-class NpyHeader:
-    """A vetted .npy header: where the data starts and what it holds."""
+class _Shaped:
+    """ndim and size from a `shape`, as an ndarray gives them: what the input checks read from a header too."""
 
     shape: tuple[int, ...]
-    fortran_order: bool
-    dtype: np.dtype  # as stored (byte order included)
-    offset: int  # bytes from the start of the .npy to its data
-    nbytes: int
 
     @property
     def ndim(self) -> int:
@@ -69,6 +64,17 @@ class NpyHeader:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class NpyHeader(_Shaped):
+    """A vetted .npy header: where the data starts and what it holds."""
+
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype  # as stored (byte order included)
+    offset: int  # bytes from the start of the .npy to its data
+    nbytes: int
 
     @property
     def logical_dtype(self) -> np.dtype:
@@ -82,21 +88,13 @@ DECLARED_MIN_BYTES = 1 << 20  # smaller arrays are simply read
 
 
 @dataclass(frozen=True)
-class Declared:
+class Declared(_Shaped):
     """An array known so far by its vetted header: shape and dtype as reading it will give them, so that the
     input checks (shapes, dtypes) run before any of its data is read; read() reads it."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
     load: Callable[[], np.ndarray]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
