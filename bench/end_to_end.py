@@ -36,6 +36,36 @@ BNBWD = [sys.executable, "-m", "bnbwd_cli"]
 FLOOR = [sys.executable, "-c", "import numpy"]
 SHAPE = (32, 128, 56, 56)  # 51 MB a tensor in f32
 
+# PyTorch's batch-norm backward on src, dy, mean, variance, gamma (torch tensors, the layout in data_format),
+# giving diff_src, diff_gamma, diff_beta: the compute step of every PyTorch job the benches time.
+TORCH_BACKWARD = """
+if data_format == "NHWC":
+    src, dy = src.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # channels_last strides: torch's NHWC kernel
+invstd = torch.rsqrt(variance + 1e-5)
+diff_src, diff_gamma, diff_beta = torch.ops.aten.native_batch_norm_backward(
+    dy, src, gamma, None, None, mean, invstd, True, 1e-5, [True, True, True])
+if data_format == "NHWC":
+    diff_src = diff_src.permute(0, 2, 3, 1)
+"""
+
+# Runs a child (`-m module args` or `-c code args`) and reports its peak RSS (VmHWM) on stderr at exit.
+# The peak is the child's own: getrusage/wait4's ru_maxrss would also count the parent's pages that
+# the child inherited before its exec.
+RSS_WRAPPER = """
+import atexit, runpy, sys
+def report():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM'):
+            sys.stderr.write('VmHWM_KB ' + line.split()[1] + '\\n')
+atexit.register(report)
+mode, target, *rest = sys.argv[1:]
+sys.argv = [target, *rest]
+if mode == '-m':
+    runpy.run_module(target, run_name='__main__', alter_sys=True)
+else:
+    exec(compile(target, '<script>', 'exec'), {'__name__': '__main__'})
+"""
+
 # Load, compute, save: the job `bnbwd run --out-dir` does, in PyTorch; prints its own seconds (after import torch).
 TORCH_SCRIPT = """
 import sys, time
@@ -47,13 +77,7 @@ started = time.perf_counter()
 src, dy = (torch.from_numpy(np.load(f"{work}/{name}.npy")) for name in ("src", "diff_dst"))
 mean, variance, gamma = (torch.from_numpy(np.load(f"{work}/{name}.npy")) for name in ("mean", "variance", "gamma"))
 loaded = time.perf_counter()
-if data_format == "NHWC":
-    src, dy = src.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # channels_last strides: torch's NHWC kernel
-invstd = torch.rsqrt(variance + 1e-5)
-diff_src, diff_gamma, diff_beta = torch.ops.aten.native_batch_norm_backward(
-    dy, src, gamma, None, None, mean, invstd, True, 1e-5, [True, True, True])
-if data_format == "NHWC":
-    diff_src = diff_src.permute(0, 2, 3, 1)
+""" + TORCH_BACKWARD + """
 computed = time.perf_counter()
 for name, tensor in (("diff_src", diff_src), ("diff_gamma", diff_gamma), ("diff_beta", diff_beta)):
     np.save(f"{out}/{name}.npy", tensor.numpy())

@@ -25,15 +25,15 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import end_to_end  # noqa: E402 - bench/ is a folder of scripts
-import targets  # noqa: E402
+import end_to_end  # bench/ is a folder of scripts
+import targets
 
 
 def child(command: list[str], tree: str) -> tuple[float, float]:
     """Wall milliseconds and peak RSS (MiB) of one Python child running `tree`'s bnbwd_cli."""
     env = {**end_to_end.child_env(), "PYTHONPATH": tree}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", targets.RSS_WRAPPER, *command], env=env, cwd=tree,
+    done = subprocess.run([sys.executable, "-c", end_to_end.RSS_WRAPPER, *command], env=env, cwd=tree,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):  # 1: a mismatch is still a timed run

@@ -7,7 +7,7 @@ The two channel sums (Σdy, Σdy·(x - mean)) of f32 (64, 128, 56·56) NCX, thre
 - float64 running sums with fast-math: vectorised in whatever order the compiler picks (not reproducible
   across instruction sets), the fastest float64 sum numba makes;
 - float32 running sums with fast-math: what the float32 core of commit 6ff4aba accumulated in.
-The gap between the last two is the price of float64 accumulation alone (issue 12's accuracy); the gap between
+The gap between the last two is the price of float64 accumulation alone (the 1-ulp accuracy of the reference); the gap between
 the first two, the price of a fixed order. Needs numba (`pip install '.[fast]'`).
 """
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bnbwd_cli.core.reference import reference_backward  # noqa: E402
-from tests.oracle import normalised_error  # noqa: E402
+import end_to_end  # bench/ is on sys.path when this file runs as a script
+from bnbwd_cli.core.reference import reference_backward
+from tests.oracle import normalised_error
 
 
 def best_of(function, reps: int) -> float:
@@ -182,11 +184,13 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
                 mean, var, gamma = np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(c, np.float32)
                 out = np.empty_like(src)
                 op = Op(src, dy, mean, var, gamma, epsilon=1e-5, data_format=data_format)
-                core = best_of(lambda: backward(op, Settings(diff_src_out=out, threads=threads, core="numpy")), reps)
+                # partial, not a closure: the loop `del`s src, dy and out to free them before the next
+                # shape, and a closure over deleted names is one the linter cannot prove defined.
+                core = best_of(partial(backward, op, Settings(diff_src_out=out, threads=threads, core="numpy")), reps)
                 fast = None
                 if numba_available():
-                    fast = best_of(lambda: backward(op, Settings(diff_src_out=out, threads=threads, core="numba")), reps)
-                naive = best_of(lambda: naive_numpy(src, dy, mean, var, gamma, data_format), max(reps // 2, 1))
+                    fast = best_of(partial(backward, op, Settings(diff_src_out=out, threads=threads, core="numba")), reps)
+                naive = best_of(partial(naive_numpy, src, dy, mean, var, gamma, data_format), max(reps // 2, 1))
                 bound = 3 * src.nbytes / bandwidth
                 rows.append(dict(size=size, format=data_format, dtype=dtype_name, shape=shape, mb=src.nbytes / 1e6,
                                  core=core, fast=fast, naive=naive, bound=bound))
@@ -211,30 +215,10 @@ def speed_table(args, torch_python: str | None, threads: int) -> tuple[list[str]
     return lines, torch_version
 
 
-RSS_WRAPPER = """
-import atexit, runpy, sys
-def report():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            sys.stderr.write('VmHWM_KB ' + line.split()[1] + '\\n')
-atexit.register(report)
-mode, target, *rest = sys.argv[1:]
-sys.argv = [target, *rest]
-if mode == '-m':
-    runpy.run_module(target, run_name='__main__', alter_sys=True)
-else:
-    exec(target)
-"""
-
-
 def run_child(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one Python child (`-m module ...` or `-c script`).
-
-    The peak is the child's own VmHWM: getrusage/wait4's ru_maxrss would also count the
-    benchmark process's pages that the child inherited before its exec.
-    """
+    """Wall seconds and peak RSS (MiB, the child's own VmHWM) of one Python child (`-m module ...` or `-c script`)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command[1:]], stdout=subprocess.DEVNULL,
+    done = subprocess.run([sys.executable, "-c", end_to_end.RSS_WRAPPER, *command[1:]], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

@@ -40,27 +40,11 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import ab_core  # noqa: E402 - bench/ is a folder of scripts
-import end_to_end  # noqa: E402
+import ab_core  # bench/ is a folder of scripts
+import end_to_end
 
 E2E_SHAPE = (32, 128, 56, 56)
 CORE_SHAPE = (64, 128, 56, 56)
-
-# Runs a child (`-m module args` or `-c code args`) and reports its peak RSS (VmHWM) on stderr at exit.
-RSS_WRAPPER = """
-import atexit, runpy, sys
-def report():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            sys.stderr.write('VmHWM_KB ' + line.split()[1] + '\\n')
-atexit.register(report)
-mode, target, *rest = sys.argv[1:]
-sys.argv = [target, *rest]
-if mode == '-m':
-    runpy.run_module(target, run_name='__main__', alter_sys=True)
-else:
-    exec(compile(target, '<script>', 'exec'), {'__name__': '__main__'})
-"""
 
 # Load, compute, save in PyTorch: the job `bnbwd run` does. argv: kind (npz|npy), inputs, data_format, threads, out.
 # Prints its own milliseconds after `import torch` (its net time: torch's import, 1-2.5 s here, is no floor to
@@ -78,13 +62,7 @@ if kind == "npz":
 else:
     arrays = {name: np.load(f"{inputs}/{name}.npy") for name in ("src", "diff_dst", "mean", "variance", "gamma")}
 src, dy, mean, variance, gamma = (torch.from_numpy(arrays[k]) for k in ("src", "diff_dst", "mean", "variance", "gamma"))
-if data_format == "NHWC":
-    src, dy = src.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # channels_last strides: torch's NHWC kernel
-invstd = torch.rsqrt(variance + 1e-5)
-diff_src, diff_gamma, diff_beta = torch.ops.aten.native_batch_norm_backward(
-    dy, src, gamma, None, None, mean, invstd, True, 1e-5, [True, True, True])
-if data_format == "NHWC":
-    diff_src = diff_src.permute(0, 2, 3, 1)
+""" + end_to_end.TORCH_BACKWARD + """
 outputs = {"diff_src": diff_src.numpy(), "diff_gamma": diff_gamma.numpy(), "diff_beta": diff_beta.numpy()}
 if kind == "npz":
     np.savez(out, **outputs)
@@ -137,7 +115,7 @@ def run_child(command: list[str], fresh: Path | None = None) -> tuple[float, flo
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir()
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command], env=end_to_end.child_env(), cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", end_to_end.RSS_WRAPPER, *command], env=end_to_end.child_env(), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):  # 1: a judged run's mismatch is still a timed run
@@ -191,7 +169,7 @@ def e2e_rows(work: Path, data_format: str, threads: int, rounds: int) -> list[st
         net = {"bnbwd": [b - f for b, f in zip(wall["bnbwd"], wall["floor"])],
                "torch": timing["torch"]["inner"],
                "naive": [n - f for n, f in zip(wall["naive"], wall["floor"])]}
-        ratio = lambda a, b: spread([x / y for x, y in zip(a, b)], ".2f")  # noqa: E731
+        ratio = lambda a, b: spread([x / y for x, y in zip(a, b)], ".2f")
         rss = " / ".join(f"{median(timing[name]['rss']):.0f}" for name in ("bnbwd", "torch", "naive"))
         rows.append(f"| {data_format} .{kind} | {spread(wall['bnbwd'])} | {spread(wall['torch'])} | "
                     f"{spread(wall['naive'])} | {spread(wall['floor'])} | {spread(net['torch'])} | "
@@ -324,7 +302,7 @@ def worker(contender: str) -> None:
 
 
 class Worker(ab_core.Worker):
-    def __init__(self, contender: str) -> None:  # noqa: D107 - ab_core's pipe protocol, this file's worker
+    def __init__(self, contender: str) -> None:  # ab_core's pipe protocol, this file's worker
         self.process = subprocess.Popen([sys.executable, __file__, "--worker", contender], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
 

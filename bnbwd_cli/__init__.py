@@ -10,7 +10,7 @@ The functions live in bnbwd_cli/api.py, imported on first use: `import bnbwd_cli
 InputError (a ValueError) is what a bad input raises, with the message the command line prints.
 """
 
-from bnbwd_cli._version import __version__
+from bnbwd_cli._version import __version__ as __version__  # re-exported: the package's version
 from bnbwd_cli.errors import InputError
 
 __all__ = ["InputError", "Report", "assert_backward_close", "backward", "check"]

@@ -56,7 +56,7 @@ def load_numba_core():
     """The numba core module, imported on first use.
 
     Idle OpenMP workers sleep instead of spinning: on a small, shared machine a spinning worker steals the core
-    the next kernel launch waits on (measured: 0.15 ms launches became 4-8 ms). numba reads OMP_WAIT_POLICY when
+    the next kernel launch waits on, and a launch waits many times its own length. numba reads OMP_WAIT_POLICY when
     it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -65,7 +65,7 @@ def load_numba_core():
         if "numba" in sys.modules:
             # numba read its settings when it was imported (by the user's own code, or a test module): without a
             # reload our kernels cached beside the installed source, missed the user cache every run and compiled
-            # again (the cold test suite paid the whole JIT twice, +55 s).
+            # again: every fresh process paid the whole JIT.
             from numba.core import config
 
             config.reload_config()
@@ -104,7 +104,7 @@ def _compiled_source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
-@functools.lru_cache(maxsize=1)  # sysfs is read once a process (it cost ~0.9 ms a call)
+@functools.lru_cache(maxsize=1)  # sysfs is read once a process: every plan asks, and the caches do not change
 def cache_sizes() -> dict[int, int]:
     """Data/unified cache size in bytes by level, from sysfs (Linux); empty elsewhere."""
     cache_dir = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -126,15 +126,10 @@ def default_block_bytes(threads: int) -> int:
     """Working-set budget of one tile (src, diff_dst, diff_src and scratch all count): half the thread's
     share of the last-level cache, but never under MIN_BLOCK_BYTES nor over MAX_BLOCK_BYTES.
 
-    Re-measured after the lane sums became one call (ab_core, CPU time, 2 threads, 32 MiB L3): 8 MiB holds a
-    whole f32 (64, ., 56, 56) channel plane with its float64 scratch, so both passes fuse (3 tensor passes
-    of memory traffic, not 5): NCX f32 261 -> 193 ms, NXC 236 -> 211 ms against 4 MiB. Before that change:
-
-    Small tiles cost per-call overhead (a tile is ~20 NumPy calls), big ones fall out of cache between the
-    reduce and the write pass. Measured, f32 and f16 (64,128,56,56) both layouts, 2 threads (bench/ab_core.py,
-    tables in bench/RESULTS.md): on a 32 MiB-L3 EPYC 4 MiB was best or tied in every cell (0.42-0.90x naive
-    NumPy), 1-2 MiB up to 1.4x naive for f16, 16 MiB 0.6-0.7x; on an 8 MiB-L3 machine (issue 15) the old
-    rule's 2 MiB was no faster than naive NumPy and 4-8 MiB were best. This rule gives 8 MiB and 4 MiB there.
+    Small tiles pay per-call overhead (a tile is ~20 NumPy calls); big ones fall out of cache between the
+    reduce and the write pass. Half the share is big enough that a whole f32 channel plane and its float64
+    scratch fit one tile, so both passes fuse (3 tensor passes over memory, not 5). The measurements on a
+    32 MiB and an 8 MiB L3 are in bench/RESULTS.md ("Core A/B after the reproducible core").
     """
     sizes = cache_sizes()
     last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8

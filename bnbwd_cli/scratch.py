@@ -1,7 +1,7 @@
 """Scratch arrays reused from block to block and tile to tile, one set per thread.
 
-A fresh float64 temporary per block and step costs page faults (the kernel zeroes every new page: ~0.35 s
-of system time per judge pass over a 12.8M-element tensor, measured) and evicts the cache; writing into the
+A fresh float64 temporary per block and step costs page faults (the kernel zeroes every new page, system
+time that grows with the tensor) and evicts the cache; writing into the
 same arrays with ``out=`` computes the same values without either. The NumPy core's tiles and the judge's
 blocks both take their temporaries from here.
 """

@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bnbwd_cli.dtypes import ulp_spacing  # noqa: E402
-from bnbwd_cli.judge.model import U32, terms_sum_scale  # noqa: E402
-from bnbwd_cli.judge.rules import Chunk, ScaledRule  # noqa: E402
-from bnbwd_cli.judge.tolerance import SUM_MAX_UNITS, Scaled  # noqa: E402
+from bnbwd_cli.dtypes import ulp_spacing
+from bnbwd_cli.judge.model import U32, terms_sum_scale
+from bnbwd_cli.judge.rules import Chunk, ScaledRule
+from bnbwd_cli.judge.tolerance import SUM_MAX_UNITS, Scaled
 
 F32 = np.float32
 ORDERS = ("sequential", "blocked", "float64-combine", "pairwise", "tree", "shuffled-atomic", "block-atomic")

@@ -45,13 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff  # noqa: E402
-from bnbwd_cli.judge import Judging, compare_sets  # noqa: E402
-from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS  # noqa: E402
-from bnbwd_cli.core import Op, Settings, backward  # noqa: E402
-from tests import zoo  # noqa: E402
+from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff
+from bnbwd_cli.judge import Judging, compare_sets
+from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS
+from bnbwd_cli.core import Op, Settings, backward
+from tests import zoo
 
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 SHORT = {"diff_src": "src", "diff_gamma": "gamma", "diff_beta": "beta"}
@@ -200,7 +200,7 @@ def m_of(shape, fmt: str) -> int:
 def torch_or_none():
     try:
         import torch
-    except Exception:  # noqa: BLE001 - any import failure means "no torch"
+    except Exception:  # any import failure means "no torch"
         return None
     return torch
 

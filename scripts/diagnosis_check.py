@@ -17,9 +17,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bnbwd_cli.judge import Judging, compare_sets  # noqa: E402
-from tests import bugs, zoo  # noqa: E402
-from tests.oracle import backward_arrays  # noqa: E402
+from bnbwd_cli.judge import Judging, compare_sets
+from tests import bugs, zoo
+from tests.oracle import backward_arrays
 
 
 def truth(problem: dict) -> dict:

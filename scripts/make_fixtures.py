@@ -44,11 +44,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package's float64 oracle and the tests' normalised error, run from a checkout
 
-from bnbwd_cli.core import Op  # noqa: E402
+from bnbwd_cli.core import Op
 
-from bnbwd_cli.core.reference import reference_backward  # noqa: E402
-from bnbwd_cli.dtypes import to_float64  # noqa: E402
-from tests.oracle import normalised_error  # noqa: E402
+from bnbwd_cli.core.reference import reference_backward
+from bnbwd_cli.dtypes import to_float64
+from tests.oracle import normalised_error
 FIXTURES = ROOT / "fixtures" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 TABLE_BEGIN = "<!-- conformance-table:begin (scripts/make_fixtures.py --report) -->"
@@ -233,13 +233,13 @@ def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:
 # ---------------------------------------------------------------- frameworks
 
 
-def _torch_tensor(torch, a: np.ndarray):  # noqa: ANN001
+def _torch_tensor(torch, a: np.ndarray):
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
 
 
-def _torch_numpy(torch, t) -> np.ndarray:  # noqa: ANN001
+def _torch_numpy(torch, t) -> np.ndarray:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.contiguous().view(torch.int16).numpy().view(BF16)
@@ -297,7 +297,7 @@ def run_tf(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndar
     dtype = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}[case.dtype]
     data_format = _tf_format(case)
 
-    def t(a: np.ndarray, dt):  # noqa: ANN001, ANN202
+    def t(a: np.ndarray, dt):
         if a.dtype == BF16:
             return tf.cast(tf.constant(a.astype(np.float32)), tf.bfloat16)  # exact: values are bf16
         return tf.constant(a, dtype=dt)
@@ -314,7 +314,7 @@ def run_tf(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndar
         is_training=case.train,
     )
 
-    def back(x):  # noqa: ANN001, ANN202
+    def back(x):
         if x.dtype == tf.bfloat16:
             return tf.cast(x, tf.float32).numpy().astype(BF16)  # exact
         return x.numpy()
@@ -355,10 +355,10 @@ def framework_info(framework: str) -> dict:
 def available(framework: str) -> bool:
     try:
         if framework == "pytorch":
-            import torch  # noqa: F401
+            import torch  # noqa: F401 - imported only to see whether it is installed
         else:
             _tf_setup()
-            import tensorflow  # noqa: F401
+            import tensorflow  # noqa: F401 - imported only to see whether it is installed
     except ImportError:
         return False
     return True

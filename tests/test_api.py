@@ -38,7 +38,7 @@ def test_import_is_light():
     assert out.strip() == "[]"
     assert callable(bnbwd_cli.check) and "backward" in dir(bnbwd_cli)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        bnbwd_cli.nope  # noqa: B018
+        bnbwd_cli.nope
 
 
 def test_backward_equals_the_cli_bit_for_bit(cli, tmp_path, problem):

@@ -25,10 +25,10 @@ class DLPackOnly:
     def __init__(self, array: np.ndarray) -> None:
         self._array = array
 
-    def __dlpack__(self, **kwargs):  # noqa: ANN003, ANN204
+    def __dlpack__(self, **kwargs):
         return self._array.__dlpack__(**kwargs)
 
-    def __dlpack_device__(self):  # noqa: ANN204
+    def __dlpack_device__(self):
         return self._array.__dlpack_device__()
 
 
@@ -38,7 +38,7 @@ class ArrayOnly:
     def __init__(self, array: np.ndarray) -> None:
         self._array = array
 
-    def __array__(self, dtype=None, copy=None):  # noqa: ANN001, ANN204
+    def __array__(self, dtype=None, copy=None):
         return self._array if dtype is None else self._array.astype(dtype)
 
 

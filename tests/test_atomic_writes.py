@@ -291,7 +291,7 @@ def test_stream_mode_failure_leaves_nothing(bundle: Path, out: Path, tmp_path: P
     assert listing(out) == []
 
 
-# ---------------------------------------------------------------- issue 13: destinations, odd paths, streamed outputs, faults
+# ---------------------------------------------------------------- destinations, odd paths, streamed outputs, faults
 
 
 @pytest.mark.parametrize("target", ["actual", "reference"])

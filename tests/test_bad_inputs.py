@@ -536,7 +536,7 @@ def test_process_substitution_inputs(ws: Workspace, cut: bool) -> None:
         assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
 
 
-# ---------------------------------------------------------------- issue 13: bounds before work, odd paths, streams, signals
+# ---------------------------------------------------------------- bounds before work, odd paths, streams, signals
 
 
 def bnbwd_cmd(*args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -370,7 +370,7 @@ def test_readme_loop_runs_as_printed_and_every_case_passes(tmp_path, cli, monkey
     monkeypatch.chdir(tmp_path)
     assert cli(*commands[0][1:]).exit_code == 0
     monkeypatch.setattr("sys.argv", commands[1][1:])
-    exec(compile((tmp_path / "kernel.py").read_text(), "kernel.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    exec(compile((tmp_path / "kernel.py").read_text(), "kernel.py", "exec"), {"__name__": "__main__"})
     result = cli(*commands[2][1:])
     manifest = json.loads((tmp_path / "suite" / "manifest.json").read_text())
     assert result.exit_code == 0 and result.output.count("PASS ") == len(manifest["cases"]), result.output

@@ -112,7 +112,7 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "fixtures", tmp_path / "fixtures")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "README.md", "exec"), namespace)  # our own README
     namespace["test_my_kernel"]()
 
 

@@ -118,7 +118,7 @@ def test_members_with_sizes_after_their_data_read_alike(tmp_path, big):
         def writable(self) -> bool:
             return True
 
-        def write(self, chunk) -> int:  # noqa: ANN001
+        def write(self, chunk) -> int:
             self.data += chunk
             return len(chunk)
 

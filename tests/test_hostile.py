@@ -81,7 +81,7 @@ def measured(args, stdin=None) -> Measured:
 _baseline_mib: list[float] = []
 
 
-def baseline_mib(tmp_path_factory) -> float:  # noqa: ANN001
+def baseline_mib(tmp_path_factory) -> float:
     """The CLI's own peak memory judging two tiny files: the interpreter, NumPy, click, rich."""
     if not _baseline_mib:
         path = tmp_path_factory.mktemp("baseline") / "tiny.npz"
@@ -90,7 +90,7 @@ def baseline_mib(tmp_path_factory) -> float:  # noqa: ANN001
     return _baseline_mib[0]
 
 
-def assert_rejected_within_budget(args, pattern: str, tmp_path_factory, stdin=None) -> Measured:  # noqa: ANN001
+def assert_rejected_within_budget(args, pattern: str, tmp_path_factory, stdin=None) -> Measured:
     """Exit 3 with one error line, at most 64 MiB over the CLI's own peak; seconds are asserted loosely (a hang
     guard: the suite shares two cores with other jobs), the measured time is in the result."""
     result = measured(args, stdin)
@@ -536,7 +536,7 @@ def npz_archive(arrays: dict[str, np.ndarray], method=None, stream: bool = False
         def writable(self) -> bool:
             return True
 
-        def write(self, data) -> int:  # noqa: ANN001
+        def write(self, data) -> int:
             self.data += data
             return len(data)
 

@@ -11,19 +11,19 @@ from hypothesis import strategies as st
 pytest.importorskip("numba")
 pytestmark = pytest.mark.numba  # kernels compiled once a session (conftest.numba_jit)
 
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import numba  # noqa: E402
+import numba
 
-from bnbwd_cli import runtime  # noqa: E402
-from bnbwd_cli.op import Op  # noqa: E402
-from bnbwd_cli.runtime import choose_core  # noqa: E402
-from bnbwd_cli.core.reference import reference_backward  # noqa: E402
-from tests.conftest import save_npy_flags  # noqa: E402
-from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems  # noqa: E402
+from bnbwd_cli import runtime
+from bnbwd_cli.op import Op
+from bnbwd_cli.runtime import choose_core
+from bnbwd_cli.core.reference import reference_backward
+from tests.conftest import save_npy_flags
+from tests.oracle import BOUNDS, backward_arrays, normalised_error, op_args, problem_arrays, problems
 
 # Through runtime.load_numba_core, as a run loads it: it sets the kernels' cache directory first (numba was imported
 # above, so it also reloads numba's settings). A direct import would cache beside the source and miss what the

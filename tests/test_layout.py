@@ -40,7 +40,7 @@ def test_one_json_writer_and_one_home_for_schema_versions():
 
 
 def test_click_layer_render_and_files_stay_small():
-    """cli/, render/ and files/ (core/ has its own split, tracked in issue 16)."""
+    """cli/, render/ and files/ (core/ is split by its own rule: one module per stage of the math)."""
     too_big = []
     for name, tree in modules().items():
         if not name.startswith(("cli/", "render/", "files/")):
@@ -64,7 +64,7 @@ def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> li
 
 
 def test_no_function_outside_core_takes_more_than_six_parameters_or_sixty_lines():
-    """Issue 16: options that travel together go in a frozen dataclass. core/ is split on its own branch;
+    """Options that travel together go in a frozen dataclass, so a call names what it passes. core/ is exempt;
     api.py's backward/check keep the keyword signatures DESIGN.md section 5 promises."""
     too_wide, too_long = [], []
     for name, tree in modules().items():

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from bnbwd_cli import runtime  # noqa: E402
+from bnbwd_cli import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 # One small NCX problem with >= 2 channels a thread: only the fused plane kernel compiles (float64: one signature).

@@ -23,7 +23,7 @@ COMMANDS = {  # (arguments, the verdict's exit code)
 }
 
 
-def bnbwd(args: list[str], stdout) -> subprocess.Popen:  # noqa: ANN001
+def bnbwd(args: list[str], stdout) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bnbwd_cli", *args], cwd=ROOT, stdout=stdout,
                             stderr=subprocess.PIPE, text=True)
 

@@ -1,5 +1,5 @@
 """The reference itself: faithfully rounded (within 1 ulp of a long-double oracle), and the same bits for any
-thread count, block size, streaming and core (issue 12; docs/guarantees.md)."""
+thread count, block size, streaming and core (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_importing_the_core_sets_nothing_process_wide():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parent.parent)
 
 
-# ---------------------------------------------------------------- the hard cases of issue 12
+# ---------------------------------------------------------------- the hard cases: large means, extreme scales, rounding once
 
 
 def _stats(src, data_format):
@@ -136,7 +136,7 @@ def _stats(src, data_format):
 
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 def test_large_mean_with_float64_stats_is_not_rounded_to_float32(rng, data_format):
-    # |mean| = 1e4: rounding mean to float32 before src - mean left errors of 4e-4 (issue 12).
+    # |mean| = 1e4: rounding mean to float32 before src - mean left errors of 4e-4.
     shape = (16, 3, 50) if data_format == "NCX" else (16, 50, 3)
     src = (1e4 + rng.normal(size=shape)).astype(np.float32)
     mean, variance = _stats(src, data_format)

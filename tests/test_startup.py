@@ -1,4 +1,4 @@
-"""Start-up: the plain `bnbwd run` path imports only what it needs (issue 15).
+"""Start-up: the plain `bnbwd run` path imports only what it needs.
 
 CI scripts call bnbwd hundreds of times; every module a command loads without using it costs
 every call. Each case runs the command in a fresh interpreter and lists sys.modules at exit.
@@ -54,7 +54,7 @@ NEVER_ON_QUIET_RUN = {
     "json": "only --json writes JSON",
 }
 
-# Also kept out of a run whose inputs and outputs are .npy files (the shape of issue 15's end-to-end run).
+# Also kept out of a run whose inputs and outputs are .npy files (the shape of the end-to-end bench's run).
 NEVER_ON_NPY_RUN = {
     **NEVER_ON_QUIET_RUN,
     "zipfile": ".npz archives only (files/npz.py imports it with the first archive); brings bz2, lzma, shutil",

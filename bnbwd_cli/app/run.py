@@ -154,7 +154,7 @@ def facts(request: RunRequest, prepared: Prepared, computed: Computed, written: 
                     core=computed.core, stream=prepared.stream, stats=computed.stats)
 
 
-def reference_sets(request: RunRequest, prepared: Prepared, arrays: dict, kernel_path: str):  # noqa: ANN201
+def reference_sets(request: RunRequest, prepared: Prepared, arrays: dict, kernel_path: str):
     """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference (app.judge.TensorSets).
     bf16 keys that are not inputs are keys of the kernel's file."""
     from bnbwd_cli.app.judge import TensorSets

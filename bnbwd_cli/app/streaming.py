@@ -90,7 +90,7 @@ class StreamedResult:
     core: str
 
 
-def _block(source, axis: int, c0: int, c1: int) -> np.ndarray:  # noqa: ANN001 - NpyBlocks or ndarray
+def _block(source, axis: int, c0: int, c1: int) -> np.ndarray:  # NpyBlocks or ndarray
     if isinstance(source, NpyBlocks):
         return source.channels(axis, c0, c1)
     return np.ascontiguousarray(source[(slice(None),) * axis + (slice(c0, c1),)])

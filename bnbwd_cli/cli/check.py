@@ -7,8 +7,6 @@ the op are run's own definitions (cli/params.op_options), so they cannot drift a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from bnbwd_cli.app import check as app_check
@@ -125,7 +123,7 @@ def _echo_case_errors(outcome: app_check.CaseOutcome) -> None:
             echo_error(f"error: {outcome.path}: {problem.message}")
 
 
-def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:  # noqa: ANN001
+def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:
     from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 

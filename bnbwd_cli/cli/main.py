@@ -28,7 +28,7 @@ class InputFailed(click.ClickException):
     def __init__(self, error: InputError) -> None:
         super().__init__(error.format_message())
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+    def show(self, file=None) -> None:  # click's signature
         echo_error(f"error: {self.message}")
 
 
@@ -36,7 +36,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so that the same cleanup as for Ctrl-C runs."""
 
 
-def _on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal's signature
+def _on_sigterm(signum, frame) -> None:  # signal's signature
     raise Terminated()
 
 
@@ -132,7 +132,7 @@ class BnbwdGroup(click.Group):
             self.add_command(getattr(module, name))
         return super().get_command(ctx, name)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
         _Verdict.code = None
         if not standalone_mode:

@@ -21,7 +21,7 @@ class ArraySource(click.ParamType):
 
     name = "PATH"
 
-    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+    def convert(self, value, param, ctx):  # click's signature
         if not isinstance(value, str) or not value:
             self.fail("expected FILE.npy, FILE.npz:key, FILE.safetensors:key, raw:DTYPE:SHAPE:FILE or -", param, ctx)
         return value
@@ -41,7 +41,7 @@ class ByteSize(click.ParamType):
     def __init__(self, minimum: int = 1) -> None:
         self.minimum = minimum
 
-    def convert(self, value, param, ctx):  # noqa: ANN001
+    def convert(self, value, param, ctx):
         if isinstance(value, int):
             return max(value, self.minimum)
         match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(I?B)?\s*", str(value).upper())
@@ -55,7 +55,7 @@ class OutputList(click.ParamType):
 
     name = "NAMES"
 
-    def convert(self, value, param, ctx):  # noqa: ANN001
+    def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         names = tuple(part.strip() for part in str(value).split(",") if part.strip())

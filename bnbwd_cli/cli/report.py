@@ -29,7 +29,7 @@ def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any],
             raise click.UsageError(f"{flag} names {', '.join(unknown)}, which is not an output (outputs: {', '.join(sorted(known))})")
 
 
-def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,  # noqa: ANN001
+def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, stdout_console, json_target: str | None,
                       fsync: bool = False, progress: Callable[[int, int], None] | None = None) -> ExitCode:
     """Compare two tensor sets, print the report (and JSON), return the exit code.
 

@@ -244,7 +244,7 @@ def _reference_paths(options: RunOptions) -> list[Path]:
 
 
 def _compute(request: app_run.RunRequest, prepared: app_run.Prepared, stack: contextlib.ExitStack,
-             stderr_console) -> app_run.Computed:  # noqa: ANN001
+             stderr_console) -> app_run.Computed:
     """The run, with a progress bar on a terminal when it takes long enough to want one."""
     progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "backward")
     computed = app_run.compute(request, prepared, on_progress)
@@ -253,7 +253,7 @@ def _compute(request: app_run.RunRequest, prepared: app_run.Prepared, stack: con
     return computed
 
 
-def _progress_bar(prepared: app_run.Prepared, stack: contextlib.ExitStack, stderr_console, description: str):  # noqa: ANN001, ANN202
+def _progress_bar(prepared: app_run.Prepared, stack: contextlib.ExitStack, stderr_console, description: str):
     """(bar, callback) started on a terminal for inputs large enough to want one, else (None, None)."""
     if stderr_console is None or not stderr_console.is_terminal or prepared.op.src.nbytes < PROGRESS_MIN_BYTES:
         return None, None
@@ -279,7 +279,7 @@ def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared:
                              progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))
 
 
-def _stopping_at_the_end(progress_bar, on_progress):  # noqa: ANN001, ANN202
+def _stopping_at_the_end(progress_bar, on_progress):
     """on_progress, and the bar stopped once judging is done (before the report prints)."""
     def update(done: int, total: int) -> None:
         on_progress(done, total)

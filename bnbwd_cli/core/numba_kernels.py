@@ -23,8 +23,8 @@ WRITE_ROWS = 64  # rows of one row-write task
 
 # The small helpers are plain @njit, not inline="always": numba compiles each once per type signature and
 # every kernel links that one copy (LLVM still inlines it, so loops vectorise as before), where an inline
-# helper is typed and lowered again at every call site of every kernel (cold JIT of the f32 kernels
-# 18.6 -> 15.8 CPU-s; f32 NCX write no slower: see git log).
+# helper is typed and lowered again at every call site of every kernel, which lengthens the cold JIT for
+# no faster kernel.
 _pair_sum = njit(plan.pair_sum)
 _fold_result = njit(plan.fold_result)
 _coefficients = njit(plan.coefficients)

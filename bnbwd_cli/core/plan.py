@@ -31,21 +31,18 @@ from dataclasses import dataclass
 import numpy as np
 
 # A row group spans at least this many elements of one channel. NXC rows hold one per channel, so 16 lanes make
-# 1024-row chunks: fewer partials to fold than 1 lane's 64-row chunks (f32 (64,56,56,128) NXC, 2 threads, CPU
-# time, interleaved: numba 0.84-0.90x, NumPy 0.83-0.90x of LANES = 1 with 64 rows a chunk).
+# 1024-row chunks: fewer partials to fold than 1 lane's 64-row chunks (bench/RESULTS.md, "The core's constants").
 LANES = 16
 LANE_BLOCK = 4096  # at most this many lanes of one channel go into one tree (>= 2·LANES: r0 > 1 means one block)
 # Row groups in a chunk: every lane sums this many values in a row (the bound on the lane sums' error). Always
-# this many, whatever the lanes (once at most 16384 elements a chunk: NCX planes of 56x56 had 6-row chunks and
-# 11 trees and folds a channel; one 64-row chunk ran 0.88-0.91x the time in both cores).
+# this many, whatever the lanes: a cap on a chunk's elements instead cut large planes into short chunks, and so
+# into more trees and folds a channel, for no gain in accuracy.
 CHUNK_GROUPS = 64
 TREE_COPY_ROWS = 16  # lane_tree: this many rows (quantities x chunks x channels x blocks) or more go lanes-first
 SCALAR_FOLD_MAX = 64  # partials (all columns) at most this many: plan.fold runs on Python floats
 # Working sets smaller than this are not split for threads: they run in one thread (numpy_core), in one group.
-# 4 MiB -> 16 MiB (f32 tensors under ~0.47 M elements): a pool's start and hand-offs cost more than they save there
-# (2 threads, loaded 2-core machine: f32 (8,64,16,16) NCX 5.0 -> 1.6 ms, (64,128,7,7) NCX 8.1 -> 5.3 ms; rechecked
-# quiet, best of 60: (8,64,16,16) NCX 6.5 -> 1.4 ms, NXC 1.8 -> 1.2; (16,64,28,28) and (32,64,28,28) within 2%;
-# (16,128,28,28) NCX 11.3 -> 8.2, NXC 12.9 -> 11.8; (32,128,28,28), already spread under both, within 2%).
+# Below it (f32 tensors under ~0.47 M elements) a pool's start and hand-offs cost more than the threads save
+# (bench/RESULTS.md, "The core's constants").
 SPREAD_MIN_BYTES = 16 << 20
 MIN_GROUPS = 16  # channel groups of the whole-plane tiles: enough to share between threads, whatever their count
 
@@ -97,8 +94,8 @@ def lane_tree(lanes: np.ndarray) -> np.ndarray:
     """Reduce the last axis by the fixed halving tree: lanes[i] += lanes[keep + i], length -> keep.
 
     Runs in place, or when there are TREE_COPY_ROWS rows or more on a lanes-first copy, where each step is one
-    contiguous block instead of a short run a row (f32 NCX (2, 32, 28, 28): 130 -> 80 us; (64, 128, 56, 56) a
-    plane: 145 -> 105 us). The additions are the same either way.
+    contiguous block instead of a short run a row (cheaper once there are enough rows to pay for the copy).
+    The additions are the same either way.
     """
     work = np.moveaxis(lanes, -1, 0)
     if 1 < lanes.shape[-1] and lanes.size >= TREE_COPY_ROWS * lanes.shape[-1]:  # one lane: nothing to add
@@ -253,7 +250,7 @@ def plan_groups(shape: Geometry, bytes_per_element: int, budget: int, row_mode: 
     plane = n * s
     if plane <= per_budget:
         # Spread the channels over MIN_GROUPS groups for the threads, unless the problem is too small to share:
-        # then one group saves ~15 tiles' call overhead (a 0.2 MB f32 problem: 2.5 -> 0.9 ms).
+        # then one group saves the per-tile call overhead of the other groups, which dominates a small problem.
         width = max(min(per_budget // plane, -(-c // MIN_GROUPS) if worth_threads(shape, bytes_per_element) else c), 1)
         return [Group(c0, min(c0 + width, c), (Tile(0, n, 0, s),)) for c0 in range(0, c, width)]
     if s * step <= per_budget or shape.blocks == 1:

@@ -16,7 +16,7 @@ from bnbwd_cli.scratch import FLOAT64, Scratch
 
 
 # ---------------------------------------------------------------- float32 -> float16
-# NumPy's own float32 -> float16 cast was 2.5x slower here (1M elements: 54 vs 22 ms); these bit
+# NumPy's own float32 -> float16 cast is the slower one (bench/RESULTS.md, "The core's constants"); these bit
 # manipulations give the same bits (round to nearest even, subnormals, inf, NaN) in a few vectorised
 # integer passes. The other way NumPy's cast is the faster one (numpy_core._Kernel._widen uses it). Used only
 # where NumPy's float64 -> float16 cast would round twice (store).
@@ -86,8 +86,8 @@ def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -
     NumPy's cast would round twice).
     """
     if out.dtype == np.float16 and HALF_CAST_ROUNDS_ONCE:
-        # One cast instead of the float32 detour below: f16 (64,128,56,56), 2 threads, NumPy core 275 -> 202 ms
-        # NCX, 224 -> 188 ms NXC (bench/ab_core.py), the same bits (tests/test_kernels_tiling.py checks the two).
+        # One cast instead of the float32 detour below: fewer passes over the output, the same bits
+        # (tests/test_kernels_tiling.py checks the two).
         with np.errstate(over="ignore", invalid="ignore"):
             np.copyto(out, values, casting="unsafe")
         return values

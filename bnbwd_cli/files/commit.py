@@ -42,7 +42,7 @@ def _commit_group(group: list[OutputSet]) -> None:
     try:
         with signals_deferred():
             for outputs in group:
-                outputs._rename()  # noqa: SLF001 - the group is OutputSet's own commit, deferred
+                outputs._rename()  # the group is OutputSet's own commit, deferred
     except OSError as exc:
         for outputs in group:
             outputs.abort()

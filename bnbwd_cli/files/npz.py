@@ -160,7 +160,7 @@ def spool_archive(stream: BinaryIO, what: str) -> BinaryIO:
 
     cap = common.memory_cap()
     headers = LocalHeaders(what)
-    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # noqa: SIM115 - returned, closed by its reader
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # returned, closed by its reader
     total = 0
     try:
         while chunk := stream.read(SPOOL_CHUNK):
@@ -215,7 +215,7 @@ class BoundedInflate(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _start(self):  # noqa: ANN202 - a bz2 or lzma decompressor
+    def _start(self):  # a bz2 or lzma decompressor
         import bz2
         import lzma
         import zipfile
@@ -232,7 +232,7 @@ class BoundedInflate(io.RawIOBase):
         filters = [lzma._decode_filter_properties(lzma.FILTER_LZMA1, properties)]  # as zipfile decodes them
         return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters)
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - io's signature
+    def readinto(self, buffer) -> int:  # io's signature
         import zlib
 
         view = memoryview(buffer).cast("B")
@@ -264,7 +264,7 @@ class BoundedInflate(io.RawIOBase):
                 super().close()
 
 
-def open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # noqa: ANN201 - a binary stream
+def open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # a binary stream
     """A member's data as a stream whose output is bounded by what the caller reads (zipfile's own for stored and
     deflate members, which it bounds itself; BoundedInflate for bzip2 and lzma)."""
     import zipfile

@@ -50,7 +50,7 @@ class Sniffed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - io's signature
+    def readinto(self, buffer) -> int:  # io's signature
         view = memoryview(buffer).cast("B")
         if self._pending:
             count = min(len(view), len(self._pending))

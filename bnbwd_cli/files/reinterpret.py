@@ -12,7 +12,7 @@ from bnbwd_cli import dtypes
 from bnbwd_cli.errors import BnbwdError
 
 
-def _is_raw16(array) -> bool:  # noqa: ANN001 - an ndarray or files.blocks.NpyBlocks
+def _is_raw16(array) -> bool:  # an ndarray or files.blocks.NpyBlocks
     return array.dtype.itemsize == 2 and array.dtype.kind in "uiV"
 
 

@@ -3,7 +3,7 @@ existing regular file, an exchange of the two names (renameat2 with RENAME_EXCHA
 old file, which the exchange left under the temp name.
 
 Why: ext4 (with auto_da_alloc, its default) writes a file's data out inside the rename that replaces an existing
-file: 26-33 ms for a 51 MB output, more than writing it. An exchange is as atomic (the target names the old file
+file, which can take longer than writing it. An exchange is as atomic (the target names the old file
 or the new one at every instant) and does not wait for that. Power loss is what --fsync guards against (the data
 are synced before any rename), as before. Where the exchange is not available (another system, a file system
 without it, a target that vanished), os.replace does the same job the ordinary way.

@@ -53,13 +53,13 @@ class ForwardOnly(io.RawIOBase):
     and a pipe cannot seek at all."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "wb", buffering=COPY_CHUNK)  # noqa: SIM115 - closed with this stream
+        self._file = open(path, "wb", buffering=COPY_CHUNK)  # closed with this stream
         super().__init__()
 
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
+    def write(self, data) -> int:  # bytes-like
         return self._file.write(data)
 
     def tell(self) -> int:

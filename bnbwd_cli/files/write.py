@@ -164,7 +164,7 @@ class OutputSet:
     def __enter__(self) -> OutputSet:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+    def __exit__(self, exc_type, exc, tb) -> None:
         where = self._entries[-1][0] if self._entries else None
         if exc is None:
             try:
@@ -291,7 +291,7 @@ class NpyBlockWriter:
             rows_of[:, c0:c1] = data[o0:o1].reshape(o1 - o0, c1 - c0, inner * itemsize)
             self._pwrite(current, self.offset + o0 * row)
 
-    def _pwrite(self, data, offset: int) -> None:  # noqa: ANN001
+    def _pwrite(self, data, offset: int) -> None:
         view = memoryview(data).cast("B")
         while view.nbytes:
             written = os.pwrite(self.fd, view, offset)

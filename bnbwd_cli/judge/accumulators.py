@@ -331,7 +331,7 @@ class SumOfSquares:
         self.total, self.exponent = 0.0, 0
 
     def add(self, values: np.ndarray) -> None:
-        # einsum, not np.dot: BLAS's dot wakes its thread pool on every call (~16 ms on a busy machine,
+        # einsum, not np.dot: BLAS's dot wakes its thread pool on every call (costly on a busy machine,
         # whatever the chunk size) and its sum order depends on the thread count.
         with np.errstate(over="ignore", under="ignore"):
             plain = float(np.einsum("i,i->", values, values))

@@ -309,7 +309,7 @@ class Accumulator:
         zero_a, zero_r = self.zeros.finish()
         if self.details is not None:
             details = self.details.finish(self.actual, self.reference, self.dtype)
-            details_of = lambda: details  # noqa: E731 - a constant
+            details_of = lambda: details  # a constant
         return Comparison(
             shape=shape,
             dtype=self.dtype,

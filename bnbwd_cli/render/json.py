@@ -146,7 +146,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
     }
 
 
-def _tolerance(tol) -> dict[str, Any]:  # noqa: ANN001 - a judge.tolerance.Tolerance
+def _tolerance(tol) -> dict[str, Any]:  # a judge.tolerance.Tolerance
     return {"atol": finite(tol.atol), "rtol": finite(tol.rtol), "ulp": finite(tol.ulp), "rel_l2": finite(tol.rel_l2)}
 
 

@@ -39,7 +39,7 @@ class RunFacts:
     stats: dict[str, OutputStats]
 
 
-def progress_bar(console, description: str = "backward"):  # noqa: ANN001 - a rich Console
+def progress_bar(console, description: str = "backward"):  # a rich Console
     """A transient rich progress bar on `console` and the callback (done, total) that moves it."""
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 

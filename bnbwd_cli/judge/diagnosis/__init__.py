@@ -114,7 +114,7 @@ def _unexplained(case: Case, name: str, tested: int) -> Hint:
         if 0 < len(channels) < case.channels:
             text += f"; it fails in {len(channels)} of {case.channels} channels: {channel_list(channels)}"
         elif channels:
-            text += f"; it fails in every channel"
+            text += "; it fails in every channel"
         worst = out.comparison.max_units
         if worst is not None and worst.index is not None:
             text += f"; worst element at {tuple(int(i) for i in worst.index)}"
