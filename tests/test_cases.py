@@ -362,7 +362,7 @@ def test_readme_loop_runs_as_printed_and_every_case_passes(tmp_path, cli, monkey
     block: tests/test_docs.py runs each `bnbwd` line of the bash blocks alone, and `check` needs kernel.py's
     outputs)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Test suites for your kernel"):readme.index("## What bnbwd guarantees")]
+    section = readme[readme.index("## Test suites for your kernel"):readme.index("## Exit codes")]
     block = re.search(r"```shell\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line, comments=True) for line in block.splitlines()]
     assert [command[:2] for command in commands] == [["bnbwd", "cases"], ["python", "kernel.py"], ["bnbwd", "check"]]

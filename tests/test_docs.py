@@ -25,7 +25,7 @@ def test_readme_verify_captures_match_the_script(tmp_path):
     (ROOT / "docs" / "verify-report.md").write_text(committed)  # leave the tree as it was
     assert regenerated == committed, "docs/verify-report.md is stale: rerun docs/examples/make_verify_report.py"
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Comparing with your kernel"):readme.index("## Agreement with PyTorch")]
+    section = readme[readme.index("## Comparing with your kernel"):readme.index("## In pytest")]
     blocks = re.findall(r"```text\n.*?```\n", section, flags=re.S)
     assert len(blocks) >= 1
     for block in blocks:
@@ -98,7 +98,7 @@ def test_every_readme_command_runs_with_its_documented_exit_code(tmp_path, monke
         code, stdout, stderr = _run(command, tmp_path)
         assert code == expected, f"{command}\nexit {code}, documented {expected}\n{stderr}"
         outputs[command] = stdout
-    section = readme[readme.index("## In pytest"):readme.index("## What bnbwd guarantees")]
+    section = readme[readme.index("## Many cases at once"):readme.index("## Test suites for your kernel")]
     capture = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     failing = next(c for c, code in commands if c.startswith("bnbwd check ") and code == 1)
     assert outputs[failing] == capture, "README's `bnbwd check` capture differs from what the command prints"
@@ -107,7 +107,7 @@ def test_every_readme_command_runs_with_its_documented_exit_code(tmp_path, monke
 
 def test_readme_python_example_runs(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## In pytest"):readme.index("## What bnbwd guarantees")]
+    section = readme[readme.index("## In pytest"):readme.index("## Many cases at once")]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     shutil.copytree(ROOT / "fixtures", tmp_path / "fixtures")
     monkeypatch.chdir(tmp_path)

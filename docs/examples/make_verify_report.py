@@ -48,6 +48,7 @@ def main() -> None:
     run = ["run", f"{CASE}.inputs.npz", "--spec", "tensorflow", "-q"]
     passing, _ = capture(*run, "--reference", f"{CASE}.expected.npz")
     failing, _ = capture(*run, "--reference", PERTURBED, "--top", "5")
+    brief, _ = capture(*run, "--reference", PERTURBED, "--brief")
     verify_json, _ = capture("verify", f"{CASE}.expected.npz", PERTURBED, "--format", "NCHW", "--only", "diff_src", "--top", "2", "--json", "-")
     lines = verify_json.splitlines()
     verify_json = "\n".join(lines[:70] + ["  ... (the rest of the worst list, channels, histogram: cut here)"] + lines[-2:]) + "\n"
@@ -74,6 +75,14 @@ Exit code 1.
 
 ```text
 {failing}```
+
+## The same failure, `--brief`
+
+`--brief` leads with the verdict, then one line per output (each test it was held to, its statistic
+against its threshold), its hints and worst element:
+
+```text
+{brief}```
 
 ## The same facts as JSON
 
