@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,28 @@ def save_bundle(path, arrays: dict, **attributes) -> str:
     extra = {key: np.array(value) for key, value in attributes.items()}
     np.savez(path, **arrays, **extra)
     return str(path)
+
+
+def npz_archive(arrays: dict[str, np.ndarray], method=None, stream: bool = False, zip64: bool = False) -> bytes:
+    """An .npz's bytes: any zip method; `stream`: written as zipfile writes to a pipe (sizes after each member)."""
+    class Unseekable(io.RawIOBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:
+            self.data += data
+            return len(data)
+
+    target = Unseekable() if stream else io.BytesIO()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED if method is None else method) as archive:
+        for key, array in arrays.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=zip64) as member:
+                member.write(npy_bytes(array))
+    return bytes(target.data) if stream else target.getvalue()
 
 
 def load_npz(path) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ from bnbwd_cli.files import npz
 from bnbwd_cli.files.npy import READ_CHUNK
 from bnbwd_cli.files.read import read_array, read_bundle
 from bnbwd_cli.files.write import npz_bytes, write_npz
-from tests.conftest import assert_one_error, make_inputs, save_bundle
+from tests.conftest import assert_one_error, make_inputs, npz_archive, save_bundle
 
 NCHW = ("--epsilon", "1e-3", "--format", "NCHW")
 BIG = (3, 1000, 301)  # 3.6 MB of float32: several read chunks and a partial last one
@@ -111,24 +111,8 @@ def test_local_header_must_name_the_member(tmp_path, big):
 
 def test_members_with_sizes_after_their_data_read_alike(tmp_path, big):
     """zipfile writes to a pipe with the sizes after each member (flag bit 3): the data start is found the same."""
-    class Unseekable(io.RawIOBase):
-        def __init__(self) -> None:
-            self.data = bytearray()
-
-        def writable(self) -> bool:
-            return True
-
-        def write(self, chunk) -> int:
-            self.data += chunk
-            return len(chunk)
-
-    sink = Unseekable()
-    with zipfile.ZipFile(sink, "w") as archive:
-        for key, value in (("x", big), ("y", big[0, :7])):
-            with archive.open(f"{key}.npy", "w") as member:
-                np.lib.format.write_array(member, value)
     path = tmp_path / "piped.npz"
-    path.write_bytes(bytes(sink.data))
+    path.write_bytes(npz_archive({"x": big, "y": big[0, :7]}, stream=True))
     read = read_bundle(str(path))
     assert np.array_equal(read["x"], big) and np.array_equal(read["y"], big[0, :7])
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, assert_one_error, error_line, make_inputs, npy_bytes, save_bundle
+from tests.conftest import ROOT, assert_one_error, error_line, make_inputs, npy_bytes, npz_archive, save_bundle
 
 SHAPE = (4, 8, 6, 6)
 EPSILON = "1e-3"
@@ -519,33 +519,6 @@ def test_sum_of_squares_keeps_ordinary_sums_bit_for_bit() -> None:
 
 
 # ---------------------------------------------------------------- memory before validation
-
-
-def npz_archive(arrays: dict[str, np.ndarray], method=None, stream: bool = False, zip64: bool = False) -> bytes:
-    """An .npz's bytes: any zip method; `stream`: written as zipfile writes to a pipe (sizes after each member)."""
-    import io
-    import zipfile
-
-    from tests.conftest import npy_bytes
-
-    class Unseekable(io.RawIOBase):
-        def __init__(self) -> None:
-            super().__init__()
-            self.data = bytearray()
-
-        def writable(self) -> bool:
-            return True
-
-        def write(self, data) -> int:
-            self.data += data
-            return len(data)
-
-    target = Unseekable() if stream else io.BytesIO()
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED if method is None else method) as archive:
-        for key, array in arrays.items():
-            with archive.open(f"{key}.npy", "w", force_zip64=zip64) as member:
-                member.write(npy_bytes(array))
-    return bytes(target.data) if stream else target.getvalue()
 
 
 def endless(prefix: bytes, filler: bytes = b"y\n") -> subprocess.Popen:
