@@ -11,17 +11,10 @@ from hypothesis import strategies as st
 from bnbwd_cli.core import BackwardResult, Op, Settings, backward
 from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 from tests.conftest import INPUT_NAMES, make_inputs
+from tools.accuracy import normalised_error as normalised_error  # the tests' import of it: from tests.oracle
 
 # Normalised max error bounds per dtype, what each output may miss a float64 oracle by: max|out - ref| / max|ref|.
 BOUNDS = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-
-
-def normalised_error(actual: np.ndarray, expected64: np.ndarray) -> float:
-    if expected64.size == 0:
-        return 0.0
-    difference = np.max(np.abs(to_float64(actual) - expected64))
-    scale = np.max(np.abs(expected64))
-    return float(difference / scale) if scale > 0 else float(difference)
 
 
 def op_args(rng: np.random.Generator, shape, data_format: str = "NCX", dtype=np.float32, stats_dtype=np.float32,

@@ -3,7 +3,7 @@
 The loop closes as a user's would: each NAME.npz is read back (np.load, allow_pickle=False), a NumPy
 "kernel" computes its outputs, and bnbwd judges them (the Python API here; `bnbwd check DIR`, reading
 NAME.npz beside NAME.out.npz, in the end-to-end tests). Correct kernels pass every case; each bug family
-of tests/bugs.py fails on a case the manifest says targets its class (bugs.CLASSES), runs only on those
+of tools/bugs.py fails on a case the manifest says targets its class (bugs.CLASSES), runs only on those
 cases, to keep this fast, and there gets its cause named or "unexplained", never a wrong cause.
 """
 
@@ -23,7 +23,7 @@ import bnbwd_cli
 from bnbwd_cli.app import inputs as app_inputs
 from bnbwd_cli.app import cases as app_cases
 from bnbwd_cli.files import suite as suite_files
-from tests import bugs, zoo
+from tools import bugs, zoo
 from tests.conftest import assert_one_error
 
 INPUTS = ("src", "diff_dst", "mean", "variance", "gamma", "epsilon", "data_format")

@@ -1,8 +1,8 @@
 """The diagnosis names planted bugs by tested hypotheses (judge/diagnosis/), and never a wrong cause.
 
-Each bug family of tests/bugs.py is planted in float32 and in a 16-bit dtype, in both layouts, at a
+Each bug family of tools/bugs.py is planted in float32 and in a 16-bit dtype, in both layouts, at a
 random shape (seeded per case): the hint's cause must be the planted one and no other cause may be
-named. Correct kernels get no hint. scripts/diagnosis_check.py draws many more at random.
+named. Correct kernels get no hint. tools/diagnosis_check.py draws many more at random.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge import Judging, compare_sets
-from tests import bugs, zoo
+from tools import bugs, zoo
 from tests.oracle import backward_arrays
 
 SIXTEEN = {name: ("f16" if k % 2 else "bf16") for k, name in enumerate(sorted(bugs.FAMILIES))}

@@ -1,7 +1,7 @@
 """H and W swapped, both ways round: a kernel that pairs dy[h, w] with the buffer's x at w*H + h, and one that
 pairs the buffer's x[h, w] with its own w*H + h (the inverse permutation), are both named spatial-axes-swapped.
 
-tests/bugs.py plants one direction; this file plants each direction on each side (an input read, the output
+tools/bugs.py plants one direction; this file plants each direction on each side (an input read, the output
 written), in both layouts and in float32 and bfloat16, so the detector is not fitted to one of them.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge import Judging, compare_sets
-from tests import zoo
+from tools import zoo
 from tests.oracle import backward_arrays
 
 N, C, H, W = 3, 5, 9, 14  # non-square: the swap moves elements

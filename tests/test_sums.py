@@ -1,7 +1,7 @@
 """diff_gamma and diff_beta: K units of the running sums' error, pinned from both sides.
 
 Large M is checked on synthetic sums (per-channel vectors of float32 terms and the model's own scale,
-judge/model.terms_sum_scale), the way scripts/calibrate_sums.py calibrates K at 1000 seeds per order
+judge/model.terms_sum_scale), the way tools/calibrate_sums.py calibrates K at 1000 seeds per order
 (docs/tolerances.md): correct float32 orders pass, a lost 32-element partial of 30x the channel's
 running-sum error fails. Ordinary sizes go through compare_sets and the real CLI.
 """
@@ -18,12 +18,12 @@ from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge.model import U32, channel_facts, terms_sum_scale
 from bnbwd_cli.judge.rules import Chunk, ScaledRule
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, Scaled
-from tests import zoo
+from tools import zoo
 from tests.conftest import INPUT_NAMES, save_bundle
 from tests.oracle import backward_arrays
 
 F32 = np.float32
-# A sequential float32 sum's error has an RMS of ~0.42 * u*sqrt(sum_k S_k**2) (scripts/calibrate_sums.py
+# A sequential float32 sum's error has an RMS of ~0.42 * u*sqrt(sum_k S_k**2) (tools/calibrate_sums.py
 # measured 0.424 over 1000 seeds at M = 2^18): the running-sum error of a channel, sigma.
 RUNNING_SUM_ERROR = 0.42
 

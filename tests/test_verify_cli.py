@@ -199,7 +199,7 @@ def test_help_states_defaults_and_bf16(cli):
 def _inputs_case(tmp_path, bug=None):
     """A bundle of inputs, bnbwd's outputs, and a zoo kernel's outputs (correct, or with a planted bug)."""
     from tests.oracle import backward_arrays
-    from tests import zoo
+    from tools import zoo
 
     problem = zoo.make_problem(np.random.default_rng(5), (4, 8, 16, 16), "NCX", np.float32, np.float32)
     bundle = save_bundle(tmp_path / "inputs.npz", {k: problem[k] for k in INPUT_NAMES}, epsilon=problem["epsilon"],

@@ -1,10 +1,10 @@
 """The judge against a zoo of kernels: every correct kernel passes, every planted bug fails.
 
 Correct kernels are NumPy emulations of float32 kernels with the accumulation orders real ones use
-(tests/zoo.py), for f32, f16 and bf16 data, f32 and bf16 parameters, both layouts, M from 1 to 1e5;
+(tools/zoo.py), for f32, f16 and bf16 data, f32 and bf16 parameters, both layouts, M from 1 to 1e5;
 the truth side is bnbwd's own output (what `run --reference` compares with). Framework kernels
 (PyTorch, TensorFlow) are the conformance fixtures, judged through the real CLI. The calibration
-that sets K is scripts/calibrate_tolerances.py (docs/tolerances.md).
+that sets K is tools/calibrate_tolerances.py (docs/tolerances.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from bnbwd_cli.cli import main
 from bnbwd_cli.judge import Judging, compare_sets
 from tests.oracle import backward_arrays
-from tests import zoo
+from tools import zoo
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPES = {"f32": (F32, F32), "f16": (F16, F32), "bf16": (zoo.BF16, F32), "bf16-params": (zoo.BF16, zoo.BF16)}

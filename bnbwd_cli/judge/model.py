@@ -30,7 +30,7 @@ With unit roundoff u (2**-24 for any kernel that touches float32, 2**-53 for an 
 
 An element passes when |a - r| <= K*s + ulp_D(r) (judge/tolerance.py: K = 16 for diff_src, 4 for the
 sums, whose scale tracks their error more closely); docs/tolerances.md has the derivation and the
-calibration of K (scripts/calibrate_sums.py for the sums). Everything here is float64 and works in blocks of at most
+calibration of K (tools/calibrate_sums.py for the sums). Everything here is float64 and works in blocks of at most
 CHUNK elements, so memory stays bounded whatever the tensor size.
 """
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
 # 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
-# (scripts/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
+# (tools/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
 PIECE = STATS_CHUNK  # elements judged at a time within a block
 

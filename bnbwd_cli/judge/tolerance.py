@@ -27,7 +27,7 @@ DEFAULT_MAX_UNITS = 16.0
 # diff_gamma and diff_beta: their scale is the running partial sums' own error size (judge/model.py). Correct
 # float32 sums in 7 orders used at most 2.43 units over 1000 seeds each (element-wise atomics in a random
 # order; the others < 1), and a lost partial sum of 30-40x a running sum's typical error exceeded 5 units
-# in 99.1-100% of the kernels (scripts/calibrate_sums.py, docs/tolerances.md).
+# in 99.1-100% of the kernels (tools/calibrate_sums.py, docs/tolerances.md).
 SUM_MAX_UNITS = 5.0
 SUM_OUTPUTS = ("diff_gamma", "diff_beta")
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Write the framework-conformance fixtures under fixtures/conformance/.
 
-Dev-only. Needs torch (PyTorch cases) and/or tensorflow-cpu (TensorFlow cases);
-bnbwd never imports either at run time, and the tests only read what this
-script committed.
+Dev-only. Regenerating needs torch (PyTorch cases) and/or tensorflow-cpu (TensorFlow
+cases); bnbwd never imports either at run time, and the tests only read what this
+tool committed. --check and --report need neither.
 
-    python scripts/make_fixtures.py                 # regenerate every case it can
-    python scripts/make_fixtures.py --framework torch
-    python scripts/make_fixtures.py --check         # regenerate in a temp dir, diff the manifest
-    python scripts/make_fixtures.py --report        # run bnbwd on every case, rewrite the
+    python -m tools.make_fixtures                   # regenerate every case it can
+    python -m tools.make_fixtures --framework torch
+    python -m tools.make_fixtures --check           # the committed files hold the manifest's arrays
+    python -m tools.make_fixtures --reproduce       # regenerate in a temp dir, diff the manifest
+    python -m tools.make_fixtures --report          # run bnbwd on every case, rewrite the
                                                     # table in docs/conformance.md
 
 Each case is one bundle (`<name>.inputs.npz`, canonical bnbwd names) and the
@@ -21,7 +22,7 @@ framework and a float64 NumPy oracle of the formula in DESIGN.md.
 Determinism: inputs come from numpy's default_rng(seed); frameworks run on one
 thread; npz files are written with a fixed zip timestamp. The manifest holds no
 timestamps, so a regeneration on the same framework versions reproduces it
-byte for byte (`--check`).
+byte for byte (`--reproduce`).
 """
 
 from __future__ import annotations
@@ -41,21 +42,20 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the package's float64 oracle and the tests' normalised error, run from a checkout
-
 from bnbwd_cli.core import Op
-
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.dtypes import to_float64
-from tests.oracle import normalised_error
+from tools.accuracy import normalised_error
+from tools.torch_bridge import to_numpy, to_torch
+
+ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
-TABLE_BEGIN = "<!-- conformance-table:begin (scripts/make_fixtures.py --report) -->"
+TABLE_BEGIN = "<!-- conformance-table:begin (tools/make_fixtures.py --report) -->"
 TABLE_END = "<!-- conformance-table:end -->"
-BEYOND_BEGIN = "<!-- beyond-rounding:begin (scripts/make_fixtures.py --report) -->"
+BEYOND_BEGIN = "<!-- beyond-rounding:begin (tools/make_fixtures.py --report) -->"
 BEYOND_END = "<!-- beyond-rounding:end -->"
-SUMMARY_BEGIN = "<!-- summary:begin (scripts/make_fixtures.py --report) -->"
+SUMMARY_BEGIN = "<!-- summary:begin (tools/make_fixtures.py --report) -->"
 SUMMARY_END = "<!-- summary:end -->"
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -233,43 +233,30 @@ def normalised_diff(actual: np.ndarray, reference: np.ndarray) -> float:
 # ---------------------------------------------------------------- frameworks
 
 
-def _torch_tensor(torch, a: np.ndarray):
-    if a.dtype == BF16:
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def _torch_numpy(torch, t) -> np.ndarray:
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(BF16)
-    return t.contiguous().numpy()
-
-
 def run_torch(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
     """torch.ops.aten.native_batch_norm_backward on logical arrays; returns logical outputs and the op's args."""
     import torch
 
     torch.set_num_threads(1)
     op = torch.ops.aten.native_batch_norm_backward
-    src = _torch_tensor(torch, inputs["src"])
-    dy = _torch_tensor(torch, inputs["diff_dst"])
+    src = to_torch(torch, inputs["src"])
+    dy = to_torch(torch, inputs["diff_dst"])
     memory_format = "contiguous_format"
     if case.layout == "NXC":
         fmt = torch.channels_last if src.ndim == 4 else torch.channels_last_3d
         memory_format = "channels_last" if src.ndim == 4 else "channels_last_3d"
         src, dy = src.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
-    weight = _torch_tensor(torch, inputs["gamma"]) if case.gamma else None
-    mean = _torch_tensor(torch, inputs["mean"])
+    weight = to_torch(torch, inputs["gamma"]) if case.gamma else None
+    mean = to_torch(torch, inputs["mean"])
     if case.train:
-        save_invstd = _torch_tensor(torch, invstd_of(inputs["variance"], case.epsilon))
+        save_invstd = to_torch(torch, invstd_of(inputs["variance"], case.epsilon))
         outs = op(dy, src, weight, None, None, mean, save_invstd, True, case.epsilon, [True, True, True])
         stats = "save_mean=mean, save_invstd=1/sqrt(variance+eps) computed in float64 and rounded to T2"
     else:
-        running_var = _torch_tensor(torch, inputs["variance"])
+        running_var = to_torch(torch, inputs["variance"])
         outs = op(dy, src, weight, mean, running_var, None, None, False, case.epsilon, [True, True, True])
         stats = "running_mean=mean, running_var=variance"
-    result = dict(zip(OUTPUTS, (_torch_numpy(torch, t) for t in outs)))
+    result = dict(zip(OUTPUTS, (to_numpy(torch, t) for t in outs)))
     args = {
         "grad_out": f"diff_dst ({case.dtype}, {memory_format})",
         "input": f"src ({case.dtype}, {memory_format})",
@@ -489,7 +476,7 @@ def generate(case: Case, out_dir: Path) -> dict:
 
 def write_manifest(path: Path, entries: list[dict]) -> None:
     doc = {
-        "about": "bnbwd conformance fixtures; written by scripts/make_fixtures.py, do not edit by hand",
+        "about": "bnbwd conformance fixtures; written by tools/make_fixtures.py, do not edit by hand",
         "normalised_difference": "max|a - b| / max|b| per output, after upcasting both to float64",
         "cases": entries,
     }
@@ -500,6 +487,45 @@ def load_manifest(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return json.loads(path.read_text())["cases"]
+
+
+def entry_problems(entry: dict, fixtures: Path) -> list[str]:
+    """What differs between one manifest entry and its two files: arrays added, lost or changed."""
+    problems = []
+    for part, prefix in (("bundle", "inputs"), ("expected", "expected")):
+        path = fixtures / entry[part]
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                digests = {f"{prefix}/{key}": _sha(z[key]) for key in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as error:
+            problems.append(f"{entry[part]}: unreadable ({type(error).__name__}: {error})")
+            continue
+        recorded = {key: value for key, value in entry["sha256"].items() if key.startswith(prefix + "/")}
+        for key in sorted(recorded.keys() - digests.keys()):
+            problems.append(f"{entry[part]}: {key.split('/', 1)[1]} is missing")
+        for key in sorted(digests.keys() - recorded.keys()):
+            problems.append(f"{entry[part]}: {key.split('/', 1)[1]} is not in the manifest")
+        for key in sorted(recorded.keys() & digests.keys()):
+            if recorded[key] != digests[key]:
+                problems.append(f"{entry[part]}: {key.split('/', 1)[1]} changed (SHA-256 differs from the manifest's)")
+        if part == "bundle" and {key.split("/", 1)[1] for key in digests} != set(entry["bundle_keys"]):
+            problems.append(f"{entry[part]}: keys {sorted(k.split('/', 1)[1] for k in digests)} "
+                            f"are not the manifest's bundle_keys {entry['bundle_keys']}")
+    return problems
+
+
+def check(fixtures: Path) -> list[str]:
+    """Every committed file against the manifest: each array's SHA-256, and no file the manifest does not name."""
+    try:
+        entries = load_manifest(fixtures / "manifest.json")
+    except (ValueError, KeyError) as error:
+        return [f"{fixtures / 'manifest.json'}: unreadable ({type(error).__name__}: {error})"]
+    if not entries:
+        return [f"{fixtures / 'manifest.json'}: no cases"]
+    problems = [problem for entry in entries for problem in entry_problems(entry, fixtures)]
+    named = {entry[part] for entry in entries for part in ("bundle", "expected")}
+    problems += [f"{path.name}: not in the manifest" for path in sorted(fixtures.glob("*.npz")) if path.name not in named]
+    return problems
 
 
 def all_cases() -> list[Case]:
@@ -682,10 +708,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=["torch", "tf", "all"], default="all")
     p.add_argument("--out", type=Path, default=FIXTURES)
     p.add_argument("--check", action="store_true",
+                   help="verify the committed files against the manifest's SHA-256 of every array (no framework needed)")
+    p.add_argument("--reproduce", action="store_true",
                    help="regenerate into a temporary directory and compare the manifest with the committed one")
     p.add_argument("--report", action="store_true",
                    help="run bnbwd on every committed case and rewrite the table in docs/conformance.md")
     a = p.parse_args(argv)
+    if a.check:
+        problems = check(a.out)
+        for problem in problems:
+            print(problem)
+        if problems:
+            print(f"{len(problems)} difference(s) from {a.out / 'manifest.json'}")
+            return 1
+        print(f"every array of {len(load_manifest(a.out / 'manifest.json'))} cases matches {a.out / 'manifest.json'}")
+        return 0
     if a.report:
         rows = report(a.out)
         write_doc(rows)
@@ -698,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     frameworks = [f for f in wanted if available(f)]
     for f in sorted(set(wanted) - set(frameworks)):
         print(f"warning: {f} is not installed; keeping its committed cases", file=sys.stderr)
-    if a.check:
+    if a.reproduce:
         with tempfile.TemporaryDirectory() as tmp:
             regenerate(Path(tmp), frameworks, a.out)
             same = (Path(tmp) / "manifest.json").read_bytes() == (a.out / "manifest.json").read_bytes()

@@ -9,10 +9,10 @@ NumPy core) and judges each with ``compare_sets(..., inputs=...)``, the rule ``r
    f32 channels_last, f16 NCHW and bf16 NCHW (weight and saved stats in f32), M ~ 1e3, 1e4 and the
    ResNet-50 first-stage size (32, 64, 56, 56) (M = 100352) for f32 in both layouts.
    Skipped with a note when torch is not importable.
-2. The NumPy kernel zoo (correct, tests/zoo.py): every accumulation order in zoo.ORDERS, for
+2. The NumPy kernel zoo (correct, tools/zoo.py): every accumulation order in zoo.ORDERS, for
    T1/T2 in f32/f32, f16/f32, bf16/f32, bf16/bf16, NCX and NXC, a grid of M, 8 channels; plus
    harder data (|mean|/sd ~ 1e3 via center=1e3, and diff_dst offset by 100).
-3. Planted bugs (tests/zoo.py zoo.BUGS) on the same problems. A bug whose outputs are
+3. Planted bugs (tools/zoo.py zoo.BUGS) on the same problems. A bug whose outputs are
    bit-identical to the correct sequential kernel's on a problem (e.g. most bugs at M = 1) is a
    no-op there and is skipped (counted in the summary). 'nhwc-as-nchw' runs on its own NXC
    problems of shape (n, 8, W, 8), where C == H.
@@ -25,9 +25,9 @@ For each kernel and output it records the worst error in units (``max_units``), 
 the systematic-deviation estimate (bias scale and z), prints Markdown tables and summary lines,
 and with ``--write`` writes them to docs/tolerances_table.md.
 
-    python scripts/calibrate_tolerances.py            # full grid + stress section (~2 min on 2 cores)
-    python scripts/calibrate_tolerances.py --quick    # smaller grid, no stress section (~30 s)
-    python scripts/calibrate_tolerances.py --write    # also write docs/tolerances_table.md
+    python -m tools.calibrate_tolerances            # full grid + stress section (~2 min on 2 cores)
+    python -m tools.calibrate_tolerances --quick    # smaller grid, no stress section (~30 s)
+    python -m tools.calibrate_tolerances --write    # also write docs/tolerances_table.md
 """
 
 from __future__ import annotations
@@ -41,17 +41,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff
 from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS
-from bnbwd_cli.core import Op, Settings, backward
-from tests import zoo
+from tools import zoo
+from tools.torch_bridge import to_numpy, to_torch
 
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 SHORT = {"diff_src": "src", "diff_gamma": "gamma", "diff_beta": "beta"}
@@ -66,7 +62,7 @@ RESNET_NCHW = (32, 64, 56, 56)
 STRESS_M = 400000
 STRESS_OFFSET = 1000.0
 TORCH_CHANNELS = 64
-DEFAULT_OUT = ROOT / "docs" / "tolerances_table.md"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "tolerances_table.md"
 
 
 # --------------------------------------------------------------------------- records
@@ -135,14 +131,6 @@ class Row:
 # --------------------------------------------------------------------------- judging
 
 
-def truth_of(problem: dict) -> dict:
-    """bnbwd's own outputs (NumPy core): the reference side."""
-    op = Op(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
-            epsilon=problem["epsilon"], data_format=problem["data_format"])
-    bn = backward(op, Settings(core="numpy"))
-    return {"diff_src": bn.diff_src, "diff_gamma": bn.diff_gamma, "diff_beta": bn.diff_beta}
-
-
 def judge(problem: dict, outs: dict, truth: dict) -> dict[str, OutputRow]:
     result = compare_sets(outs, truth, Judging(), inputs=zoo.inputs_of(problem))
     rows = {}
@@ -205,32 +193,16 @@ def torch_or_none():
     return torch
 
 
-def _to_torch(torch, a: np.ndarray):
-    a = np.ascontiguousarray(a)
-    if a.dtype == zoo.BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-def _from_torch(torch, t, dtype) -> np.ndarray:
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(zoo.BF16).copy()
-    out = t.numpy().copy()
-    assert out.dtype == np.dtype(dtype), (out.dtype, dtype)
-    return out
-
-
 def torch_kernel(torch, problem: dict) -> dict:
     """aten.native_batch_norm_backward (train=True) on the problem; outputs back in the problem's layout."""
     fmt = problem["data_format"]
-    x, dy = _to_torch(torch, problem["src"]), _to_torch(torch, problem["diff_dst"])
+    x, dy = to_torch(torch, problem["src"]), to_torch(torch, problem["diff_dst"])
     if fmt == "NXC":  # NHWC storage viewed as NCHW: that is exactly torch.channels_last
         x = x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
         dy = dy.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
         assert x.is_contiguous(memory_format=torch.channels_last)
     eps = float(problem["epsilon"])
-    weight = _to_torch(torch, problem["gamma"])
+    weight = to_torch(torch, problem["gamma"])
     save_mean = torch.from_numpy(problem["mean"].astype(np.float32))
     invstd = (1.0 / np.sqrt(to_float64(problem["variance"]) + eps)).astype(np.float32)
     save_invstd = torch.from_numpy(invstd)
@@ -239,11 +211,11 @@ def torch_kernel(torch, problem: dict) -> dict:
     if fmt == "NXC":
         gi = gi.permute(0, 2, 3, 1)
     stats_dtype = problem["mean"].dtype  # torch returns grad_weight/grad_bias in the weight's dtype == T2 here
-    return {
-        "diff_src": _from_torch(torch, gi, problem["src"].dtype),
-        "diff_gamma": _from_torch(torch, gw, stats_dtype),
-        "diff_beta": _from_torch(torch, gb, stats_dtype),
-    }
+    outs = {"diff_src": to_numpy(torch, gi), "diff_gamma": to_numpy(torch, gw), "diff_beta": to_numpy(torch, gb)}
+    wanted = {"diff_src": problem["src"].dtype, "diff_gamma": stats_dtype, "diff_beta": stats_dtype}
+    for key, dtype in wanted.items():
+        assert outs[key].dtype == dtype, (key, outs[key].dtype, dtype)
+    return outs
 
 
 def torch_cases(quick: bool) -> list[tuple[tuple, str, tuple[int, ...]]]:
@@ -262,7 +234,7 @@ def torch_cases(quick: bool) -> list[tuple[tuple, str, tuple[int, ...]]]:
 def torch_row(torch, rng, t1, t2, fmt: str, shape, tag: str = "", threads: int | None = None, **data) -> Row:
     """One PyTorch run on a fresh problem (``threads``: intra-op threads for this run only)."""
     problem = zoo.make_problem(rng, shape, fmt, t1, t2, **data)
-    truth = truth_of(problem)
+    truth = zoo.bnbwd_outputs(problem)
     before = torch.get_num_threads()
     try:
         if threads is not None:
@@ -313,7 +285,7 @@ def run_stress(rng, log, use_torch: bool = True) -> tuple[list[Row], str]:
         for fmt in LAYOUTS:
             problem = zoo.make_problem(rng, zoo.shape_for(STRESS_M, CHANNELS, fmt), fmt, t1, np.float32,
                                        dy_offset=STRESS_OFFSET)
-            truth = truth_of(problem)
+            truth = zoo.bnbwd_outputs(problem)
             for order in zoo.ORDERS:
                 rows.append(Row("zoo", f"zoo/{order}", f"dy_offset={STRESS_OFFSET:g}", name_of(t1), "f32", fmt,
                                 m_of(problem["src"].shape, fmt), problem["src"].shape,
@@ -354,7 +326,7 @@ def run_zoo(rng, m_grid, log) -> tuple[list[Row], list[Row], dict[str, int]]:
         fmt = problem["data_format"]
         shape = problem["src"].shape
         meta = (tag, name_of(problem["src"].dtype), name_of(problem["mean"].dtype), fmt, m_of(shape, fmt), tuple(shape))
-        truth = truth_of(problem)
+        truth = zoo.bnbwd_outputs(problem)
         sequential = None
         for order in zoo.ORDERS:
             outs = zoo.kernel(problem, order)
@@ -377,7 +349,7 @@ def run_zoo(rng, m_grid, log) -> tuple[list[Row], list[Row], dict[str, int]]:
             for m in m_grid:
                 shape = square_nxc_shape(m)
                 problem = zoo.make_problem(rng, shape, "NXC", t1, t2)
-                truth = truth_of(problem)
+                truth = zoo.bnbwd_outputs(problem)
                 sequential = zoo.kernel(problem, "sequential")
                 with np.errstate(all="ignore"):
                     outs = zoo.kernel(problem, "sequential", bug="nhwc-as-nchw")
@@ -527,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="also write the tables to --out")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where --write writes (default %(default)s)")
     parser.add_argument("--seed", type=int, default=20240607)
+    parser.add_argument("--m", help="the zoo's grid of elements per channel, comma-separated (default: by --quick)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
     parser.add_argument("--no-stress", action="store_true", help="skip the stress section (large dy_offset, large M)")
     parser.add_argument("--verbose", "-v", action="store_true", help="one line per run on stderr as it finishes")
@@ -538,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"units {_units_text(row.worst_units)}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    m_grid = QUICK_M if args.quick else FULL_M
+    m_grid = tuple(int(m) for m in args.m.split(",")) if args.m else QUICK_M if args.quick else FULL_M
     if args.no_torch:
         torch_rows, torch_note = [], "PyTorch rows skipped (--no-torch)."
     else:
@@ -551,9 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         stress_rows, stress_note = run_stress(np.random.default_rng([args.seed, 3]), log, use_torch=not args.no_torch)
     elapsed = time.perf_counter() - start
 
-    command = "python scripts/calibrate_tolerances.py" + (" --quick" if args.quick else "") + (
+    command = "python -m tools.calibrate_tolerances" + (" --quick" if args.quick else "") + (
         f" --seed {args.seed}" if args.seed != parser.get_default("seed") else "") + (
-        " --no-torch" if args.no_torch else "") + (" --no-stress" if args.no_stress and not args.quick else "")
+        f" --m {args.m}" if args.m else "") + (" --no-torch" if args.no_torch else "") + (
+        " --no-stress" if args.no_stress and not args.quick else "")
     grid_correct = torch_rows + correct
     el_bugs = [r for r in bugs if r.reason == "elements"]
     worst_grid = max((r.worst_units for r in grid_correct), default=math.nan)
@@ -609,14 +583,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## NumPy kernel zoo (correct)",
         "",
-        f"tests/zoo.py float32 kernels, orders {', '.join(zoo.ORDERS)}; {CHANNELS} channels; NCX = NCHW, NXC = NHWC. "
+        f"tools/zoo.py float32 kernels, orders {', '.join(zoo.ORDERS)}; {CHANNELS} channels; NCX = NCHW, NXC = NHWC. "
         "Harder data (|mean|/sd ~ 1e3, diff_dst offset 100) at the two largest M.",
         "",
         table(correct),
         "",
         "## Planted bugs",
         "",
-        "tests/zoo.py bugs on the same problems (sequential order), skipping problems where a bug's outputs are "
+        "tools/zoo.py bugs on the same problems (sequential order), skipping problems where a bug's outputs are "
         "bit-identical to the correct kernel's. `nhwc-as-nchw` runs on NHWC problems with C == H.",
         "",
         table(bugs),

@@ -1,8 +1,8 @@
 """Parametrised families of buggy batch-norm backward kernels, each with the cause bnbwd should name.
 
 Every family draws its parameters (block size, channels hit, which statistics, ...) from a random
-generator, so the tests and scripts/diagnosis_check.py plant many instances, not a few fixed ones. The
-kernel is tests/zoo.py's float32 NumPy emulation (upcast, xhat in float32, sums in float32 in blocks of
+generator, so the tests and tools/diagnosis_check.py plant many instances, not a few fixed ones. The
+kernel is tools/zoo.py's float32 NumPy emulation (upcast, xhat in float32, sums in float32 in blocks of
 256, one rounding to the output dtype) with the family's hooks. tests/test_diagnosis.py plants them on
 random problems and tests/test_cases.py on the cases of `bnbwd cases` (CLASSES: the manifest class, and
 so the cases, where each cause must show).
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tests import zoo
+from tools import zoo
 
 F32 = np.float32
 BF16 = zoo.BF16
@@ -23,7 +23,7 @@ DTYPES = {"f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)
 
 @dataclass(frozen=True)
 class Bug:
-    """One planted bug: its family, the cause the diagnosis must name, and the kernel's hooks (tests/zoo.py's
+    """One planted bug: its family, the cause the diagnosis must name, and the kernel's hooks (tools/zoo.py's
     HOOKS; "_inputs" says how the family changes the problem's inputs, see _with_inputs)."""
 
     family: str
@@ -33,7 +33,7 @@ class Bug:
 
 @dataclass(frozen=True)
 class Planted:
-    """A problem (tests/zoo.make_problem's dict, possibly with changed inputs) and the buggy outputs."""
+    """A problem (tools/zoo.make_problem's dict, possibly with changed inputs) and the buggy outputs."""
 
     problem: dict
     outputs: dict

@@ -1,6 +1,6 @@
 """A zoo of batch-norm backward kernels in plain NumPy: correct ones in float32 with different
 accumulation orders, and the same kernel with planted bugs. Used by tests/test_zoo.py,
-tests/bugs.py (the diagnosis's bug families, which draw this kernel's hooks) and the scripts.
+tools/bugs.py (the diagnosis's bug families, which draw this kernel's hooks) and the calibrations.
 
 A correct kernel here does what PyTorch, TF and oneDNN do on a CPU: upcast reduced-precision inputs
 to float32, compute invstd and xhat = (x - mean) * invstd in float32, reduce sum(dy) and
@@ -21,7 +21,7 @@ from bnbwd_cli.layout import view3
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.float32
 ORDERS = ("sequential", "blocked", "pairwise", "float64-combine")
-# The zoo's own named bugs: fixed instances of kernel's hooks (tests/bugs.py draws the hooks at random).
+# The zoo's own named bugs: fixed instances of kernel's hooks (tools/bugs.py draws the hooks at random).
 BUGS = (
     "missing-1/M", "sign-flip-one-channel", "per-sample-stats", "inference-in-training", "epsilon-1e-3",
     "unbiased-variance", "bf16-accumulation", "nhwc-as-nchw",
@@ -95,7 +95,7 @@ def running16(terms: np.ndarray, dtype) -> np.ndarray:
     return total
 
 
-# Each hook is one bug; kernel(problem, hooks=...) applies them (tests/bugs.py's families draw them).
+# Each hook is one bug; kernel(problem, hooks=...) applies them (tools/bugs.py's families draw them).
 HOOKS = {
     "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
@@ -266,6 +266,14 @@ def inputs_of(problem: dict):
 
     return Op(problem["src"], problem["diff_dst"], problem["mean"], problem["variance"], problem["gamma"],
               epsilon=problem["epsilon"], data_format=problem["data_format"])
+
+
+def bnbwd_outputs(problem: dict) -> dict:
+    """bnbwd's own outputs (the NumPy core): the reference side a kernel's outputs are judged against."""
+    from bnbwd_cli.core import Settings, backward
+
+    result = backward(inputs_of(problem), Settings(core="numpy"))
+    return {"diff_src": result.diff_src, "diff_gamma": result.diff_gamma, "diff_beta": result.diff_beta}
 
 
 def exact_outputs(problem: dict) -> dict:

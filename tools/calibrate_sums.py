@@ -21,10 +21,12 @@ dy, or of diff_gamma, dy*xhat). For each seed:
 The distribution of a lost partial relative to sigma depends on the data: with a mean offset (dy = 1 +
 N(0, 1)) no 32-element block reaches 10x sigma at large M, and none is planted there (the table says so).
 
-    python scripts/calibrate_sums.py                            # M = 2^18, 1000 seeds, every distribution
-    python scripts/calibrate_sums.py --m 2097152 --dists normal,product --seeds 1000
-    python scripts/calibrate_sums.py --quick                    # M = 2^14, 100 seeds (~10 s)
-    python scripts/calibrate_sums.py --examples                 # the issue's two bugs at M ~ 2e6, old and new units
+    python -m tools.calibrate_sums                            # M = 2^18, 1000 seeds, every distribution
+    python -m tools.calibrate_sums --m 2097152 --dists normal,product --seeds 1000
+    python -m tools.calibrate_sums --quick                    # M = 2^14, 100 seeds (~10 s)
+    python -m tools.calibrate_sums --examples                 # the issue's two bugs at M ~ 2e6, old and new units
+
+Exits 1 when a run of a correct order fails (the lost partials are expected to).
 """
 
 from __future__ import annotations
@@ -33,11 +35,6 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import numpy as np
 
@@ -250,7 +247,7 @@ def examples(seeds: int, max_units: float) -> None:
             print(f"| {seed} | {name} | {units_old.max():.3g} | {units_new.max():.3g} | {'FAIL' if fails.any() else 'pass'} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", type=int, default=1 << 18, help="terms per channel")
     parser.add_argument("--seeds", type=int, default=1000)
@@ -259,16 +256,22 @@ def main() -> None:
     parser.add_argument("--max-units", type=float, default=SUM_MAX_UNITS, help="K to judge with")
     parser.add_argument("--quick", action="store_true", help="M = 2^14, 100 seeds")
     parser.add_argument("--examples", action="store_true", help="only the issue's two bugs at M = 2^21")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.examples:
         examples(3, args.max_units)
-        return
+        return 0
     m, seeds = (1 << 14, 100) if args.quick else (args.m, args.seeds)
     print(f"K = {args.max_units:g}; orders: {', '.join(ORDERS)}")
+    correct_failures = 0
     for dist in args.dists.split(","):
-        print_result(calibrate(dist, m, seeds, args.channels, args.max_units), args.max_units)
+        result = calibrate(dist, m, seeds, args.channels, args.max_units)
+        print_result(result, args.max_units)
+        correct_failures += sum(tally.fails for tally in result["tallies"].values())
         sys.stdout.flush()
+    if correct_failures:
+        print(f"\n{correct_failures} run(s) of a correct order failed at K = {args.max_units:g}")
+    return 1 if correct_failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

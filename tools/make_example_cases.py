@@ -6,11 +6,15 @@ the kernel's own names (x, dy, var, dx, dgamma, dbeta), as README's "In pytest" 
 kernel is the textbook formula in float32 (a correct kernel: it passes); the bad one divides by M-1
 where M belongs in the variance it recomputes (an unbiased variance: it fails).
 
-    python scripts/make_example_cases.py
+    python -m tools.make_example_cases               # rewrite them in fixtures/
+    python -m tools.make_example_cases --out DIR     # write them under DIR instead (reads fixtures/example.npz)
+
+The output is a function of fixtures/example.npz alone: rerunning it rewrites the same bytes.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +36,10 @@ def float32_kernel(x, dy, mean, var, gamma, eps, unbiased=False):
     return dx.astype(np.float32), dgamma, dbeta
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=FIXTURES, help="where to write (default %(default)s)")
+    out = parser.parse_args(argv).out
     example = np.load(FIXTURES / "example.npz")
     assert str(example["data_format"]) == "NCHW"
     inputs = {"x": example["src"], "dy": example["diff_dst"], "mean": example["mean"], "var": example["variance"],
@@ -41,8 +48,9 @@ def main() -> None:
             float(example["epsilon"]))
     for name, unbiased in (("example_case.npz", False), ("example_case_bad.npz", True)):
         dx, dgamma, dbeta = float32_kernel(*args, unbiased=unbiased)
-        np.savez(FIXTURES / name, **inputs, dx=dx, dgamma=dgamma, dbeta=dbeta)
-    write_pytorch_examples(example)
+        np.savez(out / name, **inputs, dx=dx, dgamma=dgamma, dbeta=dbeta)
+    write_pytorch_examples(example, out)
+    return 0
 
 
 def torch_names(example, unbiased=False) -> dict[str, np.ndarray]:
@@ -57,14 +65,14 @@ def torch_names(example, unbiased=False) -> dict[str, np.ndarray]:
             "grad_input": dx, "grad_weight": dgamma, "grad_bias": dbeta}
 
 
-def write_pytorch_examples(example) -> None:
+def write_pytorch_examples(example, out: Path) -> None:
     """fixtures/pytorch_dump/: one case as a folder of PyTorch-named .npy files (a hook's dump); fixtures/cases/:
     a suite, one case as NAME.npz (inputs) beside NAME.out.npz (outputs), one as a single file."""
     dump = torch_names(example)
-    (FIXTURES / "pytorch_dump").mkdir(exist_ok=True)
+    (out / "pytorch_dump").mkdir(exist_ok=True)
     for key, array in dump.items():
-        np.save(FIXTURES / "pytorch_dump" / f"{key}.npy", array)
-    cases = FIXTURES / "cases"
+        np.save(out / "pytorch_dump" / f"{key}.npy", array)
+    cases = out / "cases"
     cases.mkdir(exist_ok=True)
     outputs = ("grad_input", "grad_weight", "grad_bias")
     np.savez(cases / "bn1.npz", **{k: v for k, v in dump.items() if k not in outputs}, data_format=np.array("NCHW"))
@@ -73,4 +81,4 @@ def write_pytorch_examples(example) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Developer tools: fixture generators, calibrations and self-checks, run from the repo root as `python -m tools.NAME`."""
