@@ -1,13 +1,13 @@
 """A/B timing of core versions: each version in its own worker process, calls interleaved, best of N.
 
-    python bench/ab_core.py old=/tmp/old-core base=/tmp/base-core new=.
+    python -m bench.ab_core old=/tmp/old-core base=/tmp/base-core new=.
     (make the trees with e.g. `git worktree add --detach /tmp/old-core 6ff4aba`)
-    python bench/ab_core.py naive=naive b2=.@2097152 b8=.@8388608 --cores numpy   (tile budgets)
-    python bench/ab_core.py old=/tmp/old-core new=. --cores numpy --dtypes float32,bfloat16,float16 --clock cpu
+    python -m bench.ab_core naive=naive b2=.@2097152 b8=.@8388608 --cores numpy   (tile budgets)
+    python -m bench.ab_core old=/tmp/old-core new=. --cores numpy --dtypes float32,bfloat16,float16 --clock cpu
 
 A version is name=tree[@block_bytes]; the tree "naive" is bench/run_bench.py's whole-array NumPy expressions.
 
-Each worker imports bnbwd_cli from its tree (the tree goes first on sys.path), builds the same seeded inputs
+Each worker imports bnbwd_cli from its tree (the tree is its PYTHONPATH), builds the same seeded inputs
 per case and times one backward call per request: the parent asks every worker in turn, round after round,
 so a disturbance on a shared machine hits every version alike. Reported per (case, version): the median time in
 ms with its spread (min-max over the rounds), and each version's ratio to the first one as the median of the
@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 WORKER = Path(__file__).resolve()
+ROOT = WORKER.parent.parent
 SHAPE = (64, 128, 56, 56)
 
 
@@ -48,7 +50,7 @@ def make_call(case: dict, tree: str):
     options = dict(epsilon=1e-5, data_format=case["layout"])
     settings = dict(diff_src_out=out, threads=case["threads"], core=case["core"], block_bytes=case.get("block_bytes"))
     if tree == "naive":
-        from run_bench import naive_numpy
+        from bench.run_bench import naive_numpy
 
         invstd = 1 / np.sqrt(var + np.float32(1e-5))
         return lambda: naive_numpy(src, dy, mean, invstd, gamma, case["layout"])
@@ -64,7 +66,6 @@ def make_call(case: dict, tree: str):
 
 def worker(version: str) -> None:
     tree, _, budget = version.partition("@")
-    sys.path.insert(0, str(WORKER.parent) if tree == "naive" else str(Path(tree).resolve()))
     call = None
     for line in sys.stdin:
         request = json.loads(line)
@@ -81,9 +82,13 @@ def worker(version: str) -> None:
 
 
 class Worker:
-    def __init__(self, tree: str) -> None:
-        self.process = subprocess.Popen([sys.executable, str(WORKER), "--worker", tree], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, cwd="/")
+    def __init__(self, version: str) -> None:
+        # The worker runs as a file, from /, so that its PYTHONPATH alone says whose bnbwd_cli it imports: the tree's
+        # (a tree may hold its own bench/ too), or this checkout's for "naive" (bench.run_bench's expressions).
+        tree = version.partition("@")[0]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) if tree == "naive" else tree}
+        self.process = subprocess.Popen([sys.executable, str(WORKER), "--worker", version], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, cwd="/", env=env)
 
     def ask(self, request: dict) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")

@@ -255,8 +255,7 @@ def end_to_end_table(torch_python: str | None, threads: int, quick: bool, workdi
     return lines
 
 
-if __name__ == "__main__":  # python bench/end_to_end.py [--quick]: this table alone
-    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # python -m bench.end_to_end [--quick]: this table alone
     from bnbwd_cli.runtime import usable_cores
 
     python = sys.executable if subprocess.run([sys.executable, "-c", "import torch"]).returncode == 0 else None

@@ -1,6 +1,6 @@
 """Reading and writing tensors: bnbwd's files layer against NumPy's own np.load / np.save / np.savez.
 
-    python bench/file_io.py [--pairs N] [--baseline DIR]
+    python -m bench.file_io [--pairs N] [--baseline DIR]
 
 In one process, interleaved (bnbwd, NumPy, bnbwd, NumPy, ...), f32 (32,128,56,56) (51 MB a tensor), page cache
 warm: each row is the median of N pairs (default 11) of each side, the median of the paired ratios and their
@@ -134,5 +134,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

@@ -1,6 +1,6 @@
 """The judged path before and after a change, interleaved: bench/targets.py's judge rows for two trees.
 
-    git archive BASE bnbwd_cli | tar -x -C /tmp/base && python bench/judge_ab.py /tmp/base [--rounds 7]
+    git archive BASE bnbwd_cli | tar -x -C /tmp/base && python -m bench.judge_ab /tmp/base [--rounds 7]
 
 Each round runs fresh processes, back to back: the floor (`import numpy`), then for the base tree and this one
 (PYTHONPATH and the working directory pick the tree) a plain `run` and a `run --reference`. f32 (32,128,56,56),
@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import end_to_end, targets
 
-import end_to_end  # bench/ is a folder of scripts
-import targets
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def child(command: list[str], tree: str) -> tuple[float, float]:
@@ -76,7 +74,7 @@ def main() -> None:
     parser.add_argument("base", help="a tree holding the base's bnbwd_cli/")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    trees = {"before": str(Path(args.base).resolve()), "after": str(BENCH.parent)}
+    trees = {"before": str(Path(args.base).resolve()), "after": str(ROOT)}
     print(f"load average at start {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as root:
         for data_format in ("NCHW", "NHWC"):

@@ -1,6 +1,6 @@
 """What the numba core's reduction pays for float64 and a fixed order, measured in one run.
 
-    python bench/reduction_cost.py [--threads 2] [--reps 15]
+    python -m bench.reduction_cost [--threads 2] [--reps 15]
 
 The two channel sums (Σdy, Σdy·(x - mean)) of f32 (64, 128, 56·56) NCX, three ways, best of N:
 - bnbwd's order: the numba core's own lanes and trees (core/plan.py), float64, the same bits on any machine;

@@ -1,6 +1,6 @@
 """bnbwd benchmark: one command, one run, two tables (speed and accuracy).
 
-    python bench/run_bench.py [--quick] [--torch-python PATH] [--markdown OUT.md]
+    python -m bench.run_bench [--quick] [--torch-python PATH] [--markdown OUT.md]
 
 Speed: for L2-, L3- and DRAM-sized tensors, both layouts, f32/bf16/f16: the bnbwd core
 (best of several runs), whole-array NumPy, PyTorch CPU `native_batch_norm_backward`
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import end_to_end  # bench/ is on sys.path when this file runs as a script
+from bench import end_to_end
 from bnbwd_cli.core.reference import reference_backward
-from tests.oracle import normalised_error
+from tools.accuracy import normalised_error
+from tools.torch_bridge import BF16, to_torch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def best_of(function, reps: int) -> float:
@@ -67,12 +67,9 @@ def torch_worker(spec_path: str) -> None:
     for case in spec["cases"]:
         if "src" in case:  # accuracy: load the very inputs bnbwd saw
             arrays = {k: np.load(case[k]) for k in ("src", "diff_dst", "mean", "invstd", "gamma")}
+            arrays = {k: a.view(BF16) if a.dtype.kind == "V" else a for k, a in arrays.items()}  # .npy keeps bf16 as V2
             dtype = dtypes[case["dtype"]]
-            def to_torch(a):
-                if a.dtype.kind == "V":
-                    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-                return torch.from_numpy(a)
-            src, dy = to_torch(arrays["src"]), to_torch(arrays["diff_dst"])
+            src, dy = to_torch(torch, arrays["src"]), to_torch(torch, arrays["diff_dst"])
         else:
             shape = case["shape"] if case["format"] == "NCX" else nxc_shape(case["shape"])
             dtype = dtypes[case["dtype"]]
@@ -114,7 +111,8 @@ def run_torch(python: str | None, cases: list[dict], threads: int) -> tuple[list
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump({"threads": threads, "cases": cases}, spec)
     try:
-        done = subprocess.run([python, __file__, "--torch-worker", spec.name], capture_output=True, text=True)
+        done = subprocess.run([python, "-m", "bench.run_bench", "--torch-worker", spec.name], capture_output=True,
+                              text=True, cwd=ROOT)
     finally:
         os.unlink(spec.name)
     if done.returncode != 0:
@@ -374,9 +372,7 @@ def main() -> None:
     print("\n".join(out), flush=True)
     sections = []
     if "e2e" not in skip:
-        from end_to_end import end_to_end_table  # bench/ is on sys.path when this file runs as a script
-
-        lines = end_to_end_table(torch_python, threads, args.quick, args.workdir)
+        lines = end_to_end.end_to_end_table(torch_python, threads, args.quick, args.workdir)
         sections += ["## End to end (whole processes, page cache warm)", "", *lines, ""]
         print("\n".join(lines), flush=True)
     if "speed" not in skip:

@@ -1,6 +1,6 @@
 """The speed targets in one command: whole runs, their phases, judging, and the cores, each a median of rounds.
 
-    python bench/targets.py [--rounds 11] [--threads N] [--skip e2e,phases,judge,cores] [--markdown OUT.md]
+    python -m bench.targets [--rounds 11] [--threads N] [--skip e2e,phases,judge,cores] [--markdown OUT.md]
 
 Every table is measured round by round: each contender once a round, back to back (A, B, C, A, B, C, ...), so
 a machine shared with other work moves them alike. A time is the median over the rounds with its min-max; a
@@ -36,12 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
+from bench import ab_core, end_to_end
+from tools.torch_bridge import to_torch
 
-import ab_core  # bench/ is a folder of scripts
-import end_to_end
+ROOT = Path(__file__).resolve().parent.parent
 
 E2E_SHAPE = (32, 128, 56, 56)
 CORE_SHAPE = (64, 128, 56, 56)
@@ -255,10 +253,7 @@ def make_call(case: dict, contender: str):
 
     torch.set_num_threads(case["threads"])
 
-    def tensor(array):
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16) if array.dtype.kind == "V" else torch.from_numpy(array)
-
-    x, g = tensor(src), tensor(dy)
+    x, g = to_torch(torch, src), to_torch(torch, dy)
     if case["layout"] == "NXC":
         x, g = x.permute(0, 3, 1, 2), g.permute(0, 3, 1, 2)  # channels_last strides
     c = case["shape"][1]
@@ -286,7 +281,6 @@ def triad_call(src: np.ndarray, dy: np.ndarray, threads: int):
 
 
 def worker(contender: str) -> None:
-    sys.path.insert(0, str(ROOT))
     call = None
     for line in sys.stdin:
         request = json.loads(line)
@@ -303,8 +297,8 @@ def worker(contender: str) -> None:
 
 class Worker(ab_core.Worker):
     def __init__(self, contender: str) -> None:  # ab_core's pipe protocol, this file's worker
-        self.process = subprocess.Popen([sys.executable, __file__, "--worker", contender], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.targets", "--worker", contender],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
 
 def core_rows(threads: int, rounds: int, dtypes: list[str], contenders: list[str]) -> list[str]:
@@ -369,7 +363,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker)
-    sys.path.insert(0, str(ROOT))
     from bnbwd_cli.runtime import usable_cores
 
     threads = args.threads or usable_cores()

@@ -1,0 +1,147 @@
+"""The developer tools (tools/) run where neither torch nor TensorFlow is installed, each in a few seconds:
+the fixture check against the manifest's hashes, the calibrations on small grids, the diagnosis self-check,
+and the example cases, whose regeneration must give the committed bytes."""
+
+from __future__ import annotations
+
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tools
+from tools import calibrate_sums, calibrate_tolerances, diagnosis_check, make_example_cases, make_fixtures
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFORMANCE = ROOT / "fixtures" / "conformance"
+
+
+def test_every_tool_imports_with_torch_and_tensorflow_unimportable():
+    """torch and TensorFlow are imported inside the functions that need them, never at import time."""
+    modules = [f"tools.{m.name}" for m in pkgutil.iter_modules(tools.__path__)]
+    modules += [f"bench.{m.name}" for m in pkgutil.iter_modules([str(ROOT / "bench")])]
+    code = ("import sys\nsys.modules['torch'] = sys.modules['tensorflow'] = None  # any import of them raises\n"
+            f"import importlib\nfor name in {modules!r}:\n    importlib.import_module(name)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {"tools.make_fixtures", "tools.torch_bridge", "bench.run_bench"} <= set(modules)
+
+
+def test_tools_and_bench_need_no_path_hacks_and_nothing_from_tests():
+    for path in [*(ROOT / "tools").glob("*.py"), *(ROOT / "bench").glob("*.py")]:
+        text = path.read_text()
+        assert "sys.path" not in text, f"{path.name}: run it from the repo root with python -m instead"
+        if path.parent.name == "tools":
+            assert not re.search(r"^\s*(from|import) tests\b", text, re.M), f"{path.name} imports from tests/"
+
+
+# --------------------------------------------------------------------------- make_fixtures --check
+
+
+def test_make_fixtures_check_passes_on_the_committed_fixtures():
+    done = subprocess.run([sys.executable, "-m", "tools.make_fixtures", "--check"], cwd=ROOT, capture_output=True,
+                          text=True)
+    cases = len(make_fixtures.load_manifest(CONFORMANCE / "manifest.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"every array of {cases} cases matches" in done.stdout
+
+
+def _one_value_changed(path: Path) -> None:
+    with np.load(path) as z:
+        arrays = {key: z[key] for key in z.files}
+    key = next(k for k, a in arrays.items() if a.ndim and a.dtype.itemsize == 4)
+    flat = arrays[key].reshape(-1).copy()
+    flat.view(np.uint32)[0] ^= 1  # one bit of one element: still a valid file with the same keys
+    arrays[key] = flat.reshape(arrays[key].shape)
+    make_fixtures.save_npz(path, arrays)
+
+
+def _one_array_dropped(path: Path) -> None:
+    with np.load(path) as z:
+        arrays = {key: z[key] for key in z.files[1:]}
+    make_fixtures.save_npz(path, arrays)
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _stray_file(path: Path) -> None:
+    shutil.copy(path, path.parent / "stray.expected.npz")
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (_one_value_changed, r"torch_nc_f32_train\.expected\.npz: \w+ changed"),
+    (_one_array_dropped, r"torch_nc_f32_train\.expected\.npz: \w+ is missing"),
+    (_truncated, r"torch_nc_f32_train\.expected\.npz: unreadable"),
+    (_stray_file, r"stray\.expected\.npz: not in the manifest"),
+])
+def test_make_fixtures_check_fails_on_a_tampered_copy(tmp_path, capsys, tamper, message):
+    copy = tmp_path / "conformance"
+    shutil.copytree(CONFORMANCE, copy)
+    assert make_fixtures.main(["--check", "--out", str(copy)]) == 0
+    capsys.readouterr()
+    tamper(copy / "torch_nc_f32_train.expected.npz")
+    assert make_fixtures.main(["--check", "--out", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(message, out), out
+    assert "1 difference(s)" in out, out
+
+
+# --------------------------------------------------------------------------- the calibrations
+
+
+def test_calibrate_tolerances_on_a_small_numpy_zoo(tmp_path, capsys):
+    table = tmp_path / "table.md"
+    assert calibrate_tolerances.main(["--quick", "--no-torch", "--m", "300", "--write", "--out", str(table)]) == 0
+    text = table.read_text()
+    assert text == capsys.readouterr().out
+    assert text.startswith("# Error-model calibration table")
+    assert "`python -m tools.calibrate_tolerances --quick --m 300 --no-torch`" in text
+    summary = re.search(r"Correct kernels on the grid: worst ([\d.]+) units, all (\d+) PASS\. "
+                        r"Planted bugs: mildest element-wise failure ([\d.]+) units, (\d+) of (\d+) PASS", text)
+    assert summary, text[:2000]
+    worst, correct, _, bugs_passed, bugs = (float(g) for g in summary.groups())
+    # every correct order passes inside K; the planted bugs fail, all but the few a rounding hides
+    assert correct == 4 * 2 * 3 * len(calibrate_tolerances.zoo.ORDERS) and worst < calibrate_tolerances.DEFAULT_MAX_UNITS
+    assert bugs > 100 and bugs_passed < 0.1 * bugs
+
+
+def test_calibrate_sums_correct_orders_pass_and_large_lost_partials_fail(capsys):
+    assert calibrate_sums.main(["--m", "65536", "--seeds", "20", "--dists", "normal"]) == 0
+    out = capsys.readouterr().out
+    for order in calibrate_sums.ORDERS:
+        assert re.search(rf"^\| {order} \| 20 \| 0 \|", out, re.M), out
+    kernels, failed = map(int, re.search(r"^\| 30-40x \| (\d+) \| (\d+) \|", out, re.M).groups())
+    assert kernels > 0 and failed == kernels, out
+
+
+def test_calibrate_sums_exits_1_when_a_correct_order_fails(capsys):
+    """K = 0.01 units is far below a float32 sum's own rounding: the correct orders fail, and the exit says so."""
+    assert calibrate_sums.main(["--m", "4096", "--seeds", "3", "--dists", "normal", "--max-units", "0.01"]) == 1
+    assert "run(s) of a correct order failed at K = 0.01" in capsys.readouterr().out
+
+
+def test_diagnosis_check_names_the_planted_causes(capsys):
+    assert diagnosis_check.main(["--draws", "8", "--m-range", "600", "1200"]) == 0
+    out = capsys.readouterr().out
+    drawn, failing = map(int, re.search(r"^(\d+) planted bugs, (\d+) failed the judge", out, re.M).groups())
+    named = int(re.search(r"^\s+named\s+(\d+)", out, re.M).group(1))
+    assert drawn == 8 and failing > 0 and named > failing / 2, out
+    assert "correct kernels failing or hinted: 0" in out
+
+
+# --------------------------------------------------------------------------- make_example_cases
+
+
+def test_make_example_cases_rewrites_the_committed_bytes(tmp_path):
+    assert make_example_cases.main(["--out", str(tmp_path)]) == 0
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert len(written) == 16
+    for relative in written:
+        assert (tmp_path / relative).read_bytes() == (ROOT / "fixtures" / relative).read_bytes(), relative
