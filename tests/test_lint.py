@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["bnbwd_cli", "tests", "scripts", "bench"]
+CHECKED = ["bnbwd_cli", "tests", "tools", "scripts", "bench"]
 
 
 def test_ruff_finds_nothing():
