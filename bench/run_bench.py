@@ -33,8 +33,9 @@ import numpy as np
 
 from bench import end_to_end
 from bnbwd_cli.core.reference import reference_backward
+from bnbwd_cli.dtypes import BFLOAT16
 from tools.accuracy import normalised_error
-from tools.torch_bridge import BF16, to_torch
+from tools.torch_bridge import to_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +68,7 @@ def torch_worker(spec_path: str) -> None:
     for case in spec["cases"]:
         if "src" in case:  # accuracy: load the very inputs bnbwd saw
             arrays = {k: np.load(case[k]) for k in ("src", "diff_dst", "mean", "invstd", "gamma")}
-            arrays = {k: a.view(BF16) if a.dtype.kind == "V" else a for k, a in arrays.items()}  # .npy keeps bf16 as V2
+            arrays = {k: a.view(BFLOAT16) if a.dtype.kind == "V" else a for k, a in arrays.items()}  # .npy keeps bf16 as V2
             dtype = dtypes[case["dtype"]]
             src, dy = to_torch(torch, arrays["src"]), to_torch(torch, arrays["diff_dst"])
         else:

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["bnbwd_cli", "tests", "tools", "scripts", "bench"]
+# scripts/ holds what has not moved into tools/ yet (ruff fails on a path that does not exist)
+CHECKED = ["bnbwd_cli", "tests", "tools", "bench"] + (["scripts"] if (ROOT / "scripts").exists() else [])
 
 
 def test_ruff_finds_nothing():

@@ -211,7 +211,7 @@ def torch_kernel(torch, problem: dict) -> dict:
     if fmt == "NXC":
         gi = gi.permute(0, 2, 3, 1)
     stats_dtype = problem["mean"].dtype  # torch returns grad_weight/grad_bias in the weight's dtype == T2 here
-    outs = {"diff_src": to_numpy(torch, gi), "diff_gamma": to_numpy(torch, gw), "diff_beta": to_numpy(torch, gb)}
+    outs = {"diff_src": to_numpy(gi), "diff_gamma": to_numpy(gw), "diff_beta": to_numpy(gb)}
     wanted = {"diff_src": problem["src"].dtype, "diff_gamma": stats_dtype, "diff_beta": stats_dtype}
     for key, dtype in wanted.items():
         assert outs[key].dtype == dtype, (key, outs[key].dtype, dtype)

@@ -39,12 +39,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
-from bnbwd_cli.dtypes import to_float64
+from bnbwd_cli.dtypes import BFLOAT16, to_float64
 from tools.accuracy import normalised_error
 from tools.torch_bridge import to_numpy, to_torch
 
@@ -58,7 +57,7 @@ BEYOND_END = "<!-- beyond-rounding:end -->"
 SUMMARY_BEGIN = "<!-- summary:begin (tools/make_fixtures.py --report) -->"
 SUMMARY_END = "<!-- summary:end -->"
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = BFLOAT16
 DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32),
           "float16": np.dtype(np.float16), "bfloat16": BF16}
 
@@ -256,7 +255,7 @@ def run_torch(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.n
         running_var = to_torch(torch, inputs["variance"])
         outs = op(dy, src, weight, mean, running_var, None, None, False, case.epsilon, [True, True, True])
         stats = "running_mean=mean, running_var=variance"
-    result = dict(zip(OUTPUTS, (to_numpy(torch, t) for t in outs)))
+    result = dict(zip(OUTPUTS, (to_numpy(t) for t in outs)))
     args = {
         "grad_out": f"diff_dst ({case.dtype}, {memory_format})",
         "input": f"src ({case.dtype}, {memory_format})",

@@ -1,13 +1,13 @@
-"""NumPy arrays to torch tensors and back, bfloat16 included (ml_dtypes' bfloat16 has no torch counterpart
-that torch.from_numpy knows, so it crosses as int16 bits). torch is imported by the caller and passed in:
-nothing here imports it, so the tools that use this module run where torch is not installed."""
+"""NumPy arrays to torch tensors and back, bfloat16 included (torch.from_numpy knows no ml_dtypes bfloat16, so it
+crosses as int16 bits). Nothing here imports torch: callers import it inside the functions that need it and pass
+it in, so the tools that use this module run where torch is not installed."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from bnbwd_cli.api import _from_torch
+from bnbwd_cli.dtypes import BFLOAT16
 
 
 def to_torch(torch, array: np.ndarray):
@@ -15,14 +15,12 @@ def to_torch(torch, array: np.ndarray):
     array = np.ascontiguousarray(array)
     if not array.flags.writeable:  # torch.from_numpy warns on a read-only array
         array = array.copy()
-    if array.dtype == BF16:
+    if array.dtype == BFLOAT16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
 
-def to_numpy(torch, tensor) -> np.ndarray:
-    """The tensor's values as a contiguous NumPy array (torch.bfloat16 as ml_dtypes' bfloat16)."""
-    tensor = tensor.detach().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(BF16)
-    return tensor.numpy()
+def to_numpy(tensor) -> np.ndarray:
+    """The tensor's values as a contiguous NumPy array (torch.bfloat16 as ml_dtypes' bfloat16): the API's own
+    conversion of a caller's tensor, in C order."""
+    return np.ascontiguousarray(_from_torch(tensor))
