@@ -166,7 +166,7 @@ HINTS = [("missing-1/M", "missing-1/M", "missing 1/M"), ("inference-in-training"
 
 @pytest.mark.parametrize("bug, cause, text", HINTS, ids=[h[0] for h in HINTS])
 def test_hints_name_the_planted_bug(bug, cause, text):
-    """(tests/test_diagnosis.py plants every bug family; these are the zoo's own bugs.)"""
+    """(tests/test_judge_diagnosis.py plants every bug family; these are the zoo's own bugs.)"""
     problem = _problem(1000, "NXC", "f32", seed=1)
     result = _judge(problem, zoo.kernel(problem, bug=bug))
     hints = [h for o in result.outputs for h in o.comparison.diagnosis]
