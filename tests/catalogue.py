@@ -50,6 +50,7 @@ def npy_with_header(header: dict, data: bytes = b"", version=(1, 0)) -> bytes:
 
 
 def npz_of(members: dict[str, bytes], compression=zipfile.ZIP_STORED) -> bytes:
+    """A zip of the given members' bytes (any names: .npy members or not)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression) as archive:
         for name, data in members.items():
@@ -161,9 +162,9 @@ def zip_with_method(data: bytes, method: int) -> bytes:
     return bytes(raw)
 
 
-def lying_zip(member: str, data: bytes, claimed_size: int) -> bytes:
-    """A stored zip member whose headers claim an uncompressed size it does not have."""
-    raw = bytearray(npz_of({member: data}))
+def lying_zip(member: str, data: bytes, claimed_size: int, compression=zipfile.ZIP_STORED) -> bytes:
+    """A one-member zip whose local and central headers claim an uncompressed size it does not have."""
+    raw = bytearray(npz_of({member: data}, compression))
     for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
         start = raw.find(signature)
         raw[start + offset : start + offset + 4] = struct.pack("<I", claimed_size)
@@ -171,6 +172,7 @@ def lying_zip(member: str, data: bytes, claimed_size: int) -> bytes:
 
 
 def object_npy() -> bytes:
+    """A .npy of Python objects: reading it would unpickle."""
     buffer = io.BytesIO()
     np.save(buffer, np.array([{"a": 1}, None, 3], dtype=object), allow_pickle=True)
     return buffer.getvalue()
@@ -277,3 +279,7 @@ def assert_works(ws: Workspace, case: Case) -> None:
         np.testing.assert_allclose(got, expected[name], rtol=tolerance, atol=tolerance, equal_nan=True, err_msg=name)
         assert np.array_equal(np.isnan(got), np.isnan(expected[name])), f"{name}: NaN positions differ"
 
+
+def each_case(cases: list[Case]):
+    """Parametrize a test by the cases, each under its own id."""
+    return pytest.mark.parametrize("case", cases, ids=[case.id for case in cases])

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
+    each_case,
     Case, SHAPE, SRC_NPY, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works, flag_with,
     huge_header, make_inputs, npy_with_header, npz_of, object_npy, reorder, truncated,
 )
@@ -58,12 +59,12 @@ VALID_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@each_case(CASES)
 def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     assert_fails_cleanly(ws, case)
 
 
-@pytest.mark.parametrize("case", VALID_CASES, ids=[c.id for c in VALID_CASES])
+@each_case(VALID_CASES)
 def test_odd_but_valid_input_works(ws: Workspace, case: Case) -> None:
     assert_works(ws, case)
 

@@ -5,7 +5,6 @@ anything is inflated (tests/catalogue.py)."""
 from __future__ import annotations
 
 import re
-import struct
 import zipfile
 
 import numpy as np
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
+    each_case,
     Case, EPSILON, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly,
     encrypted_zip, huge_header, lying_zip, make_inputs, npz_of, object_npy, truncated, zip_with_method,
 )
@@ -53,7 +53,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@each_case(CASES)
 def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     assert_fails_cleanly(ws, case)
 
@@ -79,20 +79,10 @@ def test_unknown_npz_members_are_never_inflated(ws: Workspace, monkeypatch) -> N
 
 
 
-def lying_member(data: bytes, declared: int) -> bytes:
-    """A one-member deflated .npz whose local and central headers declare `declared` uncompressed bytes."""
-    archive = bytearray(npz_of({"diff_dst.npy": data}, zipfile.ZIP_DEFLATED))
-    local = archive.index(b"PK\x03\x04")
-    central = archive.index(b"PK\x01\x02")
-    archive[local + 22 : local + 26] = struct.pack("<I", declared)
-    archive[central + 24 : central + 28] = struct.pack("<I", declared)
-    return bytes(archive)
-
-
 @pytest.mark.parametrize("where", ["flag", "bundle"])
 def test_declared_size_beyond_deflate_ratio_is_refused_before_inflating(ws: Workspace, where: str) -> None:
     """A 1 KB deflated member that declares 4 GB: refused from the headers (today it is read as if nothing were wrong)."""
-    data = lying_member(npy_bytes(make_inputs()["diff_dst"]), 0xF0000000)
+    data = lying_zip("diff_dst.npy", npy_bytes(make_inputs()["diff_dst"]), 0xF0000000, zipfile.ZIP_DEFLATED)
     if where == "flag":
         args = [ws.bundle(), "--diff-dst", ws.write("dy.npz", data) + ":diff_dst"]
     else:

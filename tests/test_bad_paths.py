@@ -12,6 +12,7 @@ from bnbwd_cli.cli import main
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from tests.catalogue import (
+    each_case,
     Case, EPSILON, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, json_is_input, make_inputs,
     out_dir_overwrites_input, output_is_input, output_is_input_via_symlink,
 )
@@ -45,7 +46,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@each_case(CASES)
 def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     assert_fails_cleanly(ws, case)
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
+    each_case,
     Case, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, huge_header,
     make_inputs, truncated,
 )
@@ -40,7 +41,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@each_case(CASES)
 def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
     assert_fails_cleanly(ws, case)
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
+    each_case,
     Case, NONFINITE_WARNING, SHAPE, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works,
     bundle_with, invoke, make_inputs, with_value,
 )
@@ -84,14 +85,14 @@ VALID_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
-    assert_fails_cleanly(ws, case)
-
-
-@pytest.mark.parametrize("case", VALID_CASES, ids=[c.id for c in VALID_CASES])
+@each_case(VALID_CASES)
 def test_odd_but_valid_input_works(ws: Workspace, case: Case) -> None:
     assert_works(ws, case)
+
+
+@each_case(CASES)
+def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
+    assert_fails_cleanly(ws, case)
 
 
 def test_zero_batch_gives_empty_diff_src_and_zero_param_grads(ws: Workspace) -> None:

@@ -28,6 +28,7 @@ from bnbwd_cli.files.npz import read_npz, read_npz_key
 from bnbwd_cli.files.raw import parse_raw, read_raw
 from bnbwd_cli.files.read import read_array, read_bundle
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
+from tests.catalogue import encrypted_zip, lying_zip, npy_with_header, npz_of, object_npy, zip_with_method
 from tests.conftest import npy_bytes, npz_archive
 
 A = (np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5) / 7  # fractional values: every bit of each element counts
@@ -67,6 +68,15 @@ def assert_same(got: np.ndarray, expected: np.ndarray) -> None:
     assert got.tobytes() == np.ascontiguousarray(expected).tobytes()
 
 
+def assert_file_row(row: Row, path: Path, read_all, read_key) -> None:
+    """The row's bytes written to `path`, read whole or by the row's key (labelled by the file's stem)."""
+    path.write_bytes(row.data)
+    if row.key is None:
+        assert_read(lambda: read_all(path, path.stem), row.expected)
+    else:
+        assert_read(lambda: read_key(path, row.key, path.stem), row.expected)
+
+
 def ids(rows: list[Row]) -> list[str]:
     return [row.id for row in rows]
 
@@ -74,23 +84,9 @@ def ids(rows: list[Row]) -> list[str]:
 # ---------------------------------------------------------------- .npy (files/npy.read_npy_stream)
 
 
-def npy_with_header(header: dict | str, data: bytes = b"", version=(1, 0)) -> bytes:
-    """A .npy whose header says whatever the row wants, followed by `data`."""
-    text = (header if isinstance(header, str) else repr(header)).encode("latin1")
-    text += b" " * (-(len(text) + 11) % 64) + b"\n"
-    length = struct.pack("<H", len(text)) if version == (1, 0) else struct.pack("<I", len(text))
-    return npy_format.magic(*version) + length + text + data
-
-
 def npy_version(array: np.ndarray, version) -> bytes:
     buffer = io.BytesIO()
     npy_format.write_array(buffer, array, version=version, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def object_npy() -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     return buffer.getvalue()
 
 
@@ -141,31 +137,6 @@ def test_npy_reader(row: Row) -> None:
 # ---------------------------------------------------------------- .npz (files/npz.read_npz, read_npz_key)
 
 
-def zip_of(members: dict[str, bytes], method=zipfile.ZIP_STORED) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", method) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
-def patched(data: bytes, changes: list[tuple[bytes, int, bytes]]) -> bytes:
-    """`data` with, for every header starting with each signature, `value` written at `offset` in it."""
-    raw = bytearray(data)
-    for signature, offset, value in changes:
-        start = 0
-        while (start := raw.find(signature, start)) != -1:
-            raw[start + offset : start + offset + len(value)] = value
-            start += 4
-    return bytes(raw)
-
-
-def declared_size(data: bytes, size: int) -> bytes:
-    """Every member's local and central header claiming `size` uncompressed bytes."""
-    value = struct.pack("<I", size)
-    return patched(data, [(b"PK\x03\x04", 22, value), (b"PK\x01\x02", 24, value)])
-
-
 def flipped_byte(data: bytes, index: int) -> bytes:
     raw = bytearray(data)
     raw[index] ^= 0xFF
@@ -184,49 +155,45 @@ NPZ_ROWS = [
     Row("sizes-after-the-data", npz_archive(TWO, zipfile.ZIP_DEFLATED, stream=True), TWO),
     Row("np-savez", (lambda buffer: np.savez(buffer, a=A, b=B) or buffer.getvalue())(io.BytesIO()), TWO),
     Row("bfloat16-member", npz_archive({"g": BF16}), {"g": BF16}),
-    Row("other-members-ignored", zip_of({"a.npy": A_NPY, "README.txt": b"hello"}), {"a": A}),
-    Row("no-members", zip_of({}), {}),
+    Row("other-members-ignored", npz_of({"a.npy": A_NPY, "README.txt": b"hello"}), {"a": A}),
+    Row("no-members", npz_of({}), {}),
     Row("by-key-stored", STORED, B, key="b"),
     Row("by-key-deflated", DEFLATED, A, key="a"),
     Row("not-a-zip", b"this is not a zip archive\n" * 10, r"^b: not a valid \.npz archive \(File is not a zip file\)$"),
     Row("cut-short", STORED[: len(STORED) // 2], r"^b: not a valid \.npz archive \("),
     Row("key-missing", STORED, r"^b: no array 'c' in the archive \(it has: a, b\)$", key="c"),
-    Row("stored-member-cut-short", zip_of({"a.npy": A_NPY[:-48]}),
+    Row("stored-member-cut-short", npz_of({"a.npy": A_NPY[:-48]}),
         r"^b:a: header declares shape \(2, 3, 4\) float32 \(96 bytes\) but the file holds 48 bytes of data$"),
-    Row("stored-member-size-lie", declared_size(zip_of({"a.npy": A_NPY}), 2**31),
+    Row("stored-member-size-lie", lying_zip("a.npy", A_NPY, 2**31),
         r"^b:a: stored member declares 2147483648 bytes but holds \d+ \(truncated, or its size is a lie\)$"),
-    Row("deflated-beyond-deflates-ratio", declared_size(zip_of({"a.npy": A_NPY}, zipfile.ZIP_DEFLATED), 0xF0000000),
+    Row("deflated-beyond-deflates-ratio", lying_zip("a.npy", A_NPY, 0xF0000000, zipfile.ZIP_DEFLATED),
         r"^b:a: deflate member declares 4026531840 bytes from \d+ compressed, more than deflate can produce"),
-    Row("bzip2-beyond-deflates-ratio", declared_size(zip_of({"a.npy": A_NPY}, zipfile.ZIP_BZIP2), 0xF0000000),
+    Row("bzip2-beyond-deflates-ratio", lying_zip("a.npy", A_NPY, 0xF0000000, zipfile.ZIP_BZIP2),
         r"^b:a: bzip2 member declares 4026531840 bytes from \d+ compressed, more than deflate can produce"),
-    Row("member-not-npy", zip_of({"a.npy": b"#!/bin/sh\nrm -rf /\n"}), r"^b:a: not a valid \.npy file \("),
-    Row("member-python-objects", zip_of({"a.npy": object_npy()}), r"^b:a: holds Python objects"),
-    Row("stored-member-bad-crc", flipped_byte(zip_of({"a.npy": A_NPY}), 30 + len("a.npy") + len(A_NPY) - 1),
+    Row("member-not-npy", npz_of({"a.npy": b"#!/bin/sh\nrm -rf /\n"}), r"^b:a: not a valid \.npy file \("),
+    Row("member-python-objects", npz_of({"a.npy": object_npy()}), r"^b:a: holds Python objects"),
+    Row("stored-member-bad-crc", flipped_byte(npz_of({"a.npy": A_NPY}), 30 + len("a.npy") + len(A_NPY) - 1),
         r"^b:a: cannot read a\.npy \(Bad CRC-32 for file 'a\.npy'\)$"),
-    Row("deflated-member-corrupt", flipped_byte(zip_of({"a.npy": A_NPY}, zipfile.ZIP_DEFLATED), 30 + len("a.npy") + 5),
+    Row("deflated-member-corrupt", flipped_byte(npz_of({"a.npy": A_NPY}, zipfile.ZIP_DEFLATED), 30 + len("a.npy") + 5),
         r"^b:a: cannot read a\.npy \("),
-    Row("encrypted-member", patched(STORED, [(b"PK\x03\x04", 6, b"\x01"), (b"PK\x01\x02", 8, b"\x01")]),
+    Row("encrypted-member", encrypted_zip(STORED),
         r"^b:a: cannot read a\.npy \(.* is encrypted"),
-    Row("unknown-method", patched(STORED, [(b"PK\x03\x04", 8, b"\x62\x00"), (b"PK\x01\x02", 10, b"\x62\x00")]),
+    Row("unknown-method", zip_with_method(STORED, 98),
         r"^b:a: cannot read a\.npy \(That compression method is not supported\)$"),
 ]
 
 
 @pytest.mark.parametrize("row", NPZ_ROWS, ids=ids(NPZ_ROWS))
 def test_npz_reader(row: Row, tmp_path: Path) -> None:
-    path = tmp_path / "b.npz"
-    path.write_bytes(row.data)
+    assert_file_row(row, tmp_path / "b.npz", read_npz, read_npz_key)
     if row.key is None:
-        assert_read(lambda: read_npz(path, "b"), row.expected)
         assert_read(lambda: read_npz(io.BytesIO(row.data), "b"), row.expected)  # a stream reads alike
-    else:
-        assert_read(lambda: read_npz_key(path, row.key, "b"), row.expected)
 
 
 def test_npz_reads_only_the_members_asked_for(tmp_path: Path) -> None:
     """`only` and `check_keys`: a member nobody wants is never read, so its damage goes unnoticed."""
     path = tmp_path / "b.npz"
-    path.write_bytes(zip_of({"a.npy": A_NPY, "bad.npy": b"garbage"}))
+    path.write_bytes(npz_of({"a.npy": A_NPY, "bad.npy": b"garbage"}))
     assert_read(lambda: read_npz(path, "b", only=["a"]), {"a": A})
     seen = []
     assert_read(lambda: read_npz(path, "b", check_keys=seen.append, only=["a"]), {"a": A})
@@ -288,12 +255,7 @@ SAFETENSORS_ROWS = [
 
 @pytest.mark.parametrize("row", SAFETENSORS_ROWS, ids=ids(SAFETENSORS_ROWS))
 def test_safetensors_reader(row: Row, tmp_path: Path) -> None:
-    path = tmp_path / "t.safetensors"
-    path.write_bytes(row.data)
-    if row.key is None:
-        assert_read(lambda: read_safetensors(path, "t"), row.expected)
-    else:
-        assert_read(lambda: read_safetensors_key(path, row.key, "t"), row.expected)
+    assert_file_row(row, tmp_path / "t.safetensors", read_safetensors, read_safetensors_key)
 
 
 # ---------------------------------------------------------------- raw dumps (files/raw)
@@ -357,7 +319,7 @@ SOURCES = [  # id, file name, its bytes, key, the array read_array gives or the 
     ("safetensors-key", "x.safetensors", safetensors({"a": tensor(A, "F32"), "b": tensor(B, "F64")}), "b", B),
     ("torch-by-suffix", "x.pt", A_NPY, None, r"is a PyTorch checkpoint \(a Python pickle\), which bnbwd never loads"),
     ("pickle-by-content", "x.npy", pickle.dumps(Tripwire(), protocol=4), None, r"is a PyTorch checkpoint"),
-    ("torch-zip-by-content", "x.npz", zip_of({"archive/data.pkl": pickle.dumps(Tripwire())}), None,
+    ("torch-zip-by-content", "x.npz", npz_of({"archive/data.pkl": pickle.dumps(Tripwire())}), None,
      r"is a PyTorch checkpoint"),
     ("key-only-after-npz-or-safetensors", "x.npy", A_NPY, "a", r"^x \(.*x\.npy:a\): no such file$"),
 ]
