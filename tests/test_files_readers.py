@@ -24,7 +24,7 @@ from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.npy import read_npy_stream
-from bnbwd_cli.files.npz import read_npz, read_npz_key
+from bnbwd_cli.files.npz import MAX_DEFLATE_RATIO, read_npz, read_npz_key
 from bnbwd_cli.files.raw import parse_raw, read_raw
 from bnbwd_cli.files.read import read_array, read_bundle
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
@@ -119,6 +119,8 @@ NPY_ROWS = [
         r"^x: header declares shape \(100000, 100000\) float32 \(40000000000 bytes\) but the file holds 8 bytes"),
     Row("negative-dimension", npy_with_header({"descr": "<f4", "fortran_order": False, "shape": (2, -3)}),
         r"^x: header declares shape \(2, -3\) with a negative dimension$"),
+    Row("minus-one-dimension", npy_with_header({"descr": "<f4", "fortran_order": False, "shape": (-1, 3)}, b"\0" * 12),
+        r"^x: header declares shape \(-1, 3\) with a negative dimension$"),
     Row("bool-in-shape", npy_with_header({"descr": "<f4", "fortran_order": False, "shape": (True,)}, b"\0" * 4),
         r"^x: not a valid \.npy file \(shape \(True,\) is not a tuple of integers\)$"),
     Row("python-objects", object_npy(), r"^x: holds Python objects \(dtype object\); refusing to unpickle$"),
@@ -135,6 +137,13 @@ def test_npy_reader(row: Row) -> None:
 
 
 # ---------------------------------------------------------------- .npz (files/npz.read_npz, read_npz_key)
+
+
+def beyond_deflate(extra: int) -> bytes:
+    """A deflated member declaring `extra` bytes more than deflate's bound for its compressed size allows."""
+    honest = npz_of({"a.npy": A_NPY}, zipfile.ZIP_DEFLATED)
+    compressed = zipfile.ZipFile(io.BytesIO(honest)).getinfo("a.npy").compress_size
+    return lying_zip("a.npy", A_NPY, MAX_DEFLATE_RATIO * compressed + 4096 + extra, zipfile.ZIP_DEFLATED)
 
 
 def flipped_byte(data: bytes, index: int) -> bytes:
@@ -168,6 +177,10 @@ NPZ_ROWS = [
         r"^b:a: stored member declares 2147483648 bytes but holds \d+ \(truncated, or its size is a lie\)$"),
     Row("deflated-beyond-deflates-ratio", lying_zip("a.npy", A_NPY, 0xF0000000, zipfile.ZIP_DEFLATED),
         r"^b:a: deflate member declares 4026531840 bytes from \d+ compressed, more than deflate can produce"),
+    # At the bound, a member is read as far as its .npy header declares; one byte past it, it is refused unread.
+    Row("deflated-at-deflates-bound", beyond_deflate(0), {"a": A}),
+    Row("deflated-one-byte-past-deflates-bound", beyond_deflate(1), r"^b:a: deflate member declares \d+ bytes from \d+ "
+        r"compressed, more than deflate can produce"),
     Row("bzip2-beyond-deflates-ratio", lying_zip("a.npy", A_NPY, 0xF0000000, zipfile.ZIP_BZIP2),
         r"^b:a: bzip2 member declares 4026531840 bytes from \d+ compressed, more than deflate can produce"),
     Row("member-not-npy", npz_of({"a.npy": b"#!/bin/sh\nrm -rf /\n"}), r"^b:a: not a valid \.npy file \("),
@@ -248,8 +261,10 @@ SAFETENSORS_ROWS = [
     Row("offsets-outside-the-data", safetensors({"a": tensor(A, "F32")}, header={"a": {"dtype": "F32", "shape": [2, 3, 4],
                                                                                       "data_offsets": [0, 200]}}),
         r"^t: tensor 'a' has data_offsets \[0, 200\], outside the 96 bytes of data the file holds$"),
-    Row("offsets-not-the-shapes-size", safetensors({"a": ("F32", (2, 3, 4), b"\0" * 92)}),
+    Row("offsets-short-of-the-shapes-size", safetensors({"a": ("F32", (2, 3, 4), b"\0" * 92)}),
         r"^t: tensor 'a' declares shape \(2, 3, 4\) F32 \(96 bytes\) but 92 bytes of data$"),
+    Row("offsets-past-the-shapes-size", safetensors({"a": ("F32", (2, 3, 4), b"\0" * 100)}),
+        r"^t: tensor 'a' declares shape \(2, 3, 4\) F32 \(96 bytes\) but 100 bytes of data$"),
 ]
 
 
@@ -277,7 +292,8 @@ RAW_ROWS = [  # id, the source's DTYPE:SHAPE, the file's bytes, the array or the
     ("dtype-unknown", "float33:2", b"\0" * 8, r"dtype 'float33' is not a number type"),
     ("shape-not-dimensions", "f32:2xax3", b"", r"shape '2xax3' is not dimensions joined by 'x'"),
     ("shape-negative", "f32:-2x3", b"", r"shape '-2x3' is not dimensions joined by 'x'"),
-    ("too-many-dimensions", "f32:" + "x".join(["1"] * 33), b"", r"shape has 33 dimensions, at most 32 are read$"),
+    ("32-dimensions", "f32:" + "x".join(["1"] * 32), A.tobytes()[:4], A.reshape(-1)[:1].reshape((1,) * 32)),
+    ("33-dimensions", "f32:" + "x".join(["1"] * 33), A.tobytes()[:4], r"shape has 33 dimensions, at most 32 are read$"),
     ("more-bytes-than-any-file", "f64:" + "x".join(["4294967296"] * 2), b"", r"describes more bytes than any file holds$"),
     ("parts-missing", "f32", b"", r"expected raw:DTYPE:SHAPE:PATH, e\.g\. raw:f32:8x64x56x56:x\.bin$"),
 ]
