@@ -12,8 +12,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
-    each_case,
-    Case, SHAPE, SRC_NPY, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works, flag_with,
+    Case, SHAPE, SRC_NPY, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works, each_case, flag_with,
     huge_header, make_inputs, npy_with_header, npz_of, object_npy, reorder, truncated,
 )
 from tests.conftest import error_line, npy_bytes

@@ -13,8 +13,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
-    each_case,
-    Case, EPSILON, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly,
+    Case, EPSILON, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, each_case,
     encrypted_zip, huge_header, lying_zip, make_inputs, npz_of, object_npy, truncated, zip_with_method,
 )
 from tests.conftest import error_line, npy_bytes

@@ -12,8 +12,7 @@ from bnbwd_cli.cli import main
 from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from tests.catalogue import (
-    each_case,
-    Case, EPSILON, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, json_is_input, make_inputs,
+    Case, EPSILON, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, each_case, json_is_input, make_inputs,
     out_dir_overwrites_input, output_is_input, output_is_input_via_symlink,
 )
 

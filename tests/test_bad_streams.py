@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
-    each_case,
-    Case, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, huge_header,
+    Case, SRC_NPY, VALID_BUNDLE_BYTES, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, each_case, huge_header,
     make_inputs, truncated,
 )
 from tests.conftest import error_line

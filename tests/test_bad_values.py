@@ -13,9 +13,8 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from tests.catalogue import (
-    each_case,
-    Case, NONFINITE_WARNING, SHAPE, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works,
-    bundle_with, invoke, make_inputs, with_value,
+    Case, NONFINITE_WARNING, SHAPE, WARNINGS_ARE_ERRORS, Workspace, assert_fails_cleanly, assert_works, bundle_with,
+    each_case, invoke, make_inputs, with_value,
 )
 from tests.conftest import error_line
 
