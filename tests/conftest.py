@@ -110,6 +110,14 @@ def cli():
     return invoke
 
 
+@pytest.fixture
+def ws(tmp_path: Path):
+    """The catalogue of bad inputs' workspace (tests/catalogue.py): input files under in/, outputs under out/."""
+    from tests.catalogue import Workspace
+
+    return Workspace(tmp_path)
+
+
 def make_inputs(rng: np.random.Generator, shape, data_format: str = "NCX", dtype=np.float32, stats_dtype=np.float32):
     """A consistent set of op inputs: src/diff_dst of `shape`, (C,) stats with realistic values.
 

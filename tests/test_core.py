@@ -16,7 +16,7 @@ from bnbwd_cli.core import Op
 from bnbwd_cli.core.reference import reference_backward
 from tests.oracle import BOUNDS, backward_arrays, normalised_error, problem_arrays, problems
 
-numpy_backward = functools.partial(backward_arrays, core="numpy")  # the NumPy core; test_kernels_numba.py: numba
+numpy_backward = functools.partial(backward_arrays, core="numpy")  # the NumPy core; test_core_numba.py: numba
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 

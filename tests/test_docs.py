@@ -120,3 +120,16 @@ def test_readme_command_extraction():
     text = "```bash\n# comment\nbnbwd run a.npz \\\n    -o b.npz  # writes b\npip install x\n```\n" \
            "```console\n$ bnbwd verify a b  # exit 1\n```\n```text\nbnbwd run not-this\n```\n"
     assert readme_commands(text) == [("bnbwd run a.npz      -o b.npz", 0), ("bnbwd verify a b", 1)]
+
+
+def test_guarantees_catalogue_holds_more_than_100_bad_inputs():
+    """docs/guarantees.md: the tests/test_bad_*.py files feed more than 100 bad or odd inputs, each case its own id."""
+    import importlib
+
+    cases = []
+    for path in sorted((ROOT / "tests").glob("test_bad_*.py")):
+        module = importlib.import_module(f"tests.{path.stem}")
+        cases += [*module.CASES, *getattr(module, "VALID_CASES", [])]
+    assert "more than 100 malformed" in (ROOT / "docs" / "guarantees.md").read_text()
+    assert len(cases) > 100
+    assert len({case.id for case in cases}) == len(cases)

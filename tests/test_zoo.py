@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from bnbwd_cli.judge import Judging, compare_sets
+from bnbwd_cli.judge import sets as judge_sets
 from tests.oracle import backward_arrays
 from tools import zoo
 
@@ -39,6 +40,15 @@ def _truth(problem: dict) -> dict:
 
 def _judge(problem: dict, outputs: dict, truth: dict | None = None):
     return compare_sets(outputs, truth or _truth(problem), Judging(), inputs=zoo.inputs_of(problem))
+
+
+def _verdict(problem: dict, outputs: dict, truth: dict | None = None):
+    """_judge without the diagnosis: the verdict is the comparisons' alone (SetComparison.status), and the
+    diagnosis, which only names a cause, costs several times the judging on a failing 1e5-element output. The
+    causes are tested where they are named (test_hints_* here, tests/test_judge_diagnosis.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(judge_sets, "diagnose", lambda *args: {})
+        return _judge(problem, outputs, truth)
 
 
 GRID = [(m, fmt, types) for m in (1, 7, 1000, 100_000) for fmt in ("NCX", "NXC") for types in TYPES]
@@ -104,7 +114,7 @@ def test_bugs_with_correlated_rounding_still_fail(bug, correlated_problems):
     """(Not epsilon-1e-3 here: on this data it moves bf16 outputs by ~0.03 ulp, and with ~5 distinct
     diff_dst values per channel no test can tell that from a correct kernel's band roundings.)"""
     problem = correlated_problems["bf16"]
-    result = _judge(problem, zoo.kernel(problem, bug=bug))
+    result = _verdict(problem, zoo.kernel(problem, bug=bug))
     assert result.status == "mismatch", [(o.name, o.comparison.max_units.value, o.comparison.bias) for o in result.outputs]
 
 
@@ -118,7 +128,7 @@ BUG_GRID = [(bug, m, fmt, types) for bug, m_min in BUGS for m in (7, 1000, 100_0
 @pytest.mark.parametrize("bug, m, fmt, types", BUG_GRID, ids=[f"{b}-M{m}-{f}-{t}" for b, m, f, t in BUG_GRID])
 def test_planted_bugs_fail(bug, m, fmt, types):
     problem = _problem(m, fmt, types, seed=1)
-    result = _judge(problem, zoo.kernel(problem, "sequential", bug=bug))
+    result = _verdict(problem, zoo.kernel(problem, "sequential", bug=bug))
     assert result.status == "mismatch", [(o.name, o.comparison.max_units.value, o.comparison.bias) for o in result.outputs]
 
 
@@ -126,7 +136,7 @@ def test_planted_bugs_fail(bug, m, fmt, types):
 def test_nhwc_processed_as_nchw_fails(types):
     t1, t2 = TYPES[types]
     problem = zoo.make_problem(np.random.default_rng(2), (4, 8, 8, 8), "NXC", t1, t2)  # C == H
-    assert _judge(problem, zoo.kernel(problem, bug="nhwc-as-nchw")).status == "mismatch"
+    assert _verdict(problem, zoo.kernel(problem, bug="nhwc-as-nchw")).status == "mismatch"
 
 
 @pytest.mark.parametrize("types", ["bf16", "bf16-params"])
@@ -134,7 +144,7 @@ def test_nhwc_processed_as_nchw_fails(types):
 def test_bf16_small_deviations_fail_as_systematic_at_resnet_size(types, bug):
     """Each element within an ulp or so; the channel as a whole is scaled: the bias check catches it."""
     problem = _problem(100_000, "NXC", types, seed=3)
-    result = _judge(problem, zoo.kernel(problem, bug=bug))
+    result = _verdict(problem, zoo.kernel(problem, bug=bug))
     diff_src = next(o.comparison for o in result.outputs if o.name == "diff_src")
     assert diff_src.bias_failed and diff_src.bias.scale < 0, diff_src.bias
 
@@ -166,7 +176,7 @@ HINTS = [("missing-1/M", "missing-1/M", "missing 1/M"), ("inference-in-training"
 
 @pytest.mark.parametrize("bug, cause, text", HINTS, ids=[h[0] for h in HINTS])
 def test_hints_name_the_planted_bug(bug, cause, text):
-    """(tests/test_diagnosis.py plants every bug family; these are the zoo's own bugs.)"""
+    """(tests/test_judge_diagnosis.py plants every bug family; these are the zoo's own bugs.)"""
     problem = _problem(1000, "NXC", "f32", seed=1)
     result = _judge(problem, zoo.kernel(problem, bug=bug))
     hints = [h for o in result.outputs for h in o.comparison.diagnosis]

@@ -3,7 +3,7 @@
 Every family draws its parameters (block size, channels hit, which statistics, ...) from a random
 generator, so the tests and tools/diagnosis_check.py plant many instances, not a few fixed ones. The
 kernel is tools/zoo.py's float32 NumPy emulation (upcast, xhat in float32, sums in float32 in blocks of
-256, one rounding to the output dtype) with the family's hooks. tests/test_diagnosis.py plants them on
+256, one rounding to the output dtype) with the family's hooks. tests/test_judge_diagnosis.py plants them on
 random problems and tests/test_cases.py on the cases of `bnbwd cases` (CLASSES: the manifest class, and
 so the cases, where each cause must show).
 """
@@ -264,7 +264,7 @@ CLASSES = {
 
 def single_pass(rng, problem, m):
     """sum(dy * (x - mean)) as sum(dy * x) - mean * sum(dy): loses digits only on data with |mean|/sd >> 1, which
-    the random problems lack (no family of FAMILIES; tests/test_diagnosis.py plants it on offset data)."""
+    the random problems lack (no family of FAMILIES; tests/test_judge_diagnosis.py plants it on offset data)."""
     return Bug("single-pass", "single-pass-cancellation", {"single_pass": True})
 
 

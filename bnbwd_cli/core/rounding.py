@@ -87,7 +87,7 @@ def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -
     """
     if out.dtype == np.float16 and HALF_CAST_ROUNDS_ONCE:
         # One cast instead of the float32 detour below: fewer passes over the output, the same bits
-        # (tests/test_kernels_tiling.py checks the two).
+        # (tests/test_core_tiling.py checks the two).
         with np.errstate(over="ignore", invalid="ignore"):
             np.copyto(out, values, casting="unsafe")
         return values

@@ -72,6 +72,8 @@ def _parse_header(path: Path, what: str) -> tuple[dict, int, int]:
         header = json.loads(text)
     except RecursionError:
         raise BnbwdError(f"{what}: not a valid .safetensors file (its header is nested too deeply)") from None
+    except BnbwdError:  # a ValueError too: already says what is wrong
+        raise
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BnbwdError(f"{what}: not a valid .safetensors file ({reason(exc)})") from None
     if not isinstance(header, dict):

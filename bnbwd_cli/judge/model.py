@@ -235,7 +235,7 @@ class _Sequential32:
         """terms: (n, c, s) block, rounded to float32 here, one row per element in storage order after a row
         holding the carried total. Reducing axis 0 of that C-ordered (rows, c) array adds row after row, in
         float32: a kernel's sequential sums, where np.sum along a channel's own run would be pairwise (and a
-        cumsum along it ~2-9x slower; tests/test_judge_buffers.py holds numpy to this order)."""
+        cumsum along it ~2-9x slower; tests/test_judge_passes.py holds numpy to this order)."""
         n, c, s = terms.shape
         rows = self.scratch.get("rows", (n * s + 1, c), np.dtype(np.float32))
         rows[0] = self.total[channels]

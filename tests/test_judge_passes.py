@@ -1,10 +1,13 @@
-"""The judge's reused block buffers and its NXC prefix-sum shortcut give the numbers of the plain formulas, bit for bit.
+"""The judge's passes give the numbers of the plain formulas, whatever their blocks, pieces, buffers and shortcuts.
 
 bnbwd_cli/scratch.py's buffers replace fresh temporaries in the diff_src pass; judge/model.py's _PartialSums skips
-numpy's loops over NXC's length-1 rows. Each is checked against the formula it replaced, written out plainly.
+numpy's loops over NXC's length-1 rows; details are gathered in the judging pass or in a second one. Each is held
+to the quantity it computes, stated directly, or to the same pass over fresh blocks.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -16,30 +19,22 @@ from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging
 from bnbwd_cli.layout import view3
 from bnbwd_cli.scratch import Scratch
-from tests.test_judge_fast import _reference_add
-
-
-def _plain_partial_sums(blocks: list[tuple[np.ndarray, slice]], channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """(total, sum of squared prefix sums) per channel, from each channel's elements in storage order."""
-    rows = np.concatenate([values.transpose(1, 0, 2).reshape(channels, -1) for values, _ in blocks], axis=1)
-    total = np.zeros(channels)
-    for values, where in blocks:  # the total as _PartialSums adds it: block by block, row sums in order
-        total[where] += np.cumsum(values, axis=2)[:, :, -1].sum(axis=0)
-    prefix = np.cumsum(rows, axis=1)
-    return total, (prefix * prefix).sum(axis=1)
 
 
 @pytest.mark.parametrize("s", [1, 5])
-def test_partial_sums_match_the_plain_formula(s: int) -> None:
-    """The NXC shortcut (rows of one element) and the blocked prefix sums give each channel's sum_k S_k**2."""
+def test_partial_sums_are_the_sums_of_squared_prefix_sums(s: int) -> None:
+    """The NXC shortcut (rows of one element) and the blocked prefix sums: per channel, the total of its elements
+    and sum_k S_k**2, S_k the prefix sums of its elements in storage order, across blocks."""
     rng = np.random.default_rng(11)
-    blocks = [(1e4 + rng.standard_normal((n, 6, s)), slice(0, 6)) for n in (40, 3, 17)]
+    blocks = [1e4 + rng.standard_normal((n, 6, s)) for n in (40, 3, 17)]
     partial = model._PartialSums(6)
-    for values, where in blocks:
-        partial.add(values, where)
-    total, squares = _plain_partial_sums(blocks, 6)
-    assert np.array_equal(partial.total, total)
-    np.testing.assert_allclose(partial.partial_squares, squares, rtol=1e-12)
+    for values in blocks:
+        partial.add(values, slice(0, 6))
+    rows = np.concatenate([values.transpose(1, 0, 2).reshape(6, -1) for values in blocks], axis=1)  # (c, elements)
+    np.testing.assert_allclose(partial.total, [math.fsum(row) for row in rows], rtol=1e-14)
+    prefix = np.cumsum(rows, axis=1)
+    np.testing.assert_allclose(partial.partial_squares, (prefix * prefix).sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(partial.squares, (rows * rows).sum(axis=1), rtol=1e-14)
 
 
 def test_scale_and_xhat_into_buffers_equal_the_formulas() -> None:
@@ -64,7 +59,7 @@ def test_scale_and_xhat_into_buffers_equal_the_formulas() -> None:
 @pytest.mark.parametrize("dtype, data_format", [(np.float32, "NCX"), (np.float64, "NCX"), (np.float32, "NXC")])
 def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of uneven size (the last one smaller) through the reused buffers: the regression's sums equal
-    those of fresh float64 blocks fed to the plain regression, and float64 inputs are read, never written."""
+    those of fresh float64 blocks fed to a regression of its own, and float64 inputs are read, never written."""
     monkeypatch.setattr(sets, "BLOCK", 150)
     rng = np.random.default_rng(13)
     shape = (7, 5, 30) if data_format == "NCX" else (7, 30, 5)
@@ -82,7 +77,7 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     a3, r3, dy3, x3 = (view3(x, data_format) for x in (actual, reference, dy, src))
     for where in model.blocks(a3.shape, 150):
         xhat = (to_float64(x3[where]) - facts.mean[where[1]][:, None]) * facts.invstd[where[1]][:, None]
-        _reference_add(plain, xhat, to_float64(r3[where]), to_float64(a3[where]), to_float64(dy3[where]), where[1])
+        plain.add(xhat, to_float64(r3[where]).copy(), to_float64(a3[where]).copy(), to_float64(dy3[where]).copy(), where[1])
     assert np.array_equal(regression.cross, plain.cross) and np.array_equal(regression.dd, plain.dd)
     assert np.array_equal(regression.ulp_squares, plain.ulp_squares)
     assert regression.cross[0, :, :, 0].sum() == actual.size
@@ -123,17 +118,16 @@ def test_safe_ratio_in_place_keeps_its_rules_for_zero_denominators() -> None:
     assert np.array_equal(in_place, expected)  # 3/-0 is -inf before the fix: the sign is read before the divide
 
 
-def _plain_channels(shape, axis, chunks):
-    """accumulators.Channels.update as it was: one channel index per element."""
-    from bnbwd_cli.judge.accumulators import Channels
+def _stated_channels(shape, axis, fails, abs_err, ratio) -> tuple:
+    """Per channel: its elements' mismatch count, max |a - r| and max ratio (NaN wins, as in np.maximum)."""
+    from bnbwd_cli.judge.accumulators import ChannelStat
 
-    plain = Channels(shape, axis)
-    for fails, abs_err, ratio, offset in chunks:
-        channel = (np.arange(offset, offset + fails.size) // plain.stride) % plain.fail.size
-        plain.fail += np.bincount(channel, weights=fails, minlength=plain.fail.size).astype(np.int64)
-        np.maximum.at(plain.abs, channel, abs_err)
-        np.maximum.at(plain.ratio, channel, ratio)
-    return plain.finish()
+    def per_channel(values):
+        return np.moveaxis(values.reshape(shape), axis, 0).reshape(shape[axis], -1)
+
+    rows = int(np.prod(shape)) // shape[axis]
+    return tuple(ChannelStat(c, rows, int(f.sum()), float(np.max(a)), float(np.max(r)))
+                 for c, (f, a, r) in enumerate(zip(per_channel(fails), per_channel(abs_err), per_channel(ratio))))
 
 
 @pytest.mark.parametrize("shape, axis, sizes", [
@@ -143,7 +137,7 @@ def _plain_channels(shape, axis, chunks):
     ((6, 5, 4), 2, [13, 2, 105]),  # channels last, cut rows
     ((2, 3, 4, 5), 1, [60, 60]),  # NCHW
 ])
-def test_channel_table_by_runs_equals_the_per_element_one(shape, axis, sizes) -> None:
+def test_channel_table_by_runs_is_each_channels_count_and_maxima(shape, axis, sizes) -> None:
     from bnbwd_cli.judge.accumulators import Channels
 
     rng = np.random.default_rng(15)
@@ -160,7 +154,7 @@ def test_channel_table_by_runs_equals_the_per_element_one(shape, axis, sizes) ->
     with np.errstate(invalid="ignore"):  # NaN into np.maximum: the judge's passes ignore it too
         for chunk in chunks:
             fast.update(*chunk)
-        expected = _plain_channels(shape, axis, chunks)
+        expected = _stated_channels(shape, axis, fails, abs_err, ratio)
     assert repr(fast.finish()) == repr(expected)
     assert sum(stat.mismatches for stat in expected) == fails.sum()
 
@@ -285,3 +279,45 @@ def test_judging_progress_climbs_to_its_total_and_changes_nothing(monkeypatch: p
     assert len(seen) > 4 and {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
     assert repr(told.outputs) == repr(plain.outputs)
+
+
+def _inputs(rng: np.random.Generator) -> Op:
+    src = rng.standard_normal((4, 5, 30)).astype(np.float32)
+    diff_dst = rng.standard_normal(src.shape).astype(np.float32)
+    return Op(src, diff_dst, src.mean((0, 2)), src.var((0, 2)), None, epsilon=1e-5, data_format="NCX")
+
+
+@pytest.mark.parametrize("block", [7, 150, 1 << 16])
+def test_lazy_details_equal_a_detailed_single_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sets, "BLOCK", block)
+    rng = np.random.default_rng(3)
+    inputs = _inputs(rng)
+    reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
+    actual = reference + rng.choice([0.0, 1e-6, 1e-2], size=reference.shape).astype(np.float32)
+    job = sets._Job(("diff_src", "diff_src"), CompareSettings(), sets.tensor_layout("NCX", 3), 5)
+    case = sets._DiffSrc(actual, reference, job, inputs, model.channel_facts(inputs))
+    comparison = sets._judge_diff_src(actual, reference, job, inputs, case.facts)
+    single, _ = sets._diff_src_pass(case, detailed=True, regress=False)
+    expected = single.details.finish(actual, reference, single.dtype)
+    assert comparison.mismatches > 0
+    assert comparison.details == expected
+    assert comparison.worst[0].ratio > 1 and comparison.channels is not None
+
+
+def test_judging_does_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verdicts and counts identical, reported numbers equal to float64 rounding, for any blocking."""
+    rng = np.random.default_rng(5)
+    inputs = _inputs(rng)
+    reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
+    actual = reference * np.float32(1 + 3e-6)
+    results = []
+    for block in (1 << 20, 150, 1 << 16):
+        monkeypatch.setattr(sets, "BLOCK", block)
+        out = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
+        results.append(out.outputs[0].comparison)
+    for other in results[1:]:
+        assert (other.mismatches, other.max_units, other.max_abs) == (results[0].mismatches, results[0].max_units,
+                                                                     results[0].max_abs)
+        assert other.bias.significant == results[0].bias.significant
+        assert other.bias.scale == pytest.approx(results[0].bias.scale, rel=1e-9)
+        assert other.bias.stderr == pytest.approx(results[0].bias.stderr, rel=1e-9)
