@@ -192,3 +192,28 @@ def test_float32_outputs_of_an_all_float64_problem_are_judged_in_float32_units()
     problem = _problem("f64", "f64", "NCX")
     float32 = {k: v.astype(F32) for k, v in zoo.kernel(problem, "blocked").items()}
     assert _status(problem, float32) == dict.fromkeys(OUTPUTS, "pass")
+
+
+# ---------------------------------------------------------------- the fixed rule (no inputs): per dtype, both sides
+
+# dtype -> (atol, rtol): `bnbwd verify --help`'s defaults; an element also passes within one ulp of the dtype.
+FIXED = {"f64": (1e-12, 1e-9), "f32": (1e-5, 1e-5), "f16": (1e-3, 1e-3), "bf16": (1e-2, 1.6e-2)}
+
+
+@pytest.mark.parametrize("name", FIXED)
+def test_fixed_tolerances_are_pinned_from_both_sides(cli, tmp_path, name):
+    dtype = DTYPES[name]
+    reference = np.random.default_rng(2).normal(size=512).astype(dtype)
+    for directory in ("k", "r"):
+        (tmp_path / directory).mkdir()
+    np.save(tmp_path / "r" / "diff_src.npy", reference)
+    atol, rtol = FIXED[name]
+    for index in (0, 1, 2):
+        r = float(reference[index])
+        allowance = max(atol + rtol * abs(r), _ulp(r, dtype))
+        for beyond, code in ((False, 0), (True, 1)):
+            moved = reference.copy()
+            moved[index] = _moved(r, allowance, dtype, beyond)
+            np.save(tmp_path / "k" / "diff_src.npy", moved)
+            result = cli("verify", tmp_path / "k", tmp_path / "r")
+            assert result.exit_code == code, (index, beyond, result.output)
