@@ -11,7 +11,7 @@ import pytest
 
 import bnbwd_cli
 from tests import zoo
-from tests.conftest import make_inputs, save_bundle
+from tests.conftest import assert_one_error, make_inputs, save_bundle
 
 CANONICAL = ("src", "diff_dst", "mean", "variance", "gamma", "beta")
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
@@ -140,3 +140,26 @@ def test_float64_statistics_with_float32_data_still_catch_a_bug(cli, tmp_path, f
     for bug in ("epsilon-1e-3", "missing-1/M", "unbiased-variance"):
         kernel = save_bundle(tmp_path / "k.npz", zoo.kernel(problem, "sequential", bug=bug))
         assert cli("run", bundle, "-q", "--reference", kernel).exit_code == 1, bug
+
+
+@pytest.mark.parametrize("spec, rounded", [("generic", False), ("ngraph", False), ("openvino", True), ("onednn", True),
+                                           ("tensorflow", True), ("pytorch", False)])
+def test_the_specs_that_type_epsilon_f32_round_it(cli, rng, tmp_path, spec, rounded):
+    bundle = save_bundle(tmp_path / "in.npz", make_inputs(rng, (2, 3, 4, 4)), epsilon=1e-5)
+    result = cli("run", bundle, "--spec", spec, "--format", "NCHW", "-q", "-o", tmp_path / "o.npz", "--json", "-")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["epsilon"] == (float(np.float32(1e-5)) if rounded else 1e-5)
+
+
+@pytest.mark.parametrize("spec, smallest, refused, pattern", [
+    ("generic", "5e-324", "0", r"epsilon is 0\.0, expected a finite number > 0"),
+    ("onednn", "1e-45", "1e-46", r"epsilon 1e-46 is 0 as float32 \(spec onednn types it f32\)"),
+])
+def test_epsilons_lower_limit_per_spec(cli, rng, tmp_path, spec, smallest, refused, pattern):
+    """The smallest positive epsilon (float32's, where the spec types it f32) is taken; zero, or what rounds to it,
+    is refused."""
+    bundle = save_bundle(tmp_path / "in.npz", make_inputs(rng, (2, 3, 4, 4)))
+    run = ["run", bundle, "--spec", spec, "--format", "NCHW", "-q", "-o", tmp_path / "o.npz", "--epsilon"]
+    assert_one_error(cli(*run, refused), pattern)
+    assert not (tmp_path / "o.npz").exists()
+    assert cli(*run, smallest).exit_code == 0

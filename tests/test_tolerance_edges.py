@@ -22,9 +22,9 @@ U32, U64 = 2.0**-24, 2.0**-53
 K = {"diff_src": 16.0, "diff_gamma": 5.0, "diff_beta": 5.0}  # docs/tolerances.md
 REALISED_FLOOR = 2.5
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
-# (data, statistics): every pair the generic spec's judge takes that a framework produces.
-COMBOS = [("f32", "f32"), ("f32", "f64"), ("f16", "f32"), ("bf16", "f32"), ("f64", "f64"), ("f16", "f16"),
-          ("bf16", "bf16")]
+# (data, statistics): the pairs frameworks produce, and float64 data with float32 statistics (a float32 kernel's unit).
+COMBOS = [("f32", "f32"), ("f32", "f64"), ("f16", "f32"), ("bf16", "f32"), ("f64", "f64"), ("f64", "f32"),
+          ("f16", "f16"), ("bf16", "bf16")]
 CASES = [(*combo, "NCX") for combo in COMBOS] + [("f32", "f32", "NXC"), ("bf16", "bf16", "NXC")]
 
 
@@ -217,3 +217,37 @@ def test_fixed_tolerances_are_pinned_from_both_sides(cli, tmp_path, name):
             np.save(tmp_path / "k" / "diff_src.npy", moved)
             result = cli("verify", tmp_path / "k", tmp_path / "r")
             assert result.exit_code == code, (index, beyond, result.output)
+
+
+@pytest.mark.parametrize("name", ["f32", "bf16"])
+@pytest.mark.parametrize("ulps", [1, 3])
+def test_the_ulp_allowance_alone_is_pinned_from_both_sides(cli, tmp_path, name, ulps):
+    """--atol 0 --rtol 0: an element passes within `ulps` ulps of the dtype (1 by default), not one more."""
+    dtype = DTYPES[name]
+    reference = np.random.default_rng(4).normal(size=64).astype(dtype)
+    for directory in ("k", "r"):
+        (tmp_path / directory).mkdir()
+    np.save(tmp_path / "r" / "diff_src.npy", reference)
+    flags = ["--atol", "0", "--rtol", "0", *(["--ulp", str(ulps)] if ulps != 1 else [])]
+    r = float(reference[0])
+    for beyond, code in ((False, 0), (True, 1)):
+        moved = reference.copy()
+        moved[0] = _moved(r, ulps * _ulp(r, dtype), dtype, beyond)
+        np.save(tmp_path / "k" / "diff_src.npy", moved)
+        result = cli("verify", tmp_path / "k", tmp_path / "r", *flags)
+        assert result.exit_code == code, (beyond, result.output)
+
+
+@pytest.mark.parametrize("allowance, allowed", [("2", 2), ("0.5%", 1), ("1%", 3)])  # 1.92 and 3.84 of 384 round down
+def test_max_mismatch_is_pinned_from_both_sides(cli, tmp_path, allowance, allowed):
+    """--max-mismatch N or P%: that many failing elements pass (P% of the size rounded down), one more fails."""
+    reference = np.random.default_rng(6).normal(size=384).astype(np.float32)
+    for directory in ("k", "r"):
+        (tmp_path / directory).mkdir()
+    np.save(tmp_path / "r" / "diff_src.npy", reference)
+    for failing, code in ((allowed, 0), (allowed + 1, 1)):
+        moved = reference.copy()
+        moved[:failing] += 1.0
+        np.save(tmp_path / "k" / "diff_src.npy", moved)
+        result = cli("verify", tmp_path / "k", tmp_path / "r", "--max-mismatch", allowance, "--rel-l2", "1")
+        assert result.exit_code == code, (failing, result.output)
