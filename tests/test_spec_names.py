@@ -163,3 +163,55 @@ def test_epsilons_lower_limit_per_spec(cli, rng, tmp_path, spec, smallest, refus
     assert_one_error(cli(*run, refused), pattern)
     assert not (tmp_path / "o.npz").exists()
     assert cli(*run, smallest).exit_code == 0
+
+
+# ---------------------------------------------------------------- each spec's rules, table by table
+
+FLOATS = {"f16": np.float16, "bf16": zoo.BF16, "f32": np.float32, "f64": np.float64}
+# spec -> the (data, statistics) pairs it allows (docs/usage.md); generic allows every pair
+ALLOWED_TYPES = {
+    "ngraph": {(t, t) for t in FLOATS},
+    "openvino": {("f32", "f32"), ("f16", "f32"), ("bf16", "f32"), ("bf16", "bf16")},
+    "onednn": {("f32", "f32"), ("bf16", "f32"), ("bf16", "bf16"), ("f16", "f32")},
+    "tensorflow": {("f32", "f32"), ("f16", "f32"), ("bf16", "f32")},
+    "pytorch": {("f64", "f64"), ("f32", "f32"), ("f16", "f32"), ("bf16", "f32"), ("f16", "f16"), ("bf16", "bf16")},
+    "generic": {(a, b) for a in FLOATS for b in FLOATS},
+}
+
+
+@pytest.mark.parametrize("spec", ALLOWED_TYPES)
+def test_each_spec_allows_exactly_its_dtype_pairs(rng, spec):
+    for data in FLOATS:
+        for stats in FLOATS:
+            arrays = make_inputs(rng, (2, 3, 2, 2), "NCX", dtype=FLOATS[data], stats_dtype=FLOATS[stats])
+            call = {k: arrays[k] for k in CANONICAL}
+            if (data, stats) in ALLOWED_TYPES[spec]:
+                assert set(bnbwd_cli.backward(**call, epsilon=1e-3, data_format="NCHW", spec=spec)) == set(OUTPUTS)
+            else:
+                with pytest.raises(bnbwd_cli.InputError, match=f"spec {spec} does not allow src {data}"):
+                    bnbwd_cli.backward(**call, epsilon=1e-3, data_format="NCHW", spec=spec)
+
+
+@pytest.mark.parametrize("spec, data_format, left_out, pattern", [
+    ("ngraph", "NCHW", "beta", "missing input beta \\(spec ngraph\\)"),
+    ("ngraph", "NCHW", "gamma", "missing input gamma \\(spec ngraph\\)"),
+    ("tensorflow", "NHWC", "gamma", "missing input gamma \\(spec tensorflow\\)"),
+    ("ngraph", "NHWC", None, "data_format NHWC is not allowed by spec ngraph"),
+    ("tensorflow", "NCX", None, "data_format NCX is not allowed by spec tensorflow"),
+])
+def test_each_spec_requires_its_inputs_and_layouts(rng, spec, data_format, left_out, pattern):
+    arrays = make_inputs(rng, (2, 3, 2, 2), "NCX" if data_format.startswith("NC") else "NXC")
+    call = {k: arrays[k] for k in CANONICAL if k != left_out}
+    with pytest.raises(bnbwd_cli.InputError, match=pattern):
+        bnbwd_cli.backward(**call, epsilon=1e-3, data_format=data_format, spec=spec)
+    if left_out is None:
+        return
+    assert set(bnbwd_cli.backward(**call, epsilon=1e-3, data_format=data_format)) == set(OUTPUTS)  # generic: optional
+
+
+def test_onednn_makes_both_parameter_gradients_or_neither(cli, rng, tmp_path):
+    bundle = save_bundle(tmp_path / "in.npz", make_inputs(rng, (2, 3, 4, 4)), epsilon=1e-5)
+    run = ["run", bundle, "--spec", "onednn", "--format", "NCHW", "-q", "-o", tmp_path / "o.npz", "--outputs"]
+    assert_one_error(cli(*run, "diff_src,diff_gamma"), "spec onednn produces diff_gamma and diff_beta both or neither")
+    assert cli(*run, "diff_src").exit_code == 0
+    assert cli(*run, "diff_gamma,diff_beta").exit_code == 0

@@ -251,3 +251,32 @@ def test_max_mismatch_is_pinned_from_both_sides(cli, tmp_path, allowance, allowe
         np.save(tmp_path / "k" / "diff_src.npy", moved)
         result = cli("verify", tmp_path / "k", tmp_path / "r", "--max-mismatch", allowance, "--rel-l2", "1")
         assert result.exit_code == code, (failing, result.output)
+
+
+# dtype -> the default bound on ||a - r||_2 / ||r||_2: 2**6 float32 epsilons, 2 of float16 / bfloat16
+REL_L2 = {"f32": 2.0**6 * 2.0**-23, "f16": 2.0 * 2.0**-10, "bf16": 2.0 * 2.0**-7}
+
+
+@pytest.mark.parametrize("name", REL_L2)
+def test_the_relative_l2_bound_is_pinned_from_both_sides(cli, tmp_path, name):
+    """Every element within its own tolerance, the whole output moved by just under, then just over, the default
+    relative-L2 bound: the first passes, the second fails."""
+    dtype, bound = DTYPES[name], REL_L2[name]
+    atol, rtol = FIXED[name]
+    low = 0.25 if name == "f16" else 0.5  # float16's atol dominates below 1: where moving every element still passes
+    reference = np.random.default_rng(7).uniform(low, 2 * low, size=4096).astype(dtype)
+    r = reference.astype(np.float64)
+    candidates = [(r * (1 + bound * f)).astype(dtype) for f in np.linspace(0.9, 1.1, 401)]
+    realised = [float(np.linalg.norm(a.astype(np.float64) - r) / np.linalg.norm(r)) for a in candidates]
+    under = max((e, i) for i, e in enumerate(realised) if e <= bound * (1 - 1e-6))[1]
+    over = min((e, i) for i, e in enumerate(realised) if e > bound * (1 + 1e-6))[1]
+    for directory in ("k", "r"):
+        (tmp_path / directory).mkdir()
+    np.save(tmp_path / "r" / "diff_src.npy", reference)
+    for index, code in ((under, 0), (over, 1)):
+        moved = candidates[index]
+        error = np.abs(moved.astype(np.float64) - r)
+        assert np.all(error <= atol + rtol * np.abs(r)), "every element must pass on its own"
+        np.save(tmp_path / "k" / "diff_src.npy", moved)
+        result = cli("verify", tmp_path / "k", tmp_path / "r")
+        assert result.exit_code == code, (realised[index] / bound, result.output)
