@@ -321,6 +321,21 @@ def test_safetensors_element_bound_at_the_limit_and_one_past(cli, tmp_path: Path
     assert_one_error(cli("verify", path, path), pattern)
 
 
+def test_a_safetensors_bundle_at_the_memory_cap_is_read_one_byte_over_is_refused(cli, case: Path, rng,
+                                                                                  monkeypatch) -> None:
+    from bnbwd_cli.files import safetensors_file
+
+    arrays = make_inputs(rng, (2, 3, 4, 4), "NCX")
+    path = case / "inputs.safetensors"
+    path.write_bytes(_safetensors(arrays))
+    total = sum(array.nbytes for array in arrays.values())
+    run = ["run", path, "-q", "--epsilon", "1e-5", "--format", "NCHW", "-o"]
+    monkeypatch.setattr(safetensors_file, "memory_cap", lambda: total)
+    assert cli(*run, case / "o.npz").exit_code == 0
+    monkeypatch.setattr(safetensors_file, "memory_cap", lambda: total - 1)
+    assert_one_error(cli(*run, case / "o2.npz"), rf"its tensors declare {total} bytes, more than the memory available")
+
+
 # ---------------------------------------------------------------- a killed run's temp files
 
 

@@ -131,6 +131,8 @@ MUTANTS = (
            "if self.central >= MAX_CENTRAL_BYTES:", f"{GUARDS} -k 'central or capped'"),
     Mutant("an archive's memory cap off by one", NPZ, "if total > common.memory_cap():", "if total >= common.memory_cap():",
            f"{GUARDS} -k memory_cap"),
+    Mutant("a safetensors bundle's memory cap off by one", SAFE, "if total > memory_cap():", "if total >= memory_cap():",
+           f"{GUARDS} -k safetensors_bundle"),
     Mutant("a .npy one byte short accepted", "bnbwd_cli/files/npy.py", "needed > available_bytes - offset:",
            "needed > available_bytes - offset + 1:", f"{GUARDS} -k npy_holding"),
     Mutant("the safetensors header cap off by one", SAFE, "if length > MAX_HEADER_BYTES:", "if length >= MAX_HEADER_BYTES:",
