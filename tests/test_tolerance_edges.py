@@ -25,13 +25,15 @@ OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 # (data, statistics): the pairs frameworks produce, and float64 data with float32 statistics (a float32 kernel's unit).
 COMBOS = [("f32", "f32"), ("f32", "f64"), ("f16", "f32"), ("bf16", "f32"), ("f64", "f64"), ("f64", "f32"),
           ("f16", "f16"), ("bf16", "bf16")]
-CASES = [(*combo, "NCX") for combo in COMBOS] + [("f32", "f32", "NXC"), ("bf16", "bf16", "NXC")]
+# C1: one channel (its sums take another path in the judge), drawn where a sequential float32 sum's realised error,
+# not the estimate, sets the sums' scale.
+CASES = [(*combo, "NCX") for combo in COMBOS] + [("f32", "f32", "NXC"), ("bf16", "bf16", "NXC"), ("f32", "f32", "C1")]
 
 
-def _problem(data: str, stats: str, fmt: str, seed: int = 3) -> dict:
+def _problem(data: str, stats: str, fmt: str) -> dict:
     # M = 64 per channel: the sums' terms in diff_src's scale (divided by M) still move its allowance by ulps.
-    shape = (4, 4, 4, 4)
-    return zoo.make_problem(np.random.default_rng(seed), shape, fmt, DTYPES[data], DTYPES[stats])
+    shape, seed = ((16, 1, 2, 2), 6) if fmt == "C1" else ((4, 4, 4, 4), 3)
+    return zoo.make_problem(np.random.default_rng(seed), shape, "NCX" if fmt == "C1" else fmt, DTYPES[data], DTYPES[stats])
 
 
 def _inputs(problem: dict) -> dict:
@@ -160,13 +162,15 @@ def _pick(scale: np.ndarray, output: str) -> list[tuple[int, ...]]:
     where |xhat| is largest (the sums' terms weigh most there) and one where it is smallest."""
     if output != "diff_src":
         return [(c,) for c in range(scale.shape[0])]
-    return [(0, int(np.argmax(scale[0]))), (1, int(np.argmin(scale[1]))), (2, 5)]
+    channels = scale.shape[0]
+    return [(0, int(np.argmax(scale[0]))), (1 % channels, int(np.argmin(scale[1 % channels]))), (2 % channels, 5)]
 
 
 @pytest.mark.parametrize("output", OUTPUTS)
 @pytest.mark.parametrize("data, stats, fmt", CASES, ids=["-".join(c) for c in CASES])
 def test_k_is_pinned_from_both_sides(data, stats, fmt, output):
     problem = _problem(data, stats, fmt)
+    fmt = problem["data_format"]
     truth = bnbwd_cli.backward(**_inputs(problem))
     scale = _scales(problem, truth["diff_src"])[output]
     reference = truth[output]
