@@ -43,10 +43,21 @@ def _inputs(problem: dict) -> dict:
             "data_format": fmt}
 
 
+def _three(array: np.ndarray, fmt: str) -> np.ndarray:
+    """(N, C, S) for NCX, (M, C, 1) for NXC."""
+    return array.reshape(array.shape[0], array.shape[1], -1) if fmt == "NCX" else array.reshape(-1, array.shape[-1], 1)
+
+
 def _rows(array: np.ndarray, fmt: str, dtype=np.float64) -> np.ndarray:
     """(C, M): each channel's elements in storage order."""
-    three = array.reshape(array.shape[0], array.shape[1], -1) if fmt == "NCX" else array.reshape(-1, array.shape[-1], 1)
+    three = _three(array, fmt)
     return np.ascontiguousarray(three.transpose(1, 0, 2).reshape(three.shape[1], -1)).astype(dtype)
+
+
+def _from_rows(rows: np.ndarray, like: np.ndarray, fmt: str) -> np.ndarray:
+    """_rows undone: (C, M) back to the shape and layout of `like`."""
+    n, c, s = _three(like, fmt).shape
+    return rows.reshape(c, n, s).transpose(1, 0, 2).reshape(like.shape)
 
 
 def _sequential32(terms: np.ndarray) -> np.ndarray:
@@ -98,9 +109,9 @@ def _ulp(value: float, dtype: np.dtype) -> float:
 
 
 def _moved(r: float, allowance: float, dtype: np.dtype, beyond: bool) -> float:
-    """The last value of `dtype` at most `allowance` above r (or below, for r > 0: toward zero keeps it
-    simple for the sign), or the first one beyond. The allowance is this file's own float64 arithmetic, the
-    judge's differs in the last bits: a value closer than 1e-9 of it to the edge is stepped past."""
+    """r moved (toward zero when r > 0, else up) to the last value of `dtype` within `allowance` of it, or to the
+    first one beyond. The allowance is this file's own float64 arithmetic and the judge's differs in the last bits,
+    so a value within 1e-9 (relative) of the edge is stepped past."""
     direction = -1.0 if r > 0 else 1.0
     edge = r + direction * allowance
     toward = np.array([direction * np.inf], dtype=dtype)
@@ -133,10 +144,7 @@ def _float64_kernel(problem: dict) -> dict:
     xhat = (x - mean[:, None]) * invstd[:, None]
     beta, gam = dy.sum(axis=1), (dy * xhat).sum(axis=1)
     rows = (gamma * invstd)[:, None] * (dy - beta[:, None] / x.shape[1] - xhat * gam[:, None] / x.shape[1])
-    src = problem["src"]
-    three = src.reshape(src.shape[0], src.shape[1], -1) if fmt == "NCX" else src.reshape(-1, src.shape[-1], 1)
-    diff_src = rows.reshape(three.shape[1], three.shape[0], three.shape[2]).transpose(1, 0, 2).reshape(src.shape)
-    return {"diff_src": diff_src, "diff_gamma": gam, "diff_beta": beta}
+    return {"diff_src": _from_rows(rows, problem["src"], fmt), "diff_gamma": gam, "diff_beta": beta}
 
 
 def _correct_kernel(problem: dict) -> dict:
@@ -158,8 +166,8 @@ def test_a_float32_kernel_fails_an_all_float64_problem():
 
 
 def _pick(scale: np.ndarray, output: str) -> list[tuple[int, ...]]:
-    """Elements to move one at a time: every channel of a sum, and in diff_src the element of each of two channels
-    where |xhat| is largest (the sums' terms weigh most there) and one where it is smallest."""
+    """Elements to move one at a time: every channel of a sum; in diff_src the element with the largest scale in one
+    channel, the smallest in another (the terms weigh differently there) and a fixed one in a third."""
     if output != "diff_src":
         return [(c,) for c in range(scale.shape[0])]
     channels = scale.shape[0]
@@ -182,9 +190,7 @@ def test_k_is_pinned_from_both_sides(data, stats, fmt, output):
             moved = rows.copy()
             moved[where] = _moved(r, allowance, reference.dtype, beyond)
             if output == "diff_src":
-                three = reference.reshape(reference.shape[0], reference.shape[1], -1) if fmt == "NCX" else \
-                    reference.reshape(-1, reference.shape[-1], 1)
-                moved = moved.reshape(three.shape[1], three.shape[0], three.shape[2]).transpose(1, 0, 2).reshape(reference.shape)
+                moved = _from_rows(moved, reference, fmt)
             outcome = _status(problem, {**truth, output: moved})
             assert outcome == {**dict.fromkeys(OUTPUTS, "pass"), output: status}, \
                 (where, beyond, _units(problem, {**truth, output: moved}))
