@@ -108,15 +108,15 @@ def _ulp(value: float, dtype: np.dtype) -> float:
     return float(np.ldexp(1.0, max(exponent, minimum) - mantissa))
 
 
-def _moved(r: float, allowance: float, dtype: np.dtype, beyond: bool) -> float:
+def _moved(r: float, allowance: float, dtype: np.dtype, beyond: bool, slack: float = 1e-9) -> float:
     """r moved (toward zero when r > 0, else up) to the last value of `dtype` within `allowance` of it, or to the
     first one beyond. The allowance is this file's own float64 arithmetic and the judge's differs in the last bits,
-    so a value within 1e-9 (relative) of the edge is stepped past."""
+    so a value within `slack` (relative) of the edge is stepped past; 0 where the allowance is exact (ulps)."""
     direction = -1.0 if r > 0 else 1.0
     edge = r + direction * allowance
     toward = np.array([direction * np.inf], dtype=dtype)
     value = np.array([edge], dtype=np.float64).astype(dtype)
-    slack = 1e-9 * allowance
+    slack = slack * allowance
     while abs(float(value[0]) - r) > allowance - slack:  # inside
         value = np.nextafter(value, -toward)
     if beyond:
@@ -242,7 +242,7 @@ def test_the_ulp_allowance_alone_is_pinned_from_both_sides(cli, tmp_path, name, 
     r = float(reference[0])
     for beyond, code in ((False, 0), (True, 1)):
         moved = reference.copy()
-        moved[0] = _moved(r, ulps * _ulp(r, dtype), dtype, beyond)
+        moved[0] = _moved(r, ulps * _ulp(r, dtype), dtype, beyond, slack=0.0)  # exactly `ulps` ulps passes
         np.save(tmp_path / "k" / "diff_src.npy", moved)
         result = cli("verify", tmp_path / "k", tmp_path / "r", *flags)
         assert result.exit_code == code, (beyond, result.output)
