@@ -37,7 +37,8 @@ COPY_IGNORED = (".git", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", 
 
 @dataclass(frozen=True)
 class Mutant:
-    """One planted bug: `old` (exactly once in `path`) replaced by `new`; `tests`: pytest arguments that must fail."""
+    """One planted bug: `old` (exactly once in `path`) replaced by `new`; `tests`: pytest arguments that must fail.
+    Names hold no '|' (they are markdown table cells)."""
 
     name: str
     path: str
@@ -67,19 +68,19 @@ MUTANTS = (
            f"{EDGES} -k pinned"),
     Mutant("the bias check's z loosened 2x", TOL, "BIAS_Z = 6.0", "BIAS_Z = 12.0",
            "tests -k small_deviations_fail_as_systematic"),
-    Mutant("|diff_gamma| dropped from diff_gamma's scale", MODEL,
+    Mutant("abs(diff_gamma) dropped from diff_gamma's scale", MODEL,
            "np.abs(self.mean) * self.invstd * np.abs(self.diff_beta) + np.abs(self.diff_gamma))",
            "np.abs(self.mean) * self.invstd * np.abs(self.diff_beta))", f"{EDGES} -k 'pinned and diff_gamma'"),
     Mutant("the terms' own roundings counted once", MODEL, "unit * (2 * self.norm_gamma +", "unit * (self.norm_gamma +",
            f"{EDGES} -k 'pinned and diff_gamma'"),
     Mutant("the realised floor doubled", MODEL, "REALISED_FLOOR = 2.5", "REALISED_FLOOR = 5.0",
            f"{EDGES} -k pinned"),
-    Mutant("a random order's ||x||^2 term dropped", MODEL, "shuffled = count * (total * total / 3 + norm * norm / 6)",
+    Mutant("a random order's norm(x)**2 term dropped", MODEL, "shuffled = count * (total * total / 3 + norm * norm / 6)",
            "shuffled = count * (total * total / 3)", f"{EDGES} -k pinned"),
     Mutant("the mean's rounding dropped from diff_src's scale", MODEL,
            "base = k * (unit * np.abs(facts.diff_beta) + s_beta + mean_shift * np.abs(facts.diff_gamma)) / m",
            "base = k * (unit * np.abs(facts.diff_beta) + s_beta) / m", f"{EDGES} -k 'pinned and diff_src'"),
-    Mutant("u*|diff_src| dropped from diff_src's scale", MODEL,
+    Mutant("u*abs(diff_src) dropped from diff_src's scale", MODEL,
            "        scale += np.multiply(self.unit, np.abs(reference, out=term), out=term)", "        pass",
            f"{EDGES} -k 'pinned and diff_src'"),
     Mutant("float64 unit for float32 outputs of float64 inputs", MODEL,
