@@ -358,7 +358,7 @@ def test_no_case_fits_is_an_input_error(tmp_path, cli):
 
 
 def test_readme_loop_runs_as_printed_and_every_case_passes(tmp_path, cli, monkeypatch):
-    """README's "Test suites for your kernel": its three commands, with its kernel.py, in order (a `shell`
+    """README's "Test suites for your kernel": its three commands, with docs/usage.md's kernel.py, in order (a `shell`
     block: tests/test_docs.py runs each `bnbwd` line of the bash blocks alone, and `check` needs kernel.py's
     outputs)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -366,7 +366,9 @@ def test_readme_loop_runs_as_printed_and_every_case_passes(tmp_path, cli, monkey
     block = re.search(r"```shell\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line, comments=True) for line in block.splitlines()]
     assert [command[:2] for command in commands] == [["bnbwd", "cases"], ["python", "kernel.py"], ["bnbwd", "check"]]
-    (tmp_path / "kernel.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    usage = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    kernel_section = usage[usage.index("## `bnbwd cases`"):usage.index("## Agreement with PyTorch")]
+    (tmp_path / "kernel.py").write_text(re.search(r"```python\n(.*?)```", kernel_section, re.S).group(1))
     monkeypatch.chdir(tmp_path)
     assert cli(*commands[0][1:]).exit_code == 0
     monkeypatch.setattr("sys.argv", commands[1][1:])
