@@ -42,13 +42,22 @@ RELEASE_BYTES = 4 << 20
 # Split groups fold their partials (J, 2, channels) in blocks of channels of about this many bytes, shared by the
 # pool: a block that stays in cache folds faster than the whole at once, and the pool can share the blocks.
 FOLD_BLOCK_BYTES = 1 << 20
+# Elements of one piece of a tile (_Kernel._pieces): its float64 scratch (dy, dy·d, d and a row group's room for
+# the running sums) and its inputs and output stay in a core's L2 (2 MiB here) between the passes over it.
+PIECE_ELEMENTS = 1 << 15
 
 
 # ---------------------------------------------------------------- the per-tile passes
 
 
 class _Kernel:
-    """One backward computation over an (N, C, S) view; its methods are the per-tile passes."""
+    """One backward computation over an (N, C, S) view; its methods are the per-tile passes.
+
+    A tile is worked in *pieces* of rows (`_pieces`) small enough that their float64 scratch stays in a core's L2:
+    a pass over a tile-sized float64 array ran from L3 at a fraction of the speed. Lanes are summed piece by piece
+    in the same order (each piece's row groups are added to its chunk's running lane sums), and the write pass
+    widens a piece's inputs again rather than keep the whole tile's float64 values.
+    """
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
@@ -58,7 +67,7 @@ class _Kernel:
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(problem.geometry.c)
         self.k = np.zeros(problem.geometry.c)
-        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written tile (rounding.store's values)
+        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written piece (rounding.store's values)
 
     @staticmethod
     def _widen(wide: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -67,12 +76,31 @@ class _Kernel:
         np.copyto(wide, values)
         return wide
 
-    def _load(self, group: Group, tile: Tile, need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """gp (2, rows, channels, lanes) float64 with gp[0] = dy, and d = src - mean (or None)."""
-        index = np.s_[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+    def _pieces(self, group: Group, tile: Tile) -> list[tuple[int, int]]:
+        """Row ranges [q0, q1) covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else
+        each chunk cut into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
+        step, r0 = self.shape.chunk_rows, self.shape.rows_per_lane
+        row = max((group.c1 - group.c0) * (tile.s1 - tile.s0), 1)
+        rows = max(PIECE_ELEMENTS // row, 1)
+        if rows >= step:
+            rows -= rows % step
+            return [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
+        pieces = []
+        for q in range(tile.n0, tile.n1, step):
+            end = min(q + step, tile.n1)
+            count = -(-(end - q) // rows)
+            length = -(-(-(-(end - q) // count)) // r0) * r0
+            pieces += [(p, min(p + length, end)) for p in range(q, end, length)]
+        return pieces
+
+    def _load(self, group: Group, tile: Tile, rows: tuple[int, int], need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """gp (2, r0 + rows, channels, lanes) float64 with gp[0, r0:] = dy of the rows (gp[:, :r0]: room for a
+        chunk's running lane sums, see _lanes), and d = src - mean (or None)."""
+        r0 = self.shape.rows_per_lane
+        index = np.s_[rows[0] : rows[1], group.c0 : group.c1, tile.s0 : tile.s1]
         dy = self.problem.dy3[index]
-        gp = self.scratch.get("gp", (2, *dy.shape), FLOAT64)
-        self._widen(gp[0], dy)
+        gp = self.scratch.get("gp", (2, r0 + dy.shape[0], *dy.shape[1:]), FLOAT64)
+        self._widen(gp[0, r0:], dy)
         if not need_d:
             return gp, None
         d = self._widen(self.scratch.get("d", dy.shape, FLOAT64), self.problem.src3[index])
@@ -91,41 +119,68 @@ class _Kernel:
             self.mean_dy[c0:c1], self.k[c0:c1], _ = plan.coefficients(sums[0], sums[1], problem.invstd[c0:c1],
                                                                        problem.count)
 
-    def _partials(self, gp: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order."""
-        np.multiply(gp[0], d, out=gp[1])
-        return self._trees(self._lanes(gp))
+    def _sum_tile(self, group: Group, tile: Tile, keep: bool) -> tuple[np.ndarray, tuple | None]:
+        """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order; with keep and a tile
+        of one piece, its loaded (gp, d) too, for the write pass."""
+        shape = self.shape
+        step = shape.chunk_rows
+        pieces = self._pieces(group, tile)
+        rest = (group.c1 - group.c0, tile.s1 - tile.s0)
+        acc = self.scratch.get("acc", (2, -(-(tile.n1 - tile.n0) // step), shape.rows_per_lane, *rest), FLOAT64)
+        loaded = None
+        for rows in pieces:
+            gp, d = self._load(group, tile, rows, need_d=True)
+            r0 = shape.rows_per_lane
+            np.multiply(gp[0, r0:], d, out=gp[1, r0:])
+            chunk = (rows[0] - tile.n0) // step
+            self._lanes(gp, rows[1] - rows[0], acc[:, chunk:], carry=rows[0] % step != 0)
+            loaded = (gp, d)
+        return self._trees(acc), (loaded if keep and len(pieces) == 1 else None)
 
-    def _lanes(self, values: np.ndarray) -> np.ndarray:
-        """Per chunk and lane, the sum of its row groups in order from 0.0: (2, chunks, r0, channels, lanes)."""
+    def _lanes(self, gp: np.ndarray, rows: int, acc: np.ndarray, carry: bool) -> None:
+        """Per chunk and lane, the sum of its row groups in order from 0.0, of the rows gp[:, r0 : r0 + rows]:
+        into acc (2, chunks, r0, channels, lanes). carry: the rows continue acc[:, 0]'s chunk, whose sums so far
+        acc[:, 0] holds; they go first, through gp[:, :r0], and the piece's row groups are added on in order."""
         shape = self.shape
         r0, groups, step = shape.rows_per_lane, shape.groups_per_chunk, shape.chunk_rows
-        rows, rest = values.shape[1], values.shape[2:]
+        rest = gp.shape[2:]
+        values = gp[:, r0 : r0 + rows]
+        # Summing over an axis that is not the innermost, NumPy adds whole rows in turn (acc = ((0.0 + v0) + v1)
+        # + ...), elementwise; pairwise summation is used only along the innermost axis, which is what a single
+        # lane (r0·channels·lanes == 1) would become: that case goes row by row.
+        one_call = r0 * math.prod(rest) > 1
+        if carry:
+            last = acc[:, 0]
+            whole = rows - rows % r0
+            if one_call:
+                gp[:, :r0] = last
+                np.add.reduce(gp[:, : r0 + whole].reshape(2, 1 + whole // r0, r0, *rest), axis=1, out=last)
+            else:
+                for q0 in range(0, whole, r0):
+                    last += values[:, q0 : q0 + r0]
+            if rows > whole:  # the tensor's last rows, a part group
+                last[:, : rows - whole] += values[:, whole:]
+            return
         full = rows // step
-        acc = self.scratch.get("acc", (2, -(-rows // step), r0, *rest), FLOAT64)
         if full:
             grouped = values[:, : full * step].reshape(2, full, groups, r0, *rest)
             head = acc[:, :full]
-            if r0 * math.prod(rest) > 1:
-                # One call, and the same order: summing over an axis that is not the innermost, NumPy adds whole
-                # rows in turn (acc = ((0.0 + v0) + v1) + ...), elementwise; pairwise summation is used only
-                # along the innermost axis, which is what a single lane (r0·channels·lanes == 1) would become.
+            if one_call:
                 np.add.reduce(grouped, axis=2, out=head, initial=0.0)
             else:
                 head.fill(0.0)
                 for k in range(groups):
                     head += grouped[:, :, k]
-        if rows > full * step:  # the last chunk of the tensor, short
+        if rows > full * step:  # a chunk's first rows (a piece of it, or the tensor's last chunk, short)
             last = acc[:, full]
             tail = rows - full * step
-            if tail % r0 == 0 and r0 * math.prod(rest) > 1:  # whole row groups: one call, the same order as above
+            if tail % r0 == 0 and one_call:  # whole row groups: one call, the same order as above
                 np.add.reduce(values[:, full * step :].reshape(2, tail // r0, r0, *rest), axis=1, out=last, initial=0.0)
-                return acc
+                return
             last.fill(0.0)
             for q0 in range(full * step, rows, r0):
                 part = values[:, q0 : q0 + r0]
                 last[:, : part.shape[1]] += part
-        return acc
 
     def _trees(self, acc: np.ndarray) -> np.ndarray:
         """Each (chunk, block)'s lanes by the halving tree: (chunks·blocks, 2, channels)."""
@@ -147,15 +202,15 @@ class _Kernel:
         return np.array(sums.transpose(1, 3, 0, 2).reshape(-1, 2, channels))  # a copy: sums may view the scratch
 
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
-        gp, d = self._load(group, tile, need_d=True)
-        return self._partials(gp, d)
+        return self._sum_tile(group, tile, keep=False)[0]
 
-    def _write(self, group: Group, tile: Tile, gp: np.ndarray, d: np.ndarray | None) -> None:
-        """diff_src = ((dy - mean(dy)) - d·k)·scale of one tile, in float64, rounded once."""
+    def _write(self, group: Group, tile: Tile, rows: tuple[int, int], loaded: tuple) -> None:
+        """diff_src = ((dy - mean(dy)) - d·k)·scale of the rows of one tile, in float64, rounded once."""
         problem = self.problem
+        gp, d = loaded
         channels = np.s_[:, group.c0 : group.c1, :]
-        out = problem.out3[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
-        result = gp[0]
+        out = problem.out3[rows[0] : rows[1], group.c0 : group.c1, tile.s0 : tile.s1]
+        result = gp[0, self.shape.rows_per_lane :]
         with np.errstate(over="ignore", invalid="ignore"):
             if problem.training:
                 d *= self.k[None, :, None][channels]
@@ -171,27 +226,36 @@ class _Kernel:
                 if problem.scale_exp is not None:
                     np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
                 rounded = store(result, out, self.scratch)
-        # the summary's extremes while the tile is in cache (core/stats.py; NaN propagates), from the float32
+        # the summary's extremes while the piece is in cache (core/stats.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
         self.extremes.append(stats.extremes(rounded))
+
+    def _write_tile(self, group: Group, tile: Tile, loaded: tuple | None) -> None:
+        """The write pass over a tile's pieces (loaded: a one-piece tile's values, already in the scratch)."""
+        if loaded is not None:
+            self._write(group, tile, (tile.n0, tile.n1), loaded)
+            return
+        for rows in self._pieces(group, tile):
+            self._write(group, tile, rows, self._load(group, tile, rows, need_d=self.problem.training))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""
         problem = self.problem
         tile = group.tiles[0]
-        gp, d = self._load(group, tile, need_d=problem.need_sums)
-        sums = None
+        sums, loaded = None, None
         if problem.need_sums:
-            sums = plan.fold(self._partials(gp, d))
+            partials, loaded = self._sum_tile(group, tile, keep=want_diff_src)
+            sums = plan.fold(partials)
         if want_diff_src:
             if problem.training:
                 self.set_coefficients(group.c0, sums)
-            self._write(group, tile, gp, d)
+            self._write_tile(group, tile, loaded)
         return sums
 
     def write(self, group: Group, tile: Tile) -> None:
-        gp, d = self._load(group, tile, need_d=self.problem.training)
-        self._write(group, tile, gp, d)
+        self._write_tile(group, tile, None)
+
+
 def bytes_per_element(dtype: np.dtype) -> int:
     """Working set of one tile element: src, diff_dst and diff_src, and the float64 scratch (g, g·d, d) and more."""
     extra = 20 if dtype.itemsize == 2 else 0  # float32 and uint32 conversion scratch (and the rounded-to-odd copy)
