@@ -45,9 +45,26 @@ FOLD_BLOCK_BYTES = 1 << 20
 # Elements of one piece of a tile (_Kernel._pieces): its float64 scratch (dy, dy·d, d and a row group's room for
 # the running sums) and its inputs and output stay in a core's L2 (2 MiB here) between the passes over it.
 PIECE_ELEMENTS = 1 << 15
+# A piece whose rows (channels x lanes) are shorter than this, and meet per-channel coefficients, is worked this
+# many elements a row (_Piece): NumPy's inner loop then runs along a long row, not a short one per row.
+WIDE_ROW = 2048
 
 
 # ---------------------------------------------------------------- the per-tile passes
+
+
+class _Piece:
+    """Rows [q0, q1) of a tile, and how its values meet per-channel coefficients: `wide` rows at a time (the piece
+    seen as (rows / wide, wide·channels·lanes) against one row of coefficients repeated wide times), so that NumPy's
+    inner loop runs along a long row; wide == 0: as (rows, channels, lanes) against (1, channels, 1)."""
+
+    __slots__ = ("q0", "q1", "wide")
+
+    def __init__(self, q0: int, q1: int, wide: int) -> None:
+        self.q0, self.q1, self.wide = q0, q1, wide
+
+    def view(self, values: np.ndarray) -> np.ndarray:
+        return values.reshape(-1, values[0].size * self.wide) if self.wide else values
 
 
 class _Kernel:
@@ -62,49 +79,67 @@ class _Kernel:
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.shape = problem.geometry
-        self.mean_c = problem.mean[None, :, None]
         self.scratch = Scratch()
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(problem.geometry.c)
         self.k = np.zeros(problem.geometry.c)
+        self.rows: dict[tuple, np.ndarray] = {}  # coefficient rows of the wide pieces, by (name, channels, lanes, wide)
         self.extremes: list[tuple[float, float]] = []  # (min, max) of each written piece (rounding.store's values)
 
-    @staticmethod
-    def _widen(wide: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """wide (float64) = values, exactly: every f16/bf16/f32 value is a float64. NumPy's and ml_dtypes' own
-        casts are the fastest way (faster than building the float64 bits from uint32 ones)."""
-        np.copyto(wide, values)
-        return wide
-
-    def _pieces(self, group: Group, tile: Tile) -> list[tuple[int, int]]:
-        """Row ranges [q0, q1) covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else
-        each chunk cut into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
+    def _pieces(self, group: Group, tile: Tile) -> list[_Piece]:
+        """Pieces covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else each chunk cut
+        into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
         step, r0 = self.shape.chunk_rows, self.shape.rows_per_lane
-        row = max((group.c1 - group.c0) * (tile.s1 - tile.s0), 1)
+        channels, lanes = group.c1 - group.c0, tile.s1 - tile.s0
+        row = max(channels * lanes, 1)
         rows = max(PIECE_ELEMENTS // row, 1)
         if rows >= step:
             rows -= rows % step
-            return [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
-        pieces = []
-        for q in range(tile.n0, tile.n1, step):
-            end = min(q + step, tile.n1)
-            count = -(-(end - q) // rows)
-            length = -(-(-(-(end - q) // count)) // r0) * r0
-            pieces += [(p, min(p + length, end)) for p in range(q, end, length)]
-        return pieces
+            ranges = [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
+        else:
+            ranges = []
+            for q in range(tile.n0, tile.n1, step):
+                end = min(q + step, tile.n1)
+                count = -(-(end - q) // rows)
+                length = -(-(-(-(end - q) // count)) // r0) * r0
+                ranges += [(p, min(p + length, end)) for p in range(q, end, length)]
+        # Wide rows only where a row of coefficients is short and a piece's output is one contiguous block.
+        wide = WIDE_ROW // row if channels > 1 and row < WIDE_ROW and (channels, lanes) == self.problem.src3.shape[1:] else 0
+        return [_Piece(q0, q1, math.gcd(q1 - q0, wide) if wide else 0) for q0, q1 in ranges]
 
-    def _load(self, group: Group, tile: Tile, rows: tuple[int, int], need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """gp (2, r0 + rows, channels, lanes) float64 with gp[0, r0:] = dy of the rows (gp[:, :r0]: room for a
-        chunk's running lane sums, see _lanes), and d = src - mean (or None)."""
+    def _row(self, name: str, values: np.ndarray, group: Group, tile: Tile, piece: _Piece) -> np.ndarray:
+        """The per-channel values (C,) of the group's channels, shaped to meet the piece (see _Piece)."""
+        if not piece.wide:
+            return values[None, group.c0 : group.c1, None]
+        key = (name, group.c0, group.c1, tile.s0, tile.s1, piece.wide)
+        row = self.rows.get(key)
+        if row is None:
+            row = np.tile(np.repeat(values[group.c0 : group.c1], tile.s1 - tile.s0), piece.wide)
+            self.rows[key] = row
+        return row
+
+    def _buffers(self, group: Group, tile: Tile, pieces: list[_Piece]) -> tuple[np.ndarray, np.ndarray]:
+        """The float64 scratch of a tile's pieces: gp (2, r0 + rows, channels, lanes) and d (rows, channels, lanes)
+        for the longest piece; each piece takes its first rows (one lookup a tile, not a piece)."""
         r0 = self.shape.rows_per_lane
-        index = np.s_[rows[0] : rows[1], group.c0 : group.c1, tile.s0 : tile.s1]
-        dy = self.problem.dy3[index]
-        gp = self.scratch.get("gp", (2, r0 + dy.shape[0], *dy.shape[1:]), FLOAT64)
-        self._widen(gp[0, r0:], dy)
+        rows = max(piece.q1 - piece.q0 for piece in pieces)
+        rest = (group.c1 - group.c0, tile.s1 - tile.s0)
+        return self.scratch.get("gp", (2, r0 + rows, *rest), FLOAT64), self.scratch.get("d", (rows, *rest), FLOAT64)
+
+    def _load(self, group: Group, tile: Tile, piece: _Piece, buffers: tuple, need_d: bool) -> tuple:
+        """(gp, d) of the piece: gp[0, r0:] = dy of its rows (gp[:, :r0]: room for a chunk's running lane sums, see
+        _lanes; gp[1, r0:] for dy·d), and d = src - mean (or None)."""
+        r0 = self.shape.rows_per_lane
+        rows = piece.q1 - piece.q0
+        index = np.s_[piece.q0 : piece.q1, group.c0 : group.c1, tile.s0 : tile.s1]
+        gp = buffers[0][:, : r0 + rows]
+        np.copyto(gp[0, r0:], self.problem.dy3[index])  # widened exactly: NumPy's and ml_dtypes' casts are fastest
         if not need_d:
             return gp, None
-        d = self._widen(self.scratch.get("d", dy.shape, FLOAT64), self.problem.src3[index])
-        d -= self.mean_c[:, group.c0 : group.c1]
+        d = buffers[1][:rows]
+        np.copyto(d, self.problem.src3[index])
+        wide = piece.view(d)
+        wide -= self._row("mean", self.problem.mean, group, tile, piece)
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
@@ -123,17 +158,17 @@ class _Kernel:
         """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order; with keep and a tile
         of one piece, its loaded (gp, d) too, for the write pass."""
         shape = self.shape
-        step = shape.chunk_rows
+        step, r0 = shape.chunk_rows, shape.rows_per_lane
         pieces = self._pieces(group, tile)
-        rest = (group.c1 - group.c0, tile.s1 - tile.s0)
-        acc = self.scratch.get("acc", (2, -(-(tile.n1 - tile.n0) // step), shape.rows_per_lane, *rest), FLOAT64)
+        acc = self.scratch.get("acc", (2, -(-(tile.n1 - tile.n0) // step), r0, group.c1 - group.c0, tile.s1 - tile.s0),
+                               FLOAT64)
+        buffers = self._buffers(group, tile, pieces)
         loaded = None
-        for rows in pieces:
-            gp, d = self._load(group, tile, rows, need_d=True)
-            r0 = shape.rows_per_lane
+        for piece in pieces:
+            gp, d = self._load(group, tile, piece, buffers, need_d=True)
             np.multiply(gp[0, r0:], d, out=gp[1, r0:])
-            chunk = (rows[0] - tile.n0) // step
-            self._lanes(gp, rows[1] - rows[0], acc[:, chunk:], carry=rows[0] % step != 0)
+            chunk = (piece.q0 - tile.n0) // step
+            self._lanes(gp, piece.q1 - piece.q0, acc[:, chunk:], carry=piece.q0 % step != 0)
             loaded = (gp, d)
         return self._trees(acc), (loaded if keep and len(pieces) == 1 else None)
 
@@ -204,39 +239,43 @@ class _Kernel:
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
         return self._sum_tile(group, tile, keep=False)[0]
 
-    def _write(self, group: Group, tile: Tile, rows: tuple[int, int], loaded: tuple) -> None:
-        """diff_src = ((dy - mean(dy)) - d·k)·scale of the rows of one tile, in float64, rounded once."""
+    def _write(self, group: Group, tile: Tile, piece: _Piece, loaded: tuple) -> None:
+        """diff_src = ((dy - mean(dy)) - d·k)·scale of a piece, in float64, rounded once (errors ignored by the caller)."""
         problem = self.problem
         gp, d = loaded
-        channels = np.s_[:, group.c0 : group.c1, :]
-        out = problem.out3[rows[0] : rows[1], group.c0 : group.c1, tile.s0 : tile.s1]
-        result = gp[0, self.shape.rows_per_lane :]
-        with np.errstate(over="ignore", invalid="ignore"):
-            if problem.training:
-                d *= self.k[None, :, None][channels]
-                result -= self.mean_dy[None, :, None][channels]
-                result -= d
-            if problem.scale_exp is None and out.dtype.itemsize >= 4:
-                # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-                # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
-                np.multiply(result, problem.scale[None, :, None][channels], out=out, casting="unsafe")
-                rounded = out
-            else:
-                result *= problem.scale[None, :, None][channels]
-                if problem.scale_exp is not None:
-                    np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
-                rounded = store(result, out, self.scratch)
+        out = problem.out3[piece.q0 : piece.q1, group.c0 : group.c1, tile.s0 : tile.s1]
+        result = piece.view(gp[0, self.shape.rows_per_lane :])
+        if problem.training:
+            d = piece.view(d)
+            d *= self._row("k", self.k, group, tile, piece)
+            result -= self._row("mean_dy", self.mean_dy, group, tile, piece)
+            result -= d
+        if problem.scale_exp is None and out.dtype.itemsize >= 4:
+            # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
+            # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
+            np.multiply(result, self._row("scale", problem.scale, group, tile, piece), out=piece.view(out),
+                        casting="unsafe")
+            rounded = out
+        else:
+            result *= self._row("scale", problem.scale, group, tile, piece)
+            result = result.reshape(out.shape)
+            if problem.scale_exp is not None:
+                np.ldexp(result, problem.scale_exp[None, group.c0 : group.c1, None], out=result)
+            rounded = store(result, out, self.scratch)
         # the summary's extremes while the piece is in cache (core/stats.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
         self.extremes.append(stats.extremes(rounded))
 
     def _write_tile(self, group: Group, tile: Tile, loaded: tuple | None) -> None:
         """The write pass over a tile's pieces (loaded: a one-piece tile's values, already in the scratch)."""
-        if loaded is not None:
-            self._write(group, tile, (tile.n0, tile.n1), loaded)
-            return
-        for rows in self._pieces(group, tile):
-            self._write(group, tile, rows, self._load(group, tile, rows, need_d=self.problem.training))
+        with np.errstate(over="ignore", invalid="ignore"):
+            if loaded is not None:
+                self._write(group, tile, self._pieces(group, tile)[0], loaded)
+                return
+            pieces = self._pieces(group, tile)
+            buffers = self._buffers(group, tile, pieces)
+            for piece in pieces:
+                self._write(group, tile, piece, self._load(group, tile, piece, buffers, need_d=self.problem.training))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""
