@@ -6,8 +6,9 @@ The (N, C, S) view is cut into tiles of whole chunks (core/plan.py), so the resu
 on the budget or the thread count. A *group* is a range of channels; its *tiles* cover (n, s) ranges
 of those channels. When a group fits the cache budget it is one tile and both passes run while the
 tile is still in cache (~3 tensor passes of memory traffic); a group too big for the budget is reduced
-tile by tile and then written tile by tile (~5 passes). NumPy releases the GIL inside its ufuncs, so
-a thread pool over tiles uses every core.
+tile by tile and then written tile by tile (~5 passes). A tile is worked in pieces of rows whose float64
+scratch stays in a core's L2 (_Kernel). NumPy releases the GIL inside its ufuncs, so a thread pool over
+tiles uses every core.
 
 Per tile, in float64: g = dy and d = src - mean (widened exactly), the lane sums of g and g·d per
 chunk (plan.py's order), then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (f16 by NumPy's
@@ -45,26 +46,9 @@ FOLD_BLOCK_BYTES = 1 << 20
 # Elements of one piece of a tile (_Kernel._pieces): its float64 scratch (dy, dy·d, d and a row group's room for
 # the running sums) and its inputs and output stay in a core's L2 (2 MiB here) between the passes over it.
 PIECE_ELEMENTS = 1 << 15
-# A piece whose rows (channels x lanes) are shorter than this, and meet per-channel coefficients, is worked this
-# many elements a row (_Piece): NumPy's inner loop then runs along a long row, not a short one per row.
-WIDE_ROW = 2048
 
 
 # ---------------------------------------------------------------- the per-tile passes
-
-
-class _Piece:
-    """Rows [q0, q1) of a tile, and how its values meet per-channel coefficients: `wide` rows at a time (the piece
-    seen as (rows / wide, wide·channels·lanes) against one row of coefficients repeated wide times), so that NumPy's
-    inner loop runs along a long row; wide == 0: as (rows, channels, lanes) against (1, channels, 1)."""
-
-    __slots__ = ("q0", "q1", "wide")
-
-    def __init__(self, q0: int, q1: int, wide: int) -> None:
-        self.q0, self.q1, self.wide = q0, q1, wide
-
-    def view(self, values: np.ndarray) -> np.ndarray:
-        return values.reshape(-1, values[0].size * self.wide) if self.wide else values
 
 
 class _Kernel:
@@ -83,63 +67,45 @@ class _Kernel:
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(problem.geometry.c)
         self.k = np.zeros(problem.geometry.c)
-        self.rows: dict[tuple, np.ndarray] = {}  # coefficient rows of the wide pieces, by (name, channels, lanes, wide)
         self.extremes: list[tuple[float, float]] = []  # (min, max) of each written piece (rounding.store's values)
 
-    def _pieces(self, group: Group, tile: Tile) -> list[_Piece]:
-        """Pieces covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else each chunk cut
-        into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
+    def _pieces(self, group: Group, tile: Tile) -> list[tuple[int, int]]:
+        """Row ranges [q0, q1) covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else each
+        chunk cut into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
         step, r0 = self.shape.chunk_rows, self.shape.rows_per_lane
-        channels, lanes = group.c1 - group.c0, tile.s1 - tile.s0
-        row = max(channels * lanes, 1)
-        rows = max(PIECE_ELEMENTS // row, 1)
+        rows = max(PIECE_ELEMENTS // max((group.c1 - group.c0) * (tile.s1 - tile.s0), 1), 1)
         if rows >= step:
             rows -= rows % step
-            ranges = [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
-        else:
-            ranges = []
-            for q in range(tile.n0, tile.n1, step):
-                end = min(q + step, tile.n1)
-                count = -(-(end - q) // rows)
-                length = -(-(-(-(end - q) // count)) // r0) * r0
-                ranges += [(p, min(p + length, end)) for p in range(q, end, length)]
-        # Wide rows only where a row of coefficients is short and a piece's output is one contiguous block.
-        wide = WIDE_ROW // row if channels > 1 and row < WIDE_ROW and (channels, lanes) == self.problem.src3.shape[1:] else 0
-        return [_Piece(q0, q1, math.gcd(q1 - q0, wide) if wide else 0) for q0, q1 in ranges]
+            return [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
+        pieces = []
+        for q in range(tile.n0, tile.n1, step):
+            end = min(q + step, tile.n1)
+            count = -(-(end - q) // rows)
+            length = -(-(-(-(end - q) // count)) // r0) * r0
+            pieces += [(p, min(p + length, end)) for p in range(q, end, length)]
+        return pieces
 
-    def _row(self, name: str, values: np.ndarray, group: Group, tile: Tile, piece: _Piece) -> np.ndarray:
-        """The per-channel values (C,) of the group's channels, shaped to meet the piece (see _Piece)."""
-        if not piece.wide:
-            return values[None, group.c0 : group.c1, None]
-        key = (name, group.c0, group.c1, tile.s0, tile.s1, piece.wide)
-        row = self.rows.get(key)
-        if row is None:
-            row = np.tile(np.repeat(values[group.c0 : group.c1], tile.s1 - tile.s0), piece.wide)
-            self.rows[key] = row
-        return row
-
-    def _buffers(self, group: Group, tile: Tile, pieces: list[_Piece]) -> tuple[np.ndarray, np.ndarray]:
+    def _buffers(self, group: Group, tile: Tile, pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """The float64 scratch of a tile's pieces: gp (2, r0 + rows, channels, lanes) and d (rows, channels, lanes)
         for the longest piece; each piece takes its first rows (one lookup a tile, not a piece)."""
         r0 = self.shape.rows_per_lane
-        rows = max(piece.q1 - piece.q0 for piece in pieces)
+        rows = max(q1 - q0 for q0, q1 in pieces)
         rest = (group.c1 - group.c0, tile.s1 - tile.s0)
         return self.scratch.get("gp", (2, r0 + rows, *rest), FLOAT64), self.scratch.get("d", (rows, *rest), FLOAT64)
 
-    def _load(self, group: Group, tile: Tile, piece: _Piece, buffers: tuple, need_d: bool) -> tuple:
+    def _load(self, group: Group, tile: Tile, piece: tuple[int, int], buffers: tuple, need_d: bool) -> tuple:
         """(gp, d) of the piece: gp[0, r0:] = dy of its rows (gp[:, :r0]: room for a chunk's running lane sums, see
         _lanes; gp[1, r0:] for dy·d), and d = src - mean (or None)."""
         r0 = self.shape.rows_per_lane
-        rows = piece.q1 - piece.q0
-        index = np.s_[piece.q0 : piece.q1, group.c0 : group.c1, tile.s0 : tile.s1]
+        rows = piece[1] - piece[0]
+        index = np.s_[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
         gp = buffers[0][:, : r0 + rows]
         np.copyto(gp[0, r0:], self.problem.dy3[index])  # widened exactly: NumPy's and ml_dtypes' casts are fastest
         if not need_d:
             return gp, None
         d = buffers[1][:rows]
         np.copyto(d, self.problem.src3[index])
-        wide = piece.view(d)
-        wide -= self._row("mean", self.problem.mean, group, tile, piece)
+        d -= self.problem.mean[None, group.c0 : group.c1, None]
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
@@ -167,8 +133,8 @@ class _Kernel:
         for piece in pieces:
             gp, d = self._load(group, tile, piece, buffers, need_d=True)
             np.multiply(gp[0, r0:], d, out=gp[1, r0:])
-            chunk = (piece.q0 - tile.n0) // step
-            self._lanes(gp, piece.q1 - piece.q0, acc[:, chunk:], carry=piece.q0 % step != 0)
+            q0, q1 = piece
+            self._lanes(gp, q1 - q0, acc[:, (q0 - tile.n0) // step :], carry=q0 % step != 0)
             loaded = (gp, d)
         return self._trees(acc), (loaded if keep and len(pieces) == 1 else None)
 
@@ -239,28 +205,26 @@ class _Kernel:
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
         return self._sum_tile(group, tile, keep=False)[0]
 
-    def _write(self, group: Group, tile: Tile, piece: _Piece, loaded: tuple) -> None:
+    def _write(self, group: Group, tile: Tile, piece: tuple[int, int], loaded: tuple) -> None:
         """diff_src = ((dy - mean(dy)) - d·k)·scale of a piece, in float64, rounded once (errors ignored by the caller)."""
         problem = self.problem
         gp, d = loaded
-        out = problem.out3[piece.q0 : piece.q1, group.c0 : group.c1, tile.s0 : tile.s1]
-        result = piece.view(gp[0, self.shape.rows_per_lane :])
+        channels = np.s_[:, group.c0 : group.c1, :]
+        out = problem.out3[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
+        result = gp[0, self.shape.rows_per_lane :]
         if problem.training:
-            d = piece.view(d)
-            d *= self._row("k", self.k, group, tile, piece)
-            result -= self._row("mean_dy", self.mean_dy, group, tile, piece)
+            d *= self.k[None, :, None][channels]
+            result -= self.mean_dy[None, :, None][channels]
             result -= d
         if problem.scale_exp is None and out.dtype.itemsize >= 4:
             # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
             # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
-            np.multiply(result, self._row("scale", problem.scale, group, tile, piece), out=piece.view(out),
-                        casting="unsafe")
+            np.multiply(result, problem.scale[None, :, None][channels], out=out, casting="unsafe")
             rounded = out
         else:
-            result *= self._row("scale", problem.scale, group, tile, piece)
-            result = result.reshape(out.shape)
+            result *= problem.scale[None, :, None][channels]
             if problem.scale_exp is not None:
-                np.ldexp(result, problem.scale_exp[None, group.c0 : group.c1, None], out=result)
+                np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
             rounded = store(result, out, self.scratch)
         # the summary's extremes while the piece is in cache (core/stats.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
@@ -296,7 +260,10 @@ class _Kernel:
 
 
 def bytes_per_element(dtype: np.dtype) -> int:
-    """Working set of one tile element: src, diff_dst and diff_src, and the float64 scratch (g, g·d, d) and more."""
+    """Working set of one tile element: src, diff_dst and diff_src, and the float64 scratch (g, g·d, d) and more.
+
+    The float64 scratch is a piece's, not the whole tile's (_Kernel._pieces); counting it as the tile's keeps the
+    tiles, and so which groups fuse both passes, as they were measured best."""
     extra = 20 if dtype.itemsize == 2 else 0  # float32 and uint32 conversion scratch (and the rounded-to-odd copy)
     return dtype.itemsize * 3 + 24 + extra
 
