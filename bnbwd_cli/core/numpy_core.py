@@ -154,6 +154,8 @@ class _Kernel:
             last = acc[:, 0]
             whole = rows - rows % r0
             if one_call:
+                # NumPy starts from the carried sums (or from 0.0 + them: the same bits, as a sum begun at 0.0
+                # is never -0.0), then adds the piece's row groups in turn
                 gp[:, :r0] = last
                 np.add.reduce(gp[:, : r0 + whole].reshape(2, 1 + whole // r0, r0, *rest), axis=1, out=last)
             else:
