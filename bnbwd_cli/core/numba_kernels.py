@@ -95,6 +95,25 @@ def _plane_partial(src3, dy3, ch, rows, lanes, r0, m, acc0, acc1):
     length = r0 * width
     acc0[:length] = 0.0
     acc1[:length] = 0.0
+    if r0 == 1:  # every row adds to the same lanes: two rows a pass over them, each lane adding row i, then row i + 1
+        a0 = acc0[:width]
+        a1 = acc1[:width]
+        for i in range(r_lo, r_hi - 1, 2):
+            x, x2 = src3[i, ch, s_lo:s_hi], src3[i + 1, ch, s_lo:s_hi]
+            g, g2 = dy3[i, ch, s_lo:s_hi], dy3[i + 1, ch, s_lo:s_hi]
+            for j in range(width):
+                gv = np.float64(load(g, j))
+                gv2 = np.float64(load(g2, j))
+                a0[j] = (a0[j] + gv) + gv2
+                a1[j] = (a1[j] + gv * (np.float64(load(x, j)) - m)) + gv2 * (np.float64(load(x2, j)) - m)
+        if (r_hi - r_lo) % 2:
+            x = src3[r_hi - 1, ch, s_lo:s_hi]
+            g = dy3[r_hi - 1, ch, s_lo:s_hi]
+            for j in range(width):
+                gv = np.float64(load(g, j))
+                a0[j] += gv
+                a1[j] += gv * (np.float64(load(x, j)) - m)
+        return _tree(acc0, length), _tree(acc1, length)
     for i in range(r_lo, r_hi):
         t = (i - r_lo) % r0
         a0 = acc0[t * width : (t + 1) * width]

@@ -18,7 +18,7 @@ from bnbwd_cli.scratch import FLOAT64, Scratch
 # ---------------------------------------------------------------- float32 -> float16
 # NumPy's own float32 -> float16 cast is the slower one (bench/RESULTS.md, "The core's constants"); these bit
 # manipulations give the same bits (round to nearest even, subnormals, inf, NaN) in a few vectorised
-# integer passes. The other way NumPy's cast is the faster one (numpy_core._Kernel._widen uses it). Used only
+# integer passes. The other way NumPy's cast is the faster one (numpy_core._Kernel._load widens with it). Used only
 # where NumPy's float64 -> float16 cast would round twice (store).
 
 _U32 = np.uint32
