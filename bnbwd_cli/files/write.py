@@ -193,7 +193,7 @@ class OutputSet:
             self._entries.append((path, None, stream))
             return stream
         fd, temp = create_temp(path)
-        stream = os.fdopen(fd, "wb")  # a BufferedWriter: np.save then writes with tofile (BufferedRandom is copied in chunks)
+        stream = os.fdopen(fd, "wb")  # a BufferedWriter: large writes go straight to the file (BufferedRandom copies them)
         self._entries.append((path, temp, stream))
         return stream
 
@@ -318,16 +318,12 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False)
 
 def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool = False,
                   outputs: OutputSet | None = None) -> list[Path]:
-    """DIR/<key>.npy for every array, all or nothing (joining `outputs` when given: the caller commits).
-
-    The bytes are np.save's, handed over in slices (encode.write_npy): np.save's one write of the whole array
-    cost 70-106 ms of CPU for a 51 MB diff_src inside a run on the project's VM where the same bytes in 1 MiB
-    writes cost 15 (bench/RESULTS.md, "run outside the core"), and never less."""
+    """DIR/<key>.npy for every array, all or nothing (joining `outputs` when given: the caller commits)."""
     paths = [directory / f"{key}.npy" for key in arrays]
     with contextlib.ExitStack() as stack:
         target = outputs if outputs is not None else stack.enter_context(OutputSet(fsync=fsync))
         for path, array in zip(paths, arrays.values()):
-            write_npy(target.new_file(path), np.asanyarray(array))
+            write_npy(target.new_file(path), np.asanyarray(array))  # np.save's bytes; its one write cost up to 6x
     return paths
 
 
