@@ -10,7 +10,9 @@ ratio is the median of the rounds' own ratios (a round's contenders ran back to 
   in/out (`--out-dir`), against a PyTorch script (load, `native_batch_norm_backward`, save) and a naive NumPy
   script (load, whole-array float32 expressions, save). Net: bnbwd and the naive script less the floor
   `python -c "import numpy"` of the same round, the PyTorch script as timed inside itself after `import torch`;
-  with floors: whole processes. Peak RSS: each child's VmHWM.
+  with floors: whole processes. Net CPU (user + system, all threads; steadier than wall on a shared machine):
+  bnbwd and the naive script less the floor's, the PyTorch script's own after `import torch`. Peak RSS: each
+  child's VmHWM.
 - phases: the .npy job through bnbwd's layers (imports, read, core, write) against PyTorch's load, compute,
   save, each timed inside its own fresh process (bench/end_to_end.py's scripts).
 - judge: `run --reference` against a plain `run` (no output), net of the floor; peak RSS against the bytes of
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -51,7 +54,7 @@ TORCH_JOB = """
 import sys, time
 import numpy as np
 import torch
-started = time.perf_counter()
+started, started_cpu = time.perf_counter(), time.process_time()
 kind, inputs, data_format, threads, out = sys.argv[1:6]
 torch.set_num_threads(int(threads))
 if kind == "npz":
@@ -67,7 +70,7 @@ if kind == "npz":
 else:
     for name, array in outputs.items():
         np.save(f"{out}/{name}.npy", array)
-print((time.perf_counter() - started) * 1e3)
+print((time.process_time() - started_cpu) * 1e3, (time.perf_counter() - started) * 1e3)  # CPU (all threads), wall
 """
 
 # The same job as a NumPy user writes it first: whole-array float32 expressions (bench/run_bench.py's naive_numpy).
@@ -106,35 +109,41 @@ def median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def run_child(command: list[str], fresh: Path | None = None) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) and stdout of one Python child (`-m module ...` or `-c code ...`); `fresh` is
-    emptied first (the child's outputs go there)."""
+def run_child(command: list[str], fresh: Path | None = None) -> tuple[float, float, str, float]:
+    """Wall seconds, peak RSS (MiB), stdout and CPU seconds (user + system, all threads) of one Python child
+    (`-m module ...` or `-c code ...`); `fresh` is emptied first (the child's outputs go there)."""
     if fresh is not None:
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", end_to_end.RSS_WRAPPER, *command], env=end_to_end.child_env(), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):  # 1: a judged run's mismatch is still a timed run
         raise RuntimeError(f"{' '.join(command[:3])} failed ({done.returncode}): {done.stderr[-400:]}")
     peaks = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("VmHWM_KB")]
-    return seconds, int(peaks[-1]) / 1024 if peaks else float("nan"), done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, int(peaks[-1]) / 1024 if peaks else float("nan"), done.stdout, cpu
 
 
 def rounds_of(commands: dict[str, tuple[list[str], Path | None]], rounds: int,
               timed_inside: tuple[str, ...] = ()) -> dict[str, dict[str, list[float]]]:
-    """{name: {"wall": [ms...], "rss": [MiB...], "inner": [ms...]}} over `rounds` rounds, after one warm-up round
-    (page cache, bytecode); "inner": the milliseconds the commands named in timed_inside print last."""
-    results = {name: {"wall": [], "rss": [], "inner": []} for name in commands}
+    """{name: {"wall": [ms...], "cpu": [ms...], "rss": [MiB...], "inner": [ms...], "inner_cpu": [ms...]}} over
+    `rounds` rounds, after one warm-up round (page cache, bytecode); "inner" and "inner_cpu": the wall and CPU
+    milliseconds the commands named in timed_inside print last."""
+    results = {name: {"wall": [], "cpu": [], "rss": [], "inner": [], "inner_cpu": []} for name in commands}
     for round_ in range(rounds + 1):
         for name, (command, fresh) in commands.items():
-            seconds, rss, printed = run_child(command, fresh)
+            seconds, rss, printed, cpu = run_child(command, fresh)
             if round_:
                 results[name]["wall"].append(seconds * 1e3)
+                results[name]["cpu"].append(cpu * 1e3)
                 results[name]["rss"].append(rss)
                 if name in timed_inside:
                     results[name]["inner"].append(float(printed.split()[-1]))
+                    results[name]["inner_cpu"].append(float(printed.split()[-2]))
     return results
 
 
@@ -167,19 +176,25 @@ def e2e_rows(work: Path, data_format: str, threads: int, rounds: int) -> list[st
         net = {"bnbwd": [b - f for b, f in zip(wall["bnbwd"], wall["floor"])],
                "torch": timing["torch"]["inner"],
                "naive": [n - f for n, f in zip(wall["naive"], wall["floor"])]}
+        cpu = {name: result["cpu"] for name, result in timing.items()}
+        net_cpu = {"bnbwd": [b - f for b, f in zip(cpu["bnbwd"], cpu["floor"])], "torch": timing["torch"]["inner_cpu"],
+                   "naive": [n - f for n, f in zip(cpu["naive"], cpu["floor"])]}
         ratio = lambda a, b: spread([x / y for x, y in zip(a, b)], ".2f")
         rss = " / ".join(f"{median(timing[name]['rss']):.0f}" for name in ("bnbwd", "torch", "naive"))
         rows.append(f"| {data_format} .{kind} | {spread(wall['bnbwd'])} | {spread(wall['torch'])} | "
                     f"{spread(wall['naive'])} | {spread(wall['floor'])} | {spread(net['torch'])} | "
                     f"**{ratio(net['bnbwd'], net['torch'])}** | **{ratio(net['bnbwd'], net['naive'])}** | "
-                    f"{ratio(wall['bnbwd'], wall['torch'])} | {ratio(wall['bnbwd'], wall['naive'])} | {rss} |")
+                    f"{ratio(wall['bnbwd'], wall['torch'])} | {ratio(wall['bnbwd'], wall['naive'])} | "
+                    f"{spread(net_cpu['bnbwd'])} / {spread(net_cpu['torch'])} / {spread(net_cpu['naive'])} | "
+                    f"{ratio(net_cpu['bnbwd'], net_cpu['torch'])} | {ratio(net_cpu['bnbwd'], net_cpu['naive'])} | {rss} |")
     return rows
 
 
 E2E_HEADER = ["| layout, files | bnbwd ms | PyTorch script ms | naive NumPy script ms | floor ms (`import numpy`) "
               "| PyTorch after `import torch` ms | bnbwd/PyTorch, net | bnbwd/naive, net | bnbwd/PyTorch, with floors "
-              "| bnbwd/naive, with floors | peak RSS MiB (bnbwd / PyTorch / naive) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| bnbwd/naive, with floors | net CPU ms (bnbwd / PyTorch / naive) | bnbwd/PyTorch, net CPU "
+              "| bnbwd/naive, net CPU | peak RSS MiB (bnbwd / PyTorch / naive) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 # ---------------------------------------------------------------- phases and judging

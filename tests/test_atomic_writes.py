@@ -135,16 +135,16 @@ def test_fsync_failure_is_one_line_and_keeps_the_old_file(tmp_path: Path, monkey
 
 def test_out_dir_is_all_or_nothing_when_a_later_file_fails(tmp_path: Path, monkeypatch) -> None:
     arrays = {"diff_src": np.ones((64, 64)), "diff_gamma": np.ones(64), "diff_beta": np.ones(64)}
-    real_save = np.save
+    real_write = files_write.write_npy
     calls = []
 
-    def save(stream, array, **kwargs):
+    def write(stream, array):
         calls.append(array.shape)
         if len(calls) == 3:
             raise enospc()
-        real_save(stream, array, **kwargs)
+        real_write(stream, array)
 
-    monkeypatch.setattr(files_write.np, "save", save)
+    monkeypatch.setattr(files_write, "write_npy", write)
     with pytest.raises(BnbwdError, match="No space left"):
         write_npy_dir(tmp_path, arrays)
     assert listing(tmp_path) == []  # diff_src.npy and diff_gamma.npy were complete, yet neither appears
@@ -380,14 +380,14 @@ def test_streamed_and_json_outputs_get_the_umask_mode(bundle: Path, out: Path, t
 def test_stream_out_dir_is_all_or_nothing(bundle: Path, out: Path, tmp_path: Path, monkeypatch) -> None:
     """`--stream --out-dir` renamed diff_src.npy before diff_gamma/diff_beta were written."""
     args = npy_inputs(bundle, tmp_path)
-    real_save = np.save
+    real_write = files_write.write_npy
 
-    def save(stream, array, **kwargs):
+    def write(stream, array):
         if array.ndim == 1:
             raise enospc()
-        real_save(stream, array, **kwargs)
+        real_write(stream, array)
 
-    monkeypatch.setattr(files_write.np, "save", save)
+    monkeypatch.setattr(files_write, "write_npy", write)
     result = run_cli(*args, "--stream", "--out-dir", out)
     assert result.exit_code == 3 and "No space left on device" in error_line(result.stderr)
     assert listing(out) == []
@@ -480,19 +480,19 @@ SIGTERM_SCRIPT = textwrap.dedent(
     from bnbwd_cli.files import write as files_write
     from bnbwd_cli.cli import main
 
-    real_save_npz, real_save = files_write.save_npz, np.save
+    real_save_npz, real_write_npy = files_write.save_npz, files_write.write_npy
 
     def savez_then_term(stream, arrays):
         stream.write(b"PK\\x03\\x04 half an archive")
         os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` (a CI timeout) mid-write
         real_save_npz(stream, arrays)
 
-    def save_then_term(stream, array, **kwargs):
-        real_save(stream, array, **kwargs)
+    def write_then_term(stream, array):
+        real_write_npy(stream, array)
         os.kill(os.getpid(), signal.SIGTERM)
 
     files_write.save_npz = savez_then_term
-    files_write.np.save = save_then_term
+    files_write.write_npy = write_then_term
     main(sys.argv[1:], prog_name="bnbwd")
     """
 )

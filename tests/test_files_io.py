@@ -1,7 +1,7 @@
 """The fast read and write paths of the files layer keep its promises: a stored .npz member read straight into its
 array (files/stored.read_stored) has its CRC-32 checked over every chunk and every byte after the array, a member
 cut short is a clean error, archives from pipes and stdin read the same; the .npz writer (files/encode.save_npz)
-writes byte for byte what np.savez writes."""
+writes byte for byte what np.savez writes, and the --out-dir writer what np.save writes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import npz
 from bnbwd_cli.files.npy import READ_CHUNK
 from bnbwd_cli.files.read import read_array, read_bundle
-from bnbwd_cli.files.write import npz_bytes, write_npz
+from bnbwd_cli.files.write import npz_bytes, write_npy_dir, write_npz
 from tests.conftest import assert_one_error, make_inputs, npz_archive, save_bundle
 
 NCHW = ("--epsilon", "1e-3", "--format", "NCHW")
@@ -197,6 +197,19 @@ def test_npz_writer_writes_what_np_savez_writes(tmp_path, rng):
     write_npz(tmp_path / "out.npz", arrays)
     assert (tmp_path / "out.npz").read_bytes() == expected.getvalue()
     assert [p.name for p in tmp_path.iterdir()] == ["out.npz"]  # no temp file left
+
+
+def test_npy_dir_writer_writes_what_np_save_writes(tmp_path, rng):
+    arrays = writer_catalogue(rng)
+    (tmp_path / "out").mkdir()
+    write_npy_dir(tmp_path / "out", arrays)
+    for key, array in arrays.items():
+        expected = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np.save(expected, array, allow_pickle=False)
+        assert (tmp_path / "out" / f"{key}.npy").read_bytes() == expected.getvalue(), key
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{key}.npy" for key in arrays)
 
 
 # ---------------------------------------------------------------- putting an output in place (files/swap.py)

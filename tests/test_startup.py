@@ -62,29 +62,35 @@ NEVER_ON_NPY_RUN = {
     "bz2": "a decompressor for .npz members, via zipfile",
 }
 
-# Runs bnbwd as `python -m bnbwd_cli` does, then lists sys.modules; imports nothing a command might not
-# (no json: whether `run -q` loads json is one of the checks).
+# Runs bnbwd as `python -m bnbwd_cli` does, then lists sys.modules from an atexit function (the script ends the
+# process once those have run: bnbwd_cli/__main__.py); imports nothing a command might not (no json: whether
+# `run -q` loads json is one of the checks). Also the BLAS pool's size the run had.
 PROBE = """
-import runpy, sys
+import atexit, os, runpy, sys
+def report():
+    sys.__stderr__.write("".join("MODULE %s\\n" % name for name in sorted(sys.modules)))
+    sys.__stderr__.write("OPENBLAS_NUM_THREADS %s\\n" % os.environ.get("OPENBLAS_NUM_THREADS"))
+atexit.register(report)
 sys.argv = ["bnbwd", *sys.argv[1:]]
-try:
-    runpy.run_module("bnbwd_cli", run_name="__main__", alter_sys=True)
-    code = 0
-except SystemExit as exc:
-    code = exc.code
-sys.__stderr__.write("\\nEXIT %s\\n" % code + "".join("MODULE %s\\n" % name for name in sorted(sys.modules)))
+runpy.run_module("bnbwd_cli", run_name="__main__", alter_sys=True)
 """
+
+
+def probe(args: list[str], env_extra: dict[str, str] | None = None) -> list[str]:
+    """The probe's report lines after `bnbwd ARGS` in a fresh interpreter (which must exit 0)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    env.pop("BNBWD_CORE", None)
+    if env_extra is None:
+        env.pop("OPENBLAS_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stderr.splitlines()
 
 
 def imported_after(args: list[str]) -> set[str]:
     """sys.modules at the end of `bnbwd ARGS` in a fresh interpreter (which must exit 0)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("BNBWD_CORE", None)
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=120)
-    lines = done.stderr.splitlines()
-    assert "EXIT 0" in lines, done.stderr
-    return {line.removeprefix("MODULE ") for line in lines if line.startswith("MODULE ")}
+    return {line.removeprefix("MODULE ") for line in probe(args) if line.startswith("MODULE ")}
 
 
 def preloaded() -> set[str]:
@@ -140,3 +146,31 @@ def test_reference_run_loads_the_comparison(tmp_path):
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120)
     modules = imported_after(["run", str(EXAMPLE), "-q", "--reference", str(out)])
     assert {"bnbwd_cli.judge.sets", "bnbwd_cli.judge.model", "rich"} <= modules
+
+
+def test_script_keeps_numpys_blas_pool_to_one_thread_unless_the_user_sets_it():
+    """The script's numpy starts no spinning BLAS threads (bnbwd makes no BLAS call a pool speeds up); a setting
+    in the user's environment wins."""
+    assert "OPENBLAS_NUM_THREADS 1" in probe(["run", str(EXAMPLE), "-q"])
+    assert "OPENBLAS_NUM_THREADS 3" in probe(["run", str(EXAMPLE), "-q"], {"OPENBLAS_NUM_THREADS": "3"})
+
+
+def test_script_ends_without_teardown_yet_flushes_stdout_and_keeps_exit_codes(tmp_path):
+    """The script's quick end (no interpreter teardown) loses nothing: the archive sent to stdout is whole, and a
+    command's exit code is its own (1: a mismatch under --reference; 2: a usage error)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    piped = tmp_path / "piped.npz"
+    with piped.open("wb") as stdout:
+        done = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", str(EXAMPLE), "-q", "-o", "-"], stdout=stdout,
+                              env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0
+    with np.load(piped) as archive:
+        assert sorted(archive.files) == ["diff_beta", "diff_gamma", "diff_src"]
+        wrong = {name: archive[name] * 2 for name in archive.files}
+    np.savez(tmp_path / "wrong.npz", **wrong)
+    judged = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", str(EXAMPLE), "--reference",
+                             str(tmp_path / "wrong.npz")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert judged.returncode == 1 and "diff_src" in judged.stdout
+    usage = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "--no-such-flag"], capture_output=True, text=True,
+                           env=env, cwd=ROOT, timeout=120)
+    assert usage.returncode == 2 and usage.stderr.startswith("error:")
