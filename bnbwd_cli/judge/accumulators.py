@@ -103,8 +103,12 @@ class MaxLocated:
         if values.size == 0:
             return
         i = int(np.argmax(values))
-        if values[i] > self.value:
-            self.value, self.index = float(values[i]), offset + i
+        self.offer(values[i], offset + i)
+
+    def offer(self, value: float, index: int) -> None:
+        """One candidate at flat ``index``: kept when larger than the maximum so far (a tie keeps the earlier one)."""
+        if value > self.value:
+            self.value, self.index = float(value), index
 
     def finish(self, shape: tuple[int, ...]) -> Located:
         if self.index < 0:
@@ -298,9 +302,13 @@ class ZeroCounts:
         self.actual = self.reference = self.seen = 0
 
     def update(self, a: np.ndarray, r: np.ndarray) -> None:
-        self.actual += a.size - int(np.count_nonzero(a))
-        self.reference += r.size - int(np.count_nonzero(r))
-        self.seen += a.size
+        self.add(a.size - int(np.count_nonzero(a)), r.size - int(np.count_nonzero(r)), a.size)
+
+    def add(self, actual: int, reference: int, seen: int) -> None:
+        """Counts of zeros already made: in ``actual``, in ``reference``, out of ``seen`` elements."""
+        self.actual += actual
+        self.reference += reference
+        self.seen += seen
 
     def finish(self) -> tuple[float, float]:
         if not self.seen:

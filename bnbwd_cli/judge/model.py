@@ -313,6 +313,14 @@ class DiffSrcScale:
         scale += np.multiply(self.unit, np.abs(reference, out=term), out=term)
         return scale
 
+    def at(self, channel: np.ndarray, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """s_src of scattered elements: flat arrays of each one's channel, xhat, dy and reference (the numbers
+        block() gives them: the same terms added in the same order)."""
+        scale = np.add(self.base[channel], np.multiply(self.per_xhat[channel], np.abs(xhat)))
+        scale += np.multiply(self.per_dy[channel], np.abs(dy))
+        scale += np.multiply(self.unit, np.abs(reference))
+        return scale
+
 
 def diff_src_scale(facts: ChannelFacts, unit: float, training: bool) -> DiffSrcScale:
     """The coefficients of diff_src's error scale (see the module docstring)."""
