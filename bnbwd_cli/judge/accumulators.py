@@ -295,6 +295,12 @@ class NonFiniteCounts:
         return NonFinite(self.nan_a, self.nan_r, self.nan_bad, self.inf_a, self.inf_r, self.inf_bad)
 
 
+def count_zeros(values: np.ndarray) -> int:
+    """How many elements are 0 (either sign): a count of a boolean mask, several times faster than
+    np.count_nonzero of the floats themselves."""
+    return int(np.count_nonzero(values == 0))
+
+
 class ZeroCounts:
     """Fractions of exact zeros per side (an output never written is mostly zeros)."""
 
@@ -302,7 +308,7 @@ class ZeroCounts:
         self.actual = self.reference = self.seen = 0
 
     def update(self, a: np.ndarray, r: np.ndarray) -> None:
-        self.add(a.size - int(np.count_nonzero(a)), r.size - int(np.count_nonzero(r)), a.size)
+        self.add(count_zeros(a), count_zeros(r), a.size)
 
     def add(self, actual: int, reference: int, seen: int) -> None:
         """Counts of zeros already made: in ``actual``, in ``reference``, out of ``seen`` elements."""

@@ -32,9 +32,9 @@ COLLINEAR = 1e-4  # smallest determinant of the basis' correlation matrix
 RESOLUTION = 4  # r's rms must be this many times the actual output's rms spacing
 CLUSTER_BITS = 6
 CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
-INT64 = np.dtype(np.int64)
+INT64, BOOL = np.dtype(np.int64), np.dtype(bool)
 PIECE = 1 << 15  # elements whose products and bins stay in the CPU's cache while they are summed
-SPARSE = 0.5  # at most this share of a piece's d non-zero: its sums are scattered from the non-zero ones only
+SPARSE = 0.15  # at most this share of a piece's d non-zero: its sums are scattered from the non-zero ones only
 _PRODUCTS = ("xx", "xr", "rr", "xd", "rd")  # the scratch buffers of a piece's products
 
 
@@ -195,12 +195,13 @@ class BlockSums:
         _scatter(sums[:, :6], bins, (w, x, r, xx, xr, rr))
         # Where d is 0 (the output equals the reference there), d, x*d and r*d add ±0 to sums that began at +0:
         # no bit changes, so only d's non-zero elements are scattered (none, when the piece is exact).
-        nonzero = int(np.count_nonzero(d))
-        if nonzero == 0:
+        nonzero = np.not_equal(d, 0.0, out=self.regression.scratch.get("nonzero", d.size, BOOL))
+        count = int(np.count_nonzero(nonzero))  # (of a boolean mask: several times faster than of d itself)
+        if count == 0:
             return
-        if nonzero <= d.size * SPARSE:
-            where = np.flatnonzero(d)
-            d, x, r, bins = d[where], x[where], r[where], bins[:, where]
+        if count <= d.size * SPARSE:
+            where = np.flatnonzero(nonzero)
+            d, x, r, bins = d[where], x[where], r[where], np.take(bins, where, axis=1)
         xd, rd = (np.multiply(p, d, out=out) for p, out in zip((x, r), self.regression.scratch.take(_PRODUCTS[3:], d.size)))
         _scatter(sums[:, 6:], bins, (d, xd, rd))
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
 # (scripts/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
-PIECE = STATS_CHUNK  # elements judged at a time within a block
+PIECE = STATS_CHUNK // 2  # elements judged at a time within a block
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
     ChannelStat, Channels, Decades, Element, HistogramBin, Largest, Located, MaxLocated, NonFinite, NonFiniteCounts,
-    RelativeL2, Worst, ZeroCounts, log_histogram,
+    RelativeL2, Worst, ZeroCounts, count_zeros, log_histogram,
 )
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
 from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance, comparison_dtype
@@ -303,7 +303,7 @@ class Accumulator:
         top = int(np.argmax(abs_err))
         self.max_abs.offer(abs_err[top], offset + top)
         if abs_err[top] == 0:  # the chunk equals the reference: every error, ULP and unit is 0 (the first is kept)
-            zeros = r.size - int(np.count_nonzero(r))
+            zeros = count_zeros(r)
             self.zeros.add(zeros, zeros, r.size)
             self.max_ulp.offer(0.0, offset)
             self.max_units.offer(0.0, offset)
