@@ -75,11 +75,19 @@ class ChannelRegression:
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
-        block = self.start(xhat.shape)
+        block = BlockSums(self, xhat.shape, by_piece=False)
         for piece in blocks(xhat.shape, PIECE):
             np.subtract(actual[piece], reference[piece], out=block.difference[piece])
             block.add(piece, _Piece(xhat[piece], reference[piece], actual[piece], diff_dst[piece]))
-        self.finish(block, channels)
+        self._add_sums(block, channels)
+        # The actual output's spacing in d's memory, now that d is summed: one block-sized buffer, not two (the
+        # diagnosis passes whole tensors).
+        usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
+        if usable.all():
+            spacing = ulp_spacing(actual, self.dtype, out=block.difference.reshape(-1).view(INT64))
+        else:
+            spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
     def start(self, shape: tuple[int, int, int]) -> BlockSums:
         """The sums of one (n, c, s) block, to be fed piece by piece (BlockSums.add) and then handed to finish()."""
@@ -87,11 +95,13 @@ class ChannelRegression:
 
     def finish(self, block: BlockSums, channels: slice) -> None:
         """A block's sums into the channels ``channels`` it covers."""
+        self._add_sums(block, channels)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", block.spacing, block.spacing)
+
+    def _add_sums(self, block: BlockSums, channels: slice) -> None:
         c = block.sums.shape[2] // CLUSTERS
         self.cross[:, channels] += block.sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
-        d, spacing = block.difference, block.spacing
-        self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
-        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+        self.dd[channels] += np.einsum("ncs,ncs->c", block.difference, block.difference)
 
     def fit(self) -> ChannelFit:
         totals = self.cross[0].sum(axis=1)
@@ -147,10 +157,12 @@ class BlockSums:
     are in the CPU's cache. ``difference``: the block's d = actual - reference, which the caller writes piece by
     piece before add (the judge's verdict reads it too); ``spacing``: the actual output's ULP spacing."""
 
-    def __init__(self, regression: ChannelRegression, shape: tuple[int, int, int]) -> None:
+    def __init__(self, regression: ChannelRegression, shape: tuple[int, int, int], by_piece: bool = True) -> None:
         self.regression = regression
         self.sums = np.zeros((2, 9, shape[1] * CLUSTERS))
-        self.difference, self.spacing = regression.scratch.take(("difference", "spacing"), shape)
+        self.difference = regression.scratch.get("difference", shape)
+        # by_piece False: the caller forms the spacing itself, after d is summed (ChannelRegression.add)
+        self.spacing = regression.scratch.get("spacing", shape) if by_piece else None
         self.masked = False  # whether some element was left out (its d set to 0): d is then not a - r there
 
     def add(self, piece: tuple[slice, slice, slice], values: _Piece, finite: bool = False) -> None:
@@ -167,6 +179,8 @@ class BlockSums:
             self.masked = True
         bins = self._bins(values.diff_dst, values.reference, piece[1])
         self._add_piece(bins, tuple(None if v is None else v.reshape(-1) for v in (w, x, r, d)))
+        if self.spacing is None:
+            return
         out, dtype = self.spacing[piece], self.regression.dtype
         if usable is None:
             spacing = ulp_spacing(values.actual, dtype, out=out.reshape(-1).view(INT64))
