@@ -268,7 +268,8 @@ def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> C
         for where in blocks(dy3.shape):
             shape = dy3[where].shape
             dy = to_float64(dy3[where], scratch.get("dy", shape))
-            src = to_float64(src3[where], scratch.get("src", shape))  # (float64 src: the input itself, read only)
+            # (float64 src: the input itself, read only; float32: only xhat reads it, upcast by the ufunc)
+            src = src3[where] if single else to_float64(src3[where], scratch.get("src", shape))
             # src.astype(float32), minus mean, times dy.astype(float32): float32 inputs are those values already
             centred = scratch.get("centred", shape, FLOAT32)
             if single:

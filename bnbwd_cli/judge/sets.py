@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli import layout
-from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.dtypes import is_bfloat16, to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, _Piece, pooled_bias, vector_bias
@@ -214,10 +214,10 @@ class _Pass:
         d = np.subtract(a, r, out=d_block[piece])
         finite = bool(np.isfinite(d).all())
         dy = to_float64(dy_view, self.scratch.get("dy", shape))
-        src = to_float64(src_view, self.scratch.get("src", shape))
+        # xhat straight from src (a ufunc upcasts float32 and float16 exactly on the way), bfloat16 through float32
+        src = to_float64(src_view) if is_bfloat16(src_view.dtype) else src_view
         channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
-        xhat = xhat_block(src, channels, self.case.facts.mean, self.case.facts.invstd,
-                          out=src if src is not src_view else self.scratch.get("xhat", shape))
+        xhat = xhat_block(src, channels, self.case.facts.mean, self.case.facts.invstd, out=self.scratch.get("xhat", shape))
         model = self.model
 
         def scale_at(positions: np.ndarray | None) -> np.ndarray:
