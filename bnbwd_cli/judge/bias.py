@@ -78,7 +78,7 @@ class ChannelRegression:
         block = BlockSums(self, xhat.shape, by_piece=False)
         for piece in blocks(xhat.shape, PIECE):
             np.subtract(actual[piece], reference[piece], out=block.difference[piece])
-            block.add(piece, _Piece(xhat[piece], reference[piece], actual[piece], diff_dst[piece]))
+            block.add(piece, PieceValues(xhat[piece], reference[piece], actual[piece], diff_dst[piece]))
         self._add_sums(block, channels)
         # The actual output's spacing in d's memory, now that d is summed: one block-sized buffer, not two (the
         # diagnosis passes whole tensors).
@@ -141,7 +141,7 @@ class ChannelRegression:
 
 
 @dataclass(frozen=True)
-class _Piece:
+class PieceValues:
     """One piece of a block, float64 arrays of one shape (n, c, s): what the regression reads besides d."""
 
     xhat: np.ndarray
@@ -165,7 +165,7 @@ class BlockSums:
         self.spacing = regression.scratch.get("spacing", shape) if by_piece else None
         self.masked = False  # whether some element was left out (its d set to 0): d is then not a - r there
 
-    def add(self, piece: tuple[slice, slice, slice], values: _Piece, finite: bool = False) -> None:
+    def add(self, piece: tuple[slice, slice, slice], values: PieceValues, finite: bool = False) -> None:
         """The piece ``piece`` of the block; ``finite``: the caller knows that actual, reference and xhat are all
         finite there (else it is checked)."""
         d = self.difference[piece]

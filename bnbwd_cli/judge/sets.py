@@ -19,7 +19,7 @@ from bnbwd_cli import layout
 from bnbwd_cli.dtypes import is_bfloat16, to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
-from bnbwd_cli.judge.bias import ChannelRegression, _Piece, pooled_bias, vector_bias
+from bnbwd_cli.judge.bias import ChannelRegression, PieceValues, pooled_bias, vector_bias
 from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
 from bnbwd_cli.judge.model import (
@@ -233,7 +233,7 @@ class _Pass:
         else:
             self.state.add(*flat, offset, scale_at(None), norms=False)
         if sums is not None:
-            sums.add(piece, _Piece(xhat, r, a, dy), finite=finite and self.xhat_finite[channels].all())
+            sums.add(piece, PieceValues(xhat, r, a, dy), finite=finite and self.xhat_finite[channels].all())
         return finite
 
 
