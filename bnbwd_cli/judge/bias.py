@@ -32,8 +32,9 @@ COLLINEAR = 1e-4  # smallest determinant of the basis' correlation matrix
 RESOLUTION = 4  # r's rms must be this many times the actual output's rms spacing
 CLUSTER_BITS = 6
 CLUSTERS = 1 << CLUSTER_BITS  # hashed clusters per channel for the robust standard error
-INT64 = np.dtype(np.int64)
+INT64, BOOL = np.dtype(np.int64), np.dtype(bool)
 PIECE = 1 << 15  # elements whose products and bins stay in the CPU's cache while they are summed
+SPARSE = 0.15  # at most this share of a piece's d non-zero: its sums are scattered from the non-zero ones only
 _PRODUCTS = ("xx", "xr", "rr", "xd", "rd")  # the scratch buffers of a piece's products
 
 
@@ -68,61 +69,39 @@ class ChannelRegression:
         self.dd = np.zeros(channels)
         self.ulp_squares = np.zeros(channels)  # of the actual output's spacing
         self.dtype = dtype
-        # d, then the ULP spacing's bits in its place; a piece's bins by both keys (2, size) and products. A caller's
-        # scratch shares its "difference" buffer (Accumulator.add_norms' a - r, done with before add is called).
+        # A block's d and the actual output's ULP spacing; a piece's bins by both keys (2, size) and products.
         self.scratch = Scratch() if scratch is None else scratch
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
         """Float64 blocks of shape (n, c, s); non-finite elements are left out."""
-        usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        d = self.scratch.get("difference", xhat.shape)
-        if usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
-            w, x, r = None, xhat, reference
-            d = np.subtract(actual, reference, out=d)
-        else:
-            w = usable.astype(np.float64)
-            x, r, d = (np.where(usable, v, 0.0) for v in (xhat, reference, actual - reference))
-        # Per clustering, product and bin: this block's sums from 0 over its elements in storage order, piece
-        # after piece (np.add.at adds in order: the sums of one np.bincount over the block, bit for bit, however
-        # the block is cut), each piece's bins and products formed and summed while they are in the CPU's cache.
-        c = xhat.shape[1]
-        sums = np.zeros((2, 9, c * CLUSTERS))
+        block = BlockSums(self, xhat.shape, by_piece=False)
         for piece in blocks(xhat.shape, PIECE):
-            bins = self._bins(diff_dst[piece], reference[piece], piece[1])
-            basis = tuple(None if v is None else v[piece].reshape(-1) for v in (w, x, r, d))
-            self._add_piece(sums, bins, basis)
-        self.cross[:, channels] += sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
-        self.dd[channels] += np.einsum("ncs,ncs->c", d, d)
-        if w is None:
-            spacing = ulp_spacing(actual, self.dtype, out=d.reshape(-1).view(INT64))  # d is summed: its memory is free
+            np.subtract(actual[piece], reference[piece], out=block.difference[piece])
+            block.add(piece, PieceValues(xhat[piece], reference[piece], actual[piece], diff_dst[piece]))
+        self._add_sums(block, channels)
+        # The actual output's spacing in d's memory, now that d is summed: one block-sized buffer, not two (the
+        # diagnosis passes whole tensors).
+        usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
+        if usable.all():
+            spacing = ulp_spacing(actual, self.dtype, out=block.difference.reshape(-1).view(INT64))
         else:
             spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
-    def _bins(self, diff_dst: np.ndarray, reference: np.ndarray, channels: slice) -> np.ndarray:
-        """(2, size): each element of a piece (n, c, s) whose channels are ``channels`` of the block: its bin,
-        channel * CLUSTERS + its cluster, by diff_dst and by reference."""
-        bins = self.scratch.get("bins", (2, *reference.shape), INT64)
-        for key, out in zip((diff_dst, reference), bins):
-            cluster_of(key, out=out.view(np.uint64))
-        bins += np.arange(channels.start, channels.stop)[:, None] * CLUSTERS
-        return bins.reshape(2, -1)
+    def start(self, shape: tuple[int, int, int]) -> BlockSums:
+        """The sums of one (n, c, s) block, to be fed piece by piece (BlockSums.add) and then handed to finish()."""
+        return BlockSums(self, shape)
 
-    def _add_piece(self, sums: np.ndarray, bins: np.ndarray, basis: tuple) -> None:
-        """One piece's w, x, r and d into the block's sums (w None: every weight is 1); bins: (2, piece)."""
-        w, x, r, d = basis
-        # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
-        # are 0 wherever w is), so only five products are formed (into reused buffers).
-        xx, xr, rr, xd, rd = (np.multiply(p, q, out=out) for (p, q), out in zip(
-            ((x, x), (x, r), (r, r), (x, d), (r, d)), self.scratch.take(_PRODUCTS, x.size)))
-        products = (w, x, r, xx, xr, rr, d, xd, rd)
-        for clustering, ids in enumerate(bins):
-            for k, values in enumerate(products):
-                if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)
-                    sums[clustering, k] += np.bincount(ids, None, sums.shape[2])
-                else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
-                    np.add.at(sums[clustering, k], ids, values)
+    def finish(self, block: BlockSums, channels: slice) -> None:
+        """A block's sums into the channels ``channels`` it covers."""
+        self._add_sums(block, channels)
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", block.spacing, block.spacing)
+
+    def _add_sums(self, block: BlockSums, channels: slice) -> None:
+        c = block.sums.shape[2] // CLUSTERS
+        self.cross[:, channels] += block.sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
+        self.dd[channels] += np.einsum("ncs,ncs->c", block.difference, block.difference)
 
     def fit(self) -> ChannelFit:
         totals = self.cross[0].sum(axis=1)
@@ -159,6 +138,97 @@ class ChannelRegression:
             rms_r = norms[:, 2] / np.sqrt(np.maximum(count, 1))
         nan = np.where(ok, 1.0, np.nan)
         return ChannelFit(beta[:, 0] * nan, beta[:, 1] * nan, beta[:, 2] * nan, stderr * nan, rms * nan, rms_x, rms_r)
+
+
+@dataclass(frozen=True)
+class PieceValues:
+    """One piece of a block, float64 arrays of one shape (n, c, s): what the regression reads besides d."""
+
+    xhat: np.ndarray
+    reference: np.ndarray
+    actual: np.ndarray
+    diff_dst: np.ndarray
+
+
+class BlockSums:
+    """One block's sums (ChannelRegression.start): per clustering, product and bin, from 0 over the block's
+    elements in storage order, piece after piece (np.add.at adds in order: the sums of one np.bincount over the
+    block, bit for bit, however the block is cut), each piece's bins and products formed and summed while they
+    are in the CPU's cache. ``difference``: the block's d = actual - reference, which the caller writes piece by
+    piece before add (the judge's verdict reads it too); ``spacing``: the actual output's ULP spacing."""
+
+    def __init__(self, regression: ChannelRegression, shape: tuple[int, int, int], by_piece: bool = True) -> None:
+        self.regression = regression
+        self.sums = np.zeros((2, 9, shape[1] * CLUSTERS))
+        self.difference = regression.scratch.get("difference", shape)
+        # by_piece False: the caller forms the spacing itself, after d is summed (ChannelRegression.add)
+        self.spacing = regression.scratch.get("spacing", shape) if by_piece else None
+        self.masked = False  # whether some element was left out (its d set to 0): d is then not a - r there
+
+    def add(self, piece: tuple[slice, slice, slice], values: PieceValues, finite: bool = False) -> None:
+        """The piece ``piece`` of the block; ``finite``: the caller knows that actual, reference and xhat are all
+        finite there (else it is checked)."""
+        d = self.difference[piece]
+        usable = None if finite else np.isfinite(values.actual) & np.isfinite(values.reference) & np.isfinite(values.xhat)
+        if usable is None or usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
+            w, x, r, usable = None, values.xhat, values.reference, None
+        else:
+            w = usable.astype(np.float64)
+            x, r = (np.where(usable, v, 0.0) for v in (values.xhat, values.reference))
+            np.copyto(d, np.where(usable, d, 0.0))
+            self.masked = True
+        bins = self._bins(values.diff_dst, values.reference, piece[1])
+        self._add_piece(bins, tuple(None if v is None else v.reshape(-1) for v in (w, x, r, d)))
+        if self.spacing is None:
+            return
+        out, dtype = self.spacing[piece], self.regression.dtype
+        if usable is None:
+            spacing = ulp_spacing(values.actual, dtype, out=out.reshape(-1).view(INT64))
+        else:
+            spacing = np.where(usable, ulp_spacing(np.where(usable, values.actual, 0.0), dtype), 0.0)
+        if not np.may_share_memory(spacing, out):  # (float64's spacing is built apart)
+            np.copyto(out, spacing)
+
+    def _bins(self, diff_dst: np.ndarray, reference: np.ndarray, channels: slice) -> np.ndarray:
+        """(2, size): each element of a piece (n, c, s) whose channels are ``channels`` of the block: its bin,
+        channel * CLUSTERS + its cluster, by diff_dst and by reference."""
+        bins = self.regression.scratch.get("bins", (2, *reference.shape), INT64)
+        for key, out in zip((diff_dst, reference), bins):
+            cluster_of(key, out=out.view(np.uint64))
+        bins += np.arange(channels.start, channels.stop)[:, None] * CLUSTERS
+        return bins.reshape(2, -1)
+
+    def _add_piece(self, bins: np.ndarray, basis: tuple) -> None:
+        """One piece's w, x, r and d into the block's sums (w None: every weight is 1); bins: (2, piece)."""
+        sums = self.sums
+        w, x, r, d = basis
+        # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
+        # are 0 wherever w is), so only five products are formed (into reused buffers).
+        xx, xr, rr = (np.multiply(p, q, out=out) for (p, q), out in zip(
+            ((x, x), (x, r), (r, r)), self.regression.scratch.take(_PRODUCTS[:3], x.size)))
+        _scatter(sums[:, :6], bins, (w, x, r, xx, xr, rr))
+        # Where d is 0 (the output equals the reference there), d, x*d and r*d add ±0 to sums that began at +0:
+        # no bit changes, so only d's non-zero elements are scattered (none, when the piece is exact).
+        nonzero = np.not_equal(d, 0.0, out=self.regression.scratch.get("nonzero", d.size, BOOL))
+        count = int(np.count_nonzero(nonzero))  # (of a boolean mask: several times faster than of d itself)
+        if count == 0:
+            return
+        if count <= d.size * SPARSE:
+            where = np.flatnonzero(nonzero)
+            d, x, r, bins = d[where], x[where], r[where], np.take(bins, where, axis=1)
+        xd, rd = (np.multiply(p, d, out=out) for p, out in zip((x, r), self.regression.scratch.take(_PRODUCTS[3:], d.size)))
+        _scatter(sums[:, 6:], bins, (d, xd, rd))
+
+
+def _scatter(sums: np.ndarray, bins: np.ndarray, products: tuple) -> None:
+    """Each product's values added to its bin's sum, element after element in storage order; sums (2, k, bins) by
+    both clusterings, bins (2, size); a product None is a weight of 1 everywhere (its sums are the counts)."""
+    for clustering, ids in enumerate(bins):
+        for k, values in enumerate(products):
+            if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)
+                sums[clustering, k] += np.bincount(ids, None, sums.shape[2])
+            else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
+                np.add.at(sums[clustering, k], ids, values)
 
 
 def _robust_stderr(cross: np.ndarray, beta: np.ndarray, inverse: np.ndarray, safe: np.ndarray) -> np.ndarray:

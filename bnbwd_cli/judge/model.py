@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from bnbwd_cli.core import Op
 
 U32, U64 = 2.0**-24, 2.0**-53
+FLOAT32 = np.dtype(np.float32)
 CHUNK = 1 << 20  # elements per block: float64 temporaries stay ~8 MB each
 # The realised sequential error is one draw, and where correlated roundings dominate another order's error can
 # be several of them (PyTorch's bf16 diff_gamma used up to 4.6 with diff_dst = 100 + N(0, 1)). With K = 5 for
@@ -262,21 +263,28 @@ def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> C
     seq_beta, seq_gamma, seq_centred = (_Sequential32(channels, scratch) for _ in range(3))
     mean32 = mean.astype(np.float32)[:, None]
     src3 = view3(inputs.src, inputs.data_format)
+    single = src3.dtype == dy3.dtype == FLOAT32
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(dy3.shape):
             shape = dy3[where].shape
             dy = to_float64(dy3[where], scratch.get("dy", shape))
-            src = to_float64(src3[where], scratch.get("src", shape))  # (float64 src: the input itself, read only)
-            centred, dy32 = scratch.take(("centred", "dy32"), shape, np.dtype(np.float32))
-            np.copyto(centred, src)  # src.astype(float32), minus mean, times dy.astype(float32)
-            np.copyto(dy32, dy)
-            np.multiply(np.subtract(centred, mean32[where[1]], out=centred), dy32, out=centred)
+            # (float64 src: the input itself, read only; float32: only xhat reads it, upcast by the ufunc)
+            src = src3[where] if single else to_float64(src3[where], scratch.get("src", shape))
+            # src.astype(float32), minus mean, times dy.astype(float32): float32 inputs are those values already
+            centred = scratch.get("centred", shape, FLOAT32)
+            if single:
+                x32, dy32 = src3[where], dy3[where]
+            else:
+                x32, dy32 = centred, scratch.get("dy32", shape, FLOAT32)
+                np.copyto(x32, src)
+                np.copyto(dy32, dy)
+            np.multiply(np.subtract(x32, mean32[where[1]], out=centred), dy32, out=centred)
             seq_centred.add(centred, where[1])
             terms = xhat_block(src, where[1], mean, invstd, out=scratch.get("terms", shape))
             terms = np.multiply(dy, terms, out=terms)
             beta.add(dy, where[1])
             gamma.add(terms, where[1])
-            seq_beta.add(dy, where[1])
+            seq_beta.add(dy32, where[1])  # (rounded to float32 there: the same values)
             seq_gamma.add(terms, where[1])
             if advance is not None:
                 advance(dy.size)
@@ -311,6 +319,14 @@ class DiffSrcScale:
         scale = np.add(self.base[c], np.multiply(self.per_xhat[c], np.abs(xhat, out=term), out=term), out=scale)
         scale += np.multiply(self.per_dy[c], np.abs(dy, out=term), out=term)
         scale += np.multiply(self.unit, np.abs(reference, out=term), out=term)
+        return scale
+
+    def at(self, channel: np.ndarray, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """s_src of scattered elements: flat arrays of each one's channel, xhat, dy and reference (the numbers
+        block() gives them: the same terms added in the same order)."""
+        scale = np.add(self.base[channel], np.multiply(self.per_xhat[channel], np.abs(xhat)))
+        scale += np.multiply(self.per_dy[channel], np.abs(dy))
+        scale += np.multiply(self.unit, np.abs(reference))
         return scale
 
 

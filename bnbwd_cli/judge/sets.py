@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli import layout
-from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.dtypes import is_bfloat16, to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
-from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
+from bnbwd_cli.judge.bias import ChannelRegression, PieceValues, pooled_bias, vector_bias
 from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
-from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
+from bnbwd_cli.judge.model import (
+    CHUNK, ChannelFacts, DiffSrcScale, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block,
+)
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
 from bnbwd_cli.judge.stats import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
 # (tools/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
-PIECE = STATS_CHUNK  # elements judged at a time within a block
+PIECE = STATS_CHUNK // 2  # elements judged at a time within a block
 
 
 @dataclass(frozen=True)
@@ -152,36 +154,95 @@ class _DiffSrc:
 def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accumulator, ChannelRegression | None]:
     """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (the judging pass)
     and/or the details (in the judging pass when asked for up front, else a second pass on first use)."""
-    inputs, facts = case.inputs, case.facts
+    inputs = case.inputs
     state = _accumulator(case.a, case.r, case.job, inputs, "diff_src", detailed)
-    model = diff_src_scale(facts, state.rule.scaled.unit, inputs.training)
-    views = tuple(layout.view3(x, inputs.data_format) for x in (case.a, case.r, inputs.diff_dst, inputs.src))
-    a3 = views[0]
-    regression = ChannelRegression(a3.shape[1], state.dtype, state.scratch) if regress else None
-    scratch = Scratch()
-    pieces = scratch.take(("scale", "terms"), PIECE)  # the scale and a term of one piece
+    judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
+    a3 = judged.views[0]
+    regression = ChannelRegression(a3.shape[1], state.dtype) if regress else None
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
-            shape = a3[where].shape
-            space = scratch.take(("a", "r", "dy", "src"), shape)  # a, r, dy, src then xhat
-            a64, r64, dy, src = (to_float64(view[where], out) for view, out in zip(views, space))
-            xhat = xhat_block(src, where[1], facts.mean, facts.invstd, out=space[3] if src is space[3] else None)
-            offset = flat_offset(a3.shape, where)
-            # Judged in cache-sized pieces of the block (each a contiguous flat range): ~2x faster than whole
-            # blocks, the same statistics; the relative L2's sums stay by block (they depend on the chunking).
-            for piece in blocks(shape, PIECE):
-                channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
-                size = xhat[piece].size
-                scale = model.block(xhat[piece], dy[piece], r64[piece], channels,
-                                    out=tuple(buffer[:size].reshape(xhat[piece].shape) for buffer in pieces))
-                state.add(a64[piece].reshape(-1), r64[piece].reshape(-1), offset + flat_offset(shape, piece),
-                          scale.reshape(-1), norms=False)
-            state.add_norms(a64.reshape(-1), r64.reshape(-1))
-            if regression is not None:
-                regression.add(xhat, r64, a64, dy, where[1])
+            judged.block(where, regression)
             if case.advance is not None:
-                case.advance(a64.size)
+                case.advance(a3[where].size)
     return state, regression
+
+
+class _Pass:
+    """The judging pass over diff_src, block by block; each block in cache-sized pieces (each a contiguous flat
+    range) that are upcast, judged and regressed while they are in the CPU's cache. The relative L2's and the
+    regression's block sums stay by block (their float sums depend on the blocking; every other statistic does not)."""
+
+    def __init__(self, case: _DiffSrc, state: Accumulator, model: DiffSrcScale, scratch: Scratch) -> None:
+        self.case, self.state, self.model, self.scratch = case, state, model, scratch
+        self.views = tuple(layout.view3(x, case.inputs.data_format) for x in (case.a, case.r, case.inputs.diff_dst,
+                                                                              case.inputs.src))
+        facts = case.facts
+        # Channels whose xhat is finite everywhere (a non-finite one would make its ||dy*xhat|| so) and whose scale
+        # is then >= 0 and never NaN: there an element within one ULP passes whatever its scale (Accumulator.add_scaled).
+        self.xhat_finite = np.isfinite(facts.norm_gamma)
+        coefficients = (model.base, model.per_xhat, model.per_dy, facts.norm_beta)
+        self.scale_sound = self.xhat_finite & np.logical_and.reduce([np.isfinite(v) for v in coefficients])
+        self.scale_sound &= state.rule.scaled.max_units >= 0
+
+    def block(self, where: tuple[slice, slice, slice], regression: ChannelRegression | None) -> None:
+        a3, r3 = self.views[:2]
+        shape = a3[where].shape
+        # r and d = a - r of the whole block: the relative L2's sums (and the regression's d) are by block
+        r_block = r3[where] if r3.dtype == np.float64 else self.scratch.get("r", shape)
+        sums = regression.start(shape) if regression is not None else None
+        d_block = sums.difference if sums is not None else self.scratch.get("difference", shape)
+        offset = flat_offset(a3.shape, where)
+        finite = True
+        for piece in blocks(shape, PIECE):
+            finite &= self._piece(where, piece, (r_block, d_block, sums), offset + flat_offset(shape, piece))
+        state = self.state
+        if finite and (sums is None or not sums.masked):  # d is a - r everywhere, and a and r are finite
+            state.l2.update(d_block.reshape(-1), r_block.reshape(-1))
+        else:
+            state.add_norms(to_float64(a3[where]).reshape(-1), r_block.reshape(-1))
+        if sums is not None:
+            regression.finish(sums, where[1])
+
+    def _piece(self, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice], block: tuple,
+               offset: int) -> bool:
+        """Judge and regress one piece; whether its a - r is finite everywhere."""
+        r_block, d_block, sums = block
+        a_view, r_view, dy_view, src_view = (view[where][piece] for view in self.views)
+        shape = a_view.shape
+        a = to_float64(a_view, self.scratch.get("a", shape))
+        r = r_view if r_view.dtype == np.float64 else _into(r_view, r_block[piece])  # (float64: the input itself)
+        d = np.subtract(a, r, out=d_block[piece])
+        finite = bool(np.isfinite(d).all())
+        dy = to_float64(dy_view, self.scratch.get("dy", shape))
+        # xhat straight from src (a ufunc upcasts float32 and float16 exactly on the way), bfloat16 through float32
+        src = to_float64(src_view) if is_bfloat16(src_view.dtype) else src_view
+        channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
+        xhat = xhat_block(src, channels, self.case.facts.mean, self.case.facts.invstd, out=self.scratch.get("xhat", shape))
+        model = self.model
+
+        def scale_at(positions: np.ndarray | None) -> np.ndarray:
+            if positions is None:
+                out = tuple(self.scratch.take(("scale", "term"), shape))
+                return model.block(xhat, dy, r, channels, out=out).reshape(-1)
+            channel = channels.start + positions // shape[2] % shape[1]
+            return model.at(channel, *(v.reshape(-1)[positions] for v in (xhat, dy, r)))
+
+        flat = (a.reshape(-1), r.reshape(-1))
+        if finite and self.scale_sound[channels].all():
+            self.state.add_scaled(*flat, d.reshape(-1), offset, scale_at)
+        else:
+            self.state.add(*flat, offset, scale_at(None), norms=False)
+        if sums is not None:
+            sums.add(piece, PieceValues(xhat, r, a, dy), finite=finite and self.xhat_finite[channels].all())
+        return finite
+
+
+def _into(values: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """values upcast to float64 in ``out`` (bfloat16's upcast is built apart, then copied)."""
+    result = to_float64(values, out)
+    if result is not out:
+        np.copyto(out, result)
+    return out
 
 
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts,

@@ -23,7 +23,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
     ChannelStat, Channels, Decades, Element, HistogramBin, Largest, Located, MaxLocated, NonFinite, NonFiniteCounts,
-    RelativeL2, Worst, ZeroCounts, log_histogram,
+    RelativeL2, Worst, ZeroCounts, count_zeros, log_histogram,
 )
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
 from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance, comparison_dtype
@@ -288,6 +288,53 @@ class Accumulator:
             self.max_units.update(verdicts.units, finite, offset)
         if self.details is not None:
             self.details.update(chunk, _Judged(verdicts, fails, finite, bad, offset))
+
+    def add_scaled(self, a: np.ndarray, r: np.ndarray, d: np.ndarray, offset: int,
+                   scale_at: Callable[[np.ndarray | None], np.ndarray]) -> None:
+        """add(..., norms=False) under the scaled rule for a flat chunk whose d = a - r is given and finite, forming
+        the scale only where |a - r| is more than one ULP of r: elsewhere an element passes with 0 units, whatever
+        its scale, as long as that scale is >= 0 and not NaN and K >= 0 (the caller's promise). ``scale_at``:
+        the scale at these flat positions of the chunk (None: at every one). Without details only (they need every
+        element's ratio): with them, add() is used."""
+        if self.details is not None:
+            self.add(a, r, offset, scale_at(None), norms=False)
+            return
+        abs_err = np.abs(d, out=self.scratch.get("abs_err", d.size))
+        top = int(np.argmax(abs_err))
+        self.max_abs.offer(abs_err[top], offset + top)
+        if abs_err[top] == 0:  # the chunk equals the reference: every error, ULP and unit is 0 (the first is kept)
+            zeros = count_zeros(r)
+            self.zeros.add(zeros, zeros, r.size)
+            self.max_ulp.offer(0.0, offset)
+            self.max_units.offer(0.0, offset)
+            return
+        self.zeros.update(a, r)
+        spacing = ulp_spacing(r, self.dtype, out=self.scratch.get("spacing", d.size).view(np.int64))
+        outside = np.flatnonzero(abs_err > spacing)
+        with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
+            if not outside.size:  # within one ULP everywhere: nothing fails, every unit is 0
+                ulp_err = np.divide(abs_err, spacing, out=self.scratch.get("rule0", d.size))
+                top = int(np.argmax(ulp_err))
+                self.max_ulp.offer(ulp_err[top], offset + top)
+                self.max_units.offer(0.0, offset)
+                return
+            # Past one ULP, as ScaledRule.judge forms them. ULP errors there are > 1 (|a - r| over a power of two),
+            # within one ULP <= 1: the largest is here.
+            err, spacing = abs_err[outside], spacing[outside]
+            scale = scale_at(outside)
+            allowance = np.multiply(self.rule.scaled.max_units, scale)
+            allowance += spacing
+            self.mismatches += int(np.count_nonzero(err > allowance))
+            units = safe_ratio(np.maximum(np.subtract(err, spacing), 0.0), scale)
+            ulp_err = np.divide(err, spacing)
+        self.need[0].update(units)  # (it takes any subset holding every non-zero value)
+        top = int(np.argmax(ulp_err))
+        self.max_ulp.offer(ulp_err[top], offset + int(outside[top]))
+        top = int(np.argmax(units))
+        if units[top] > 0:
+            self.max_units.offer(units[top], offset + int(outside[top]))
+        else:  # (a scale of inf) every unit is 0: the chunk's first element holds the maximum
+            self.max_units.offer(0.0, offset)
 
     def add_norms(self, a: np.ndarray, r: np.ndarray) -> None:
         """The relative L2's sums of a flat chunk, as add() forms them (non-finite positions count as 0 on both

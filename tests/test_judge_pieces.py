@@ -1,0 +1,123 @@
+"""The judging pass's shortcuts give the numbers of the full judgement: the regression's sums skip d's zeros,
+the error scale is formed only past one ULP, and the judging pass equals the detailed one that forms every
+scale (judge/bias.py, judge/stats.py, judge/sets.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bnbwd_cli.core import Op
+from bnbwd_cli.judge import bias, sets
+from bnbwd_cli.judge.bias import ChannelRegression
+from bnbwd_cli.judge.model import channel_facts
+from bnbwd_cli.judge.tolerance import CompareSettings
+from tests.test_judge_bias import _blocks, _stated_sums
+
+
+@pytest.mark.parametrize("nonzero", [0.0, 0.05, 1.0])  # d: none (an exact output), few (scattered apart), most
+def test_regression_sums_skip_zero_differences_bit_for_bit(nonzero: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Elements where actual equals the reference add nothing to the sums of d, x*d and r*d: the sums from d's
+    non-zero elements gathered (SPARSE 1) and from whole pieces (SPARSE -1) are the same bits, and the sums of
+    the definition over every element."""
+    rng = np.random.default_rng(21)
+    blocks = []
+    for _ in range(3):
+        xhat, reference, actual, diff_dst = _blocks(rng, non_finite=False)
+        keep = rng.random(actual.shape) >= nonzero
+        blocks.append((xhat, reference, np.where(keep, reference, actual), diff_dst, slice(0, 6)))
+    regressions = []
+    for sparse in (1.0, -1.0):
+        monkeypatch.setattr(bias, "SPARSE", sparse)
+        regression = ChannelRegression(6, "f32")
+        for block in blocks:
+            regression.add(*block)
+        regressions.append(regression)
+    gathered, whole = regressions
+    assert np.array_equal(gathered.cross, whole.cross) and np.array_equal(gathered.dd, whole.dd)
+    assert np.array_equal(gathered.ulp_squares, whole.ulp_squares)
+    cross, dd, ulp_squares = _stated_sums(blocks, 6)
+    np.testing.assert_allclose(gathered.cross, cross, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(gathered.dd, dd, rtol=1e-12, atol=1e-300)
+    assert gathered.cross[0, :, :, 6].any() == (nonzero > 0)
+
+
+def _scaled_state(actual: np.ndarray, reference: np.ndarray, max_units: float):
+    from bnbwd_cli.judge.rules import ScaledRule
+    from bnbwd_cli.judge.stats import Accumulator, Setup
+    from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled
+
+    setup = Setup("f32", MaxMismatch(3), detailed=False)
+    return Accumulator(actual, reference, ScaledRule(Scaled(max_units, 2.0**-24)), setup)
+
+
+@pytest.mark.parametrize("max_units", [0.0, 5.0])
+def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: float) -> None:
+    """Accumulator.add_scaled (the scale only where |a - r| > 1 ULP) against add (the scale everywhere), chunk
+    by chunk: an exact chunk, one within an ULP, ones past it with scales of 0, inf and ordinary ones, and one
+    whose only errors past an ULP meet an infinite scale; every number of the comparison the same."""
+    rng = np.random.default_rng(22)
+    size = 400
+    reference = rng.standard_normal(6 * size).astype(np.float32).astype(np.float64)
+    bits = reference.astype(np.float32).view(np.int32).copy()
+    steps = [np.zeros(size), rng.integers(-1, 2, size), rng.integers(-9, 10, size), rng.integers(-40, 41, size),
+             rng.integers(-40, 41, size) * (rng.random(size) < 0.05), np.where(np.arange(size) == 7, 5, 0)]
+    bits += np.concatenate(steps).astype(np.int32)
+    actual = bits.view(np.float32).astype(np.float64)
+    scale = rng.uniform(0, 4e-7, reference.size) * (rng.random(reference.size) < 0.9)  # some exactly 0
+    scale[3 * size: 3 * size + 50] = np.inf
+    scale[5 * size:] = np.inf
+    full, shortcut = _scaled_state(actual, reference, max_units), _scaled_state(actual, reference, max_units)
+    for start in range(0, reference.size, size):
+        a, r, s = (v[start:start + size] for v in (actual, reference, scale))
+        with np.errstate(invalid="ignore"):  # K = 0 times an infinite scale
+            full.add(a, r, start, s, norms=False)
+            shortcut.add_scaled(a, r, a - r, start, lambda positions, s=s: s if positions is None else s[positions])
+    assert repr(shortcut.result()) == repr(full.result())
+    assert full.result().mismatches > 0 and full.result().max_units.value > 0
+    a, r, s = (v[5 * size:] for v in (actual, reference, scale))  # alone: the largest unit is 0, at its first element
+    full, shortcut = _scaled_state(a, r, max_units), _scaled_state(a, r, max_units)
+    with np.errstate(invalid="ignore"):
+        full.add(a, r, 0, s, norms=False)
+        shortcut.add_scaled(a, r, a - r, 0, lambda positions: s if positions is None else s[positions])
+    assert repr(shortcut.result()) == repr(full.result())
+    assert full.result().max_units.index == (0,) and full.result().max_ulp.value > 1
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("problem", ["finite", "non-finite inputs", "negative K"])
+def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, problem: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judging pass (scale only past one ULP where the channel's scale is sound) and the detailed pass (the
+    scale of every element) give the same verdict and numbers: with NaN and inf in the inputs (those channels'
+    scale is not sound, so they are judged the full way), and with a K that would let a within-ULP element fail."""
+    monkeypatch.setattr(sets, "BLOCK", 500)
+    monkeypatch.setattr(sets, "PIECE", 70)
+    rng = np.random.default_rng(23)
+    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
+    src = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    axes = (0, 2) if data_format == "NCX" else (0, 1)
+    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    from bnbwd_cli import core
+
+    reference = core.backward(inputs, core.Settings(outputs=("diff_src",))).diff_src
+    if problem == "non-finite inputs":  # (after the reference: a verify whose --inputs hold them, outputs finite)
+        src[(1, 1, 2) if data_format == "NCX" else (1, 2, 1)] = np.nan
+        dy[(2, 3, 4) if data_format == "NCX" else (2, 4, 3)] = np.inf
+    bits = reference.view(np.int32) + rng.integers(-6, 7, shape).astype(np.int32) * (rng.random(shape) < 0.5)
+    actual = bits.view(np.float32)
+    settings = CompareSettings()
+    if problem == "negative K":
+        from bnbwd_cli.judge.tolerance import PerOutput
+
+        settings = CompareSettings(max_units=PerOutput(-1.0))
+    job = sets._Job(("diff_src",), settings, sets.tensor_layout(data_format, 3), 5)
+    with np.errstate(all="ignore"):
+        case = sets._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
+        judged = [sets._diff_src_pass(case, detailed=detailed, regress=False)[0].result() for detailed in (False, True)]
+    assert repr(judged[0]) == repr(judged[1])
+    if problem == "negative K":
+        assert judged[0].mismatches > 0
+    if problem == "non-finite inputs":  # NaN scales (those channels' units are NaN): not taken for 0
+        assert np.isnan(judged[0].min_units)
