@@ -230,6 +230,15 @@ def test_cumsum_by_bands_of_rows_is_numpys_cumsum(rows: int, columns: int) -> No
     assert model.cumsum_rows(plane).tobytes() == np.cumsum(plane, axis=0).tobytes()
 
 
+def small_op(rng: np.random.Generator, data_format: str) -> tuple[Op, tuple[int, ...]]:
+    """A float32 problem of 5 channels, M = 240, in either layout, with its shape."""
+    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
+    src = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    axes = (0, 2) if data_format == "NCX" else (0, 1)
+    return Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format), shape
+
+
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 @pytest.mark.parametrize("non_finite", [False, True])
 def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_finite: bool,
@@ -237,11 +246,7 @@ def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_fin
     """Pieces of a block (the last one smaller) give every number of whole blocks, the relative L2 included
     (its sums stay by block), with non-finite elements and with the details."""
     rng = np.random.default_rng(17)
-    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
-    src = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    axes = (0, 2) if data_format == "NCX" else (0, 1)
-    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    inputs, shape = small_op(rng, data_format)
     reference = rng.standard_normal(shape).astype(np.float32)
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-7, 1e-3], size=shape)).astype(np.float32)
     if non_finite:

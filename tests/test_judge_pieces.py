@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bnbwd_cli.core import Op
 from bnbwd_cli.judge import bias, sets
 from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.model import channel_facts
 from bnbwd_cli.judge.tolerance import CompareSettings
 from tests.test_judge_bias import _blocks, _stated_sums
+from tests.test_judge_passes import small_op
 
 
 @pytest.mark.parametrize("nonzero", [0.0, 0.05, 1.0])  # d: none (an exact output), few (scattered apart), most
@@ -94,11 +94,8 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
     monkeypatch.setattr(sets, "BLOCK", 500)
     monkeypatch.setattr(sets, "PIECE", 70)
     rng = np.random.default_rng(23)
-    shape = (6, 5, 40) if data_format == "NCX" else (6, 40, 5)
-    src = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    axes = (0, 2) if data_format == "NCX" else (0, 1)
-    inputs = Op(src, dy, src.mean(axes), src.var(axes), None, epsilon=1e-5, data_format=data_format)
+    inputs, shape = small_op(rng, data_format)
+    src, dy = inputs.src, inputs.diff_dst
     from bnbwd_cli import core
 
     reference = core.backward(inputs, core.Settings(outputs=("diff_src",))).diff_src
