@@ -1,7 +1,8 @@
 """Every number the judged path reports, hashed: run it in two trees and compare the lines (a speed change to
 judge/ must keep them all).
 
-    python bench/judge_bits.py [--tree DIR] [--large]
+    python -m bench.judge_bits [--large]                        # this tree
+    cd /tmp && PYTHONPATH=BASE_TREE:REPO python -m bench.judge_bits   # BASE_TREE's bnbwd_cli, this repo's bench/
 
 For each problem (dtype x shape x layout) and each kernel output (bnbwd's own; scaled by 1+3e-6; some elements
 NaN and some doubled) it judges with ``judge_outputs`` and hashes the repr of every row (the verdict, the summary
@@ -38,13 +39,10 @@ def problems(large: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tree", help="a tree holding bnbwd_cli/ (default: this one)")
     parser.add_argument("--large", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="each verdict on stderr")
     args = parser.parse_args()
     verbose = args.verbose
-    if args.tree:
-        sys.path.insert(0, args.tree)
     import numpy as np
 
     import bnbwd_cli
