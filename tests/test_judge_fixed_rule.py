@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.keys import match_keys, permutation_hint, structural_problem
-from bnbwd_cli.judge.stats import Layout, Setup, compare_arrays, log_histogram
+from bnbwd_cli.judge.compare import Layout, Setup, compare_arrays, log_histogram
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput, Tolerance, comparison_dtype
 
 LOOSE_ULP_OFF = Tolerance(atol=0.1, rtol=0.0, ulp=0.0, rel_l2=1.0)
@@ -336,7 +336,7 @@ def test_structural_problem_shape_and_dtype():
 
 def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     """Chunk boundaries (here every 7 elements) change nothing: maxima, ties, top-k, channels, histogram."""
-    import bnbwd_cli.judge.stats as compare
+    from bnbwd_cli.judge import compare
 
     reference = rng.standard_normal((3, 4, 5)).astype(np.float32)
     actual = reference + rng.choice([0.0, 1e-6, 1e-4, 1e-2], size=reference.shape).astype(np.float32)

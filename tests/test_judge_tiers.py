@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bnbwd_cli import dtypes
-from bnbwd_cli.judge import stats
+from bnbwd_cli.judge import compare
 from bnbwd_cli.judge.rules import FixedRule, ScaledRule
-from bnbwd_cli.judge.stats import Accumulator, Layout, Setup, compare_arrays
+from bnbwd_cli.judge.compare import Accumulator, Layout, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, MaxMismatch, Scaled, Tolerance
 
 
@@ -33,7 +33,7 @@ def _summary(comparison) -> str:
     return repr([(f.name, getattr(comparison, f.name)) for f in fields(comparison) if f.name != "details_of"])
 
 
-def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None) -> stats.Comparison:
+def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None) -> compare.Comparison:
     state = Accumulator(actual, reference, rule, setup)
     a, r = dtypes.to_float64(actual.reshape(-1)), dtypes.to_float64(reference.reshape(-1))
     for start in range(0, a.size, 128):  # several chunks, boundaries inside channels
@@ -74,8 +74,8 @@ def test_scaled_rule_passes_agree(rng):
 def test_details_are_computed_once_and_only_when_asked(rng, monkeypatch):
     actual, reference = _awkward_pair(rng, np.float32)
     passes = []
-    real = stats._fixed_pass
-    monkeypatch.setattr(stats, "_fixed_pass", lambda *args: passes.append(args[-1].detailed) or real(*args))
+    real = compare._fixed_pass
+    monkeypatch.setattr(compare, "_fixed_pass", lambda *args: passes.append(args[-1].detailed) or real(*args))
     comparison = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"])
     assert passes == [False]
     first = comparison.worst

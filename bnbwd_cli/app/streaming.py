@@ -22,7 +22,7 @@ from bnbwd_cli.files.common import available_memory
 from bnbwd_cli.files.write import NpyBlockWriter
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.layout import channel_axis
-from bnbwd_cli.core.stats import OutputStats, scan
+from bnbwd_cli.core.summary import OutputStats, scan
 
 # Stream automatically when src + diff_dst (.npy files) exceed this share of available memory, or this size:
 # from a few hundred MB up, reading by blocks beats loading on memory (and a private copy of every input),

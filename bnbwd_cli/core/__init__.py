@@ -23,7 +23,7 @@ import numpy as np
 from bnbwd_cli import runtime
 from bnbwd_cli.core import numpy_core, plan
 from bnbwd_cli.core.rounding import round_to
-from bnbwd_cli.core.stats import OutputStats, from_extremes, scan
+from bnbwd_cli.core.summary import OutputStats, from_extremes, scan
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis, view3
 from bnbwd_cli.op import Op
@@ -51,7 +51,7 @@ class BackwardResult:
     """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for.
 
     core: the core that ran ("numpy" or "numba"). stats: each output's min/max over finite values and NaN/Inf
-    count (core/stats.py), diff_src's gathered in the write pass.
+    count (core/summary.py), diff_src's gathered in the write pass.
     """
 
     diff_src: np.ndarray | None

@@ -81,7 +81,7 @@ def _input_view(array: np.ndarray) -> np.ndarray:
 
 def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
     """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when problem.out3 is given, writes it and
-    returns the min and max of its float64 values before rounding too (core/stats.py), else None.
+    returns the min and max of its float64 values before rounding too (core/summary.py), else None.
 
     problem: core.Problem (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
     """

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.core import plan, stats
+from bnbwd_cli.core import plan, summary
 from bnbwd_cli.files import mapped
 from bnbwd_cli.core.plan import Group, Tile
 from bnbwd_cli.core.rounding import store
@@ -228,9 +228,9 @@ class _Kernel:
             if problem.scale_exp is not None:
                 np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
             rounded = store(result, out, self.scratch)
-        # the summary's extremes while the piece is in cache (core/stats.py; NaN propagates), from the float32
+        # the summary's extremes while the piece is in cache (core/summary.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
-        self.extremes.append(stats.extremes(rounded))
+        self.extremes.append(summary.extremes(rounded))
 
     def _write_tile(self, group: Group, tile: Tile, loaded: tuple | None) -> None:
         """The write pass over a tile's pieces (loaded: a one-piece tile's values, already in the scratch)."""
@@ -337,7 +337,7 @@ def _pool(threads: int, shared: bool) -> ThreadPoolExecutor | _Inline:
 
 def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarray, tuple[float, float] | None]:
     """The sums [Σdy, Σdy·(src - mean)] per channel (2, C) float64, and when problem.out3 is given (then
-    written) the min and max of its values as rounded (through float32 for f16/bf16; core/stats.py).
+    written) the min and max of its values as rounded (through float32 for f16/bf16; core/summary.py).
 
     budget: bytes of working set a tile; threads: worker threads; progress: None or f(done, total) elements.
     """
@@ -383,4 +383,4 @@ def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarr
         if split and want_diff_src:
             list(pool.map(run_write, [(g, t) for g in split for t in g.tiles]))
     extremes = np.array(kernel.extremes).reshape(-1, 2)
-    return sums, (stats.combine(extremes[:, 0], extremes[:, 1]) if want_diff_src else None)
+    return sums, (summary.combine(extremes[:, 0], extremes[:, 1]) if want_diff_src else None)

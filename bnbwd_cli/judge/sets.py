@@ -25,7 +25,7 @@ from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
-from bnbwd_cli.judge.stats import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
+from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
