@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bnbwd_cli
-from tests import zoo
+from tools import zoo
 from tests.conftest import assert_one_error, make_inputs, save_bundle
 
 CANONICAL = ("src", "diff_dst", "mean", "variance", "gamma", "beta")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import bnbwd_cli
-from tests import zoo
+from tools import zoo
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = {"f16": F16, "bf16": zoo.BF16, "f32": F32, "f64": F64}
