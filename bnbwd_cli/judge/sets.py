@@ -21,7 +21,7 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.spec import ShapesOnDemand
-from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structural_problem
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
@@ -49,7 +49,7 @@ class OutputResult:
     actual_key: str | None
     reference_key: str | None
     comparison: Comparison | None
-    problem: Problem | None
+    problem: KeyProblem | None
 
     @property
     def status(self) -> str:
@@ -64,13 +64,13 @@ class SetComparison:
     """All outputs of two tensor sets, plus key-level problems (e.g. an empty selection)."""
 
     outputs: tuple[OutputResult, ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[KeyProblem, ...]
     settings: CompareSettings
     inputs_known: bool = False
     notes: tuple[str, ...] = ()  # keys left out of the comparison (inputs, extras), said once
 
     @property
-    def all_problems(self) -> tuple[Problem, ...]:
+    def all_problems(self) -> tuple[KeyProblem, ...]:
         return self.problems + tuple(o.problem for o in self.outputs if o.problem is not None)
 
     @property
