@@ -25,7 +25,7 @@ from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structu
 from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
-from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
+from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Coordinates, Hint, Once, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
@@ -85,13 +85,13 @@ class SetComparison:
         return exit_code(self.status)
 
 
-def tensor_layout(data_format: str | None, ndim: int) -> Layout:
+def tensor_layout(data_format: str | None, ndim: int) -> Coordinates:
     """Axis names and channel axis of an output in ``data_format``; 1-D outputs are (C,)."""
     if data_format is None or ndim < 1:
-        return Layout()
+        return Coordinates()
     if ndim == 1:
-        return Layout(("c",), None)
-    return Layout(layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim))
+        return Coordinates(("c",), None)
+    return Coordinates(layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim))
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class _Job:
 
     names: tuple[str, str]
     settings: CompareSettings
-    layout: Layout
+    layout: Coordinates
     top_k: int
     details_up_front: bool = False  # Judging.details_up_front
 
