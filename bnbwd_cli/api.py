@@ -41,7 +41,7 @@ from bnbwd_cli.files.common import short_repr
 from bnbwd_cli.op import Op
 from bnbwd_cli.spec import ATTRIBUTE_KEYS, OUTPUT_NAMES, PROFILES, is_input_key
 from bnbwd_cli.judge import SetComparison
-from bnbwd_cli.judge.tolerance import CompareSettings, Judging, PerOutput
+from bnbwd_cli.judge.tolerance import Judging, PerOutput
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report_text
 from bnbwd_cli.status import Status
@@ -287,9 +287,10 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     key_map, max_units = _key_map(key_map), _max_units(max_units)
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
-    settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(max_units, {}))
+    judging = Judging(key_map=key_map) if max_units is None else Judging(max_units=PerOutput(max_units, {}),
+                                                                         key_map=key_map)
     with _quiet_numerics():
-        return Report(app_judge.judge_outputs(op, _outputs(actual), Judging(settings=settings, key_map=key_map)))
+        return Report(app_judge.judge_outputs(op, _outputs(actual), judging))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.keys import match_keys, permutation_hint, structural_problem
 from bnbwd_cli.judge.compare import Coordinates, Setup, compare_arrays, log_histogram
-from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput, Tolerance, comparison_dtype
+from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, Judging, MaxMismatch, PerOutput, Tolerance, comparison_dtype
 
 LOOSE_ULP_OFF = Tolerance(atol=0.1, rtol=0.0, ulp=0.0, rel_l2=1.0)
 
@@ -249,7 +249,7 @@ def test_min_tolerance_is_the_smallest_that_passes(values, atol, rtol):
 
 
 def test_per_output_overrides_beat_global_beat_defaults():
-    settings_ = CompareSettings(atol=PerOutput(1.0, {"diff_gamma": 1e-4}), ulp=PerOutput(by_name={"x_backprop": 3.0}))
+    settings_ = Judging(atol=PerOutput(1.0, {"diff_gamma": 1e-4}), ulp=PerOutput(by_name={"x_backprop": 3.0}))
     assert settings_.tolerance_for(("diff_gamma",), "f32") == Tolerance(1e-4, 1e-5, 1.0, 2**-17)
     assert settings_.tolerance_for(("x_backprop", "diff_src"), "bf16") == Tolerance(1.0, 1.6e-2, 3.0, 2**-6)
     assert settings_.max_mismatch_for(("diff_src",)) == MaxMismatch()

@@ -12,7 +12,6 @@ import importlib
 
 # Public name -> submodule that defines it.
 _LAZY = {
-    "CompareSettings": "tolerance",
     "Judging": "tolerance",
     "Comparison": "compare",
     "compare_arrays": "compare",

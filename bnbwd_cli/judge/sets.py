@@ -26,7 +26,7 @@ from bnbwd_cli.judge.model import CHUNK, ChannelFacts, blocks, channel_facts, di
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
 from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Coordinates, Hint, Once, Setup, compare_arrays
-from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
+from bnbwd_cli.judge.tolerance import Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
 
@@ -65,7 +65,7 @@ class SetComparison:
 
     outputs: tuple[OutputResult, ...]
     problems: tuple[KeyProblem, ...]
-    settings: CompareSettings
+    judging: Judging
     inputs_known: bool = False
     notes: tuple[str, ...] = ()  # keys left out of the comparison (inputs, extras), said once
 
@@ -99,7 +99,7 @@ class _Job:
     """What one pair's comparison needs besides the arrays."""
 
     names: tuple[str, str]
-    settings: CompareSettings
+    judging: Judging
     layout: Coordinates
     top_k: int
     details_up_front: bool = False  # Judging.details_up_front
@@ -107,18 +107,18 @@ class _Job:
 
 def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
     dtype = comparison_dtype(a.dtype, r.dtype)
-    return Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+    return Setup(dtype, job.judging.max_mismatch_for(job.names), job.judging.equal_nan, job.layout, job.top_k)
 
 
 def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     setup = _setup(a, r, job)
-    return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup,
+    return compare_arrays(a, r, job.judging.tolerance_for(job.names, setup.dtype), setup,
                           lazy_details=not job.details_up_front)
 
 
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, output: str, detailed: bool = True) -> Accumulator:
     setup = replace(_setup(a, r, job), detailed=detailed)
-    rule = ScaledRule(job.settings.scaled_for(job.names, unit_roundoff(inputs, setup.dtype), output))
+    rule = ScaledRule(job.judging.scaled_for(job.names, unit_roundoff(inputs, setup.dtype), output))
     return Accumulator(a, r, rule, setup)
 
 
@@ -218,7 +218,7 @@ def _output_name(names: tuple[str, ...]) -> str | None:
 
 def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, facts, progress: Progress) -> Comparison:
     output = _output_name(job.names)
-    if inputs is None or output is None or job.settings.fixed_requested(job.names):
+    if inputs is None or output is None or job.judging.fixed_requested(job.names):
         return _fixed(a, r, job)
     expected = inputs.src.shape if output == "diff_src" else inputs.mean.shape
     if a.shape != tuple(expected):
@@ -279,7 +279,7 @@ def compare_sets(
         problem = structural_problem(pair.name, a, r)
         comparison = None
         if problem is None:
-            job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top,
+            job = _Job(pair.names, judging, tensor_layout(data_format, r.ndim), judging.top,
                        judging.details_up_front)
             comparison = _compare_pair(a, r, job, inputs, facts, tracker)
         name = _output_name(pair.names)
@@ -301,4 +301,4 @@ def compare_sets(
             )
         else:
             key_problems.append(problem)
-    return SetComparison(tuple(outputs), tuple(key_problems), judging.settings, inputs is not None, match.notes)
+    return SetComparison(tuple(outputs), tuple(key_problems), judging, inputs is not None, match.notes)
