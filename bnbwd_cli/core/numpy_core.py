@@ -112,7 +112,7 @@ class _Kernel:
         """mean(dy) and k of channels c0.. from their folded sums (2, channels)."""
         c1 = c0 + sums.shape[1]
         views = self.views
-        if c1 == c0 + 1:  # one channel (an NCX plane): the same IEEE operations on Python floats, ~10x cheaper
+        if c1 == c0 + 1:  # one channel (an NCX plane): the same IEEE operations on Python floats, cheaper
             self.mean_dy[c0], self.k[c0], _ = plan.coefficients(float(sums[0, 0]), float(sums[1, 0]),
                                                                  float(views.invstd[c0]), views.count)
             return
@@ -220,7 +220,7 @@ class _Kernel:
             result -= d
         if views.scale_exp is None and out.dtype.itemsize >= 4:
             # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-            # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
+            # pass less than multiply-then-store; f16/bf16 go through store()
             np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
             rounded = out
         else:

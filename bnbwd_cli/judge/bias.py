@@ -121,7 +121,7 @@ class ChannelRegression:
             for k, values in enumerate(products):
                 if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)
                     sums[clustering, k] += np.bincount(ids, None, sums.shape[2])
-                else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
+                else:  # faster than np.bincount with weights, and the same sequential sums
                     np.add.at(sums[clustering, k], ids, values)
 
     def fit(self) -> ChannelFit:

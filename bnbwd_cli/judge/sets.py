@@ -33,8 +33,8 @@ from bnbwd_cli.status import Status, exit_code
 if TYPE_CHECKING:
     from bnbwd_cli.op import Op
 
-# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
-# 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
+# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache would be faster:
+# the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
 # (tools/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
@@ -167,7 +167,7 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accum
             a64, r64, dy, src = (to_float64(view[where], out) for view, out in zip(views, space))
             xhat = xhat_block(src, where[1], facts.mean, facts.invstd, out=space[3] if src is space[3] else None)
             offset = flat_offset(a3.shape, where)
-            # Judged in cache-sized pieces of the block (each a contiguous flat range): ~2x faster than whole
+            # Judged in cache-sized pieces of the block (each a contiguous flat range): faster than whole
             # blocks, the same statistics; the relative L2's sums stay by block (they depend on the chunking).
             for piece in blocks(shape, PIECE):
                 channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
