@@ -101,19 +101,17 @@ class _Job:
     names: tuple[str, str]
     judging: Judging
     layout: Coordinates
-    top_k: int
-    details_up_front: bool = False  # Judging.details_up_front
 
 
 def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
     dtype = comparison_dtype(a.dtype, r.dtype)
-    return Setup(dtype, job.judging.max_mismatch_for(job.names), job.judging.equal_nan, job.layout, job.top_k)
+    return Setup(dtype, job.judging.max_mismatch_for(job.names), job.judging.equal_nan, job.layout, job.judging.top)
 
 
 def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     setup = _setup(a, r, job)
     return compare_arrays(a, r, job.judging.tolerance_for(job.names, setup.dtype), setup,
-                          lazy_details=not job.details_up_front)
+                          lazy_details=not job.judging.details_up_front)
 
 
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, output: str, detailed: bool = True) -> Accumulator:
@@ -187,13 +185,13 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accum
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts,
                     advance: Callable[[int], None] | None = None) -> Comparison:
     case = _DiffSrc(a, r, job, inputs, facts, advance)
-    state, regression = _diff_src_pass(case, detailed=job.details_up_front, regress=True)
+    state, regression = _diff_src_pass(case, detailed=job.judging.details_up_front, regress=True)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
     # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
     # pass on first use.
-    details_of = None if job.details_up_front else Once(
+    details_of = None if job.judging.details_up_front else Once(
         lambda: _diff_src_pass(replace(case, advance=None), detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
     return state.result(bias, details_of)
 
@@ -279,8 +277,7 @@ def compare_sets(
         problem = structural_problem(pair.name, a, r)
         comparison = None
         if problem is None:
-            job = _Job(pair.names, judging, tensor_layout(data_format, r.ndim), judging.top,
-                       judging.details_up_front)
+            job = _Job(pair.names, judging, tensor_layout(data_format, r.ndim))
             comparison = _compare_pair(a, r, job, inputs, facts, tracker)
         name = _output_name(pair.names)
         if comparison is None or comparison.scaled is None or name != "diff_src":
