@@ -41,7 +41,7 @@ from bnbwd_cli.files.common import short_repr
 from bnbwd_cli.op import Op
 from bnbwd_cli.spec import ATTRIBUTE_KEYS, OUTPUT_NAMES, PROFILES, is_input_key
 from bnbwd_cli.judge import SetComparison
-from bnbwd_cli.judge.tolerance import CompareSettings, Judging, PerOutput
+from bnbwd_cli.judge.tolerance import Judging, PerOutput
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report_text
 from bnbwd_cli.status import Status
@@ -152,7 +152,7 @@ class _Call:
     key_map: Mapping[str, str]
 
 
-def _problem(call: _Call) -> Op:
+def _checked_op(call: _Call) -> Op:
     """Array-likes by any of the CLI's names -> checked Op (app/inputs.py, as every command checks them); arguments
     of the wrong kind are InputErrors too, never a TypeError or AttributeError from deep inside."""
     op = call.op
@@ -250,9 +250,9 @@ def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, e
     bnbwd_cli.errors.InputError: mean has shape (3,), expected (2,) = C of src (NCX)
     """
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
-    problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), {}))
+    op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), {}))
     with _quiet_numerics():
-        return app_judge.reference_outputs(problem, OUTPUT_NAMES)
+        return app_judge.reference_outputs(op, OUTPUT_NAMES)
 
 
 def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
@@ -286,10 +286,11 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     """
     key_map, max_units = _key_map(key_map), _max_units(max_units)
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
-    problem = _problem(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
-    settings = CompareSettings() if max_units is None else CompareSettings(max_units=PerOutput(max_units, {}))
+    op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
+    judging = Judging(key_map=key_map) if max_units is None else Judging(max_units=PerOutput(max_units, {}),
+                                                                         key_map=key_map)
     with _quiet_numerics():
-        return Report(app_judge.judge_outputs(problem, _outputs(actual), Judging(settings=settings, key_map=key_map)))
+        return Report(app_judge.judge_outputs(op, _outputs(actual), judging))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

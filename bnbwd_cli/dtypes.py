@@ -90,7 +90,7 @@ def ulp_spacing(reference: np.ndarray, dtype: str, *, out: np.ndarray | None = N
     nmant, emin = FLOAT_FORMAT[dtype]
     if emin - nmant < -1022:  # f64: its spacing is subnormal, which the exponent bits cannot build
         return _ulp_spacing_frexp(reference, nmant, emin)
-    # Read e from the float64 exponent bits and build 2**(e - p) the same way: exact, and ~8x
+    # Read e from the float64 exponent bits and build 2**(e - p) the same way: exact, and
     # cheaper than frexp/ldexp (this runs on every element a verify compares). The exponent field is
     # worked on where it lies (bits 52-62): no shifts, four passes over the array.
     shape = np.shape(reference)

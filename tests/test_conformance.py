@@ -7,7 +7,7 @@ outputs are compared with the framework's stored outputs two ways:
 
 - the normalised error max|bnbwd - framework| / max|framework| (float64 after
   upcasting) must stay within the manifest's per-dtype bound;
-- bnbwd's own element-wise comparison (judge.stats.compare_arrays with its default
+- bnbwd's own element-wise comparison (judge.compare.compare_arrays with its default
   tolerances for the output dtype, and `bnbwd verify` on the files) must pass.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bnbwd_cli.judge import stats as compare
+from bnbwd_cli.judge import compare
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, comparison_dtype
 from bnbwd_cli.cli import main
 from bnbwd_cli.dtypes import to_float64 as _as_float64

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bnbwd_cli.core import numpy_core, plan, stats
+from bnbwd_cli.core import numpy_core, plan, summary
 
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 5e-324])
 
@@ -70,7 +70,7 @@ def test_folds_cut_by_channel_blocks_give_the_whole_folds_bits(rng, tiles):
 def test_extremes_of_strided_and_contiguous_blocks(rng, shape, dtype):
     whole = rng.normal(size=(shape[0], shape[1] + 2, shape[2])).astype(dtype)
     for block in (whole[:, 1 : 1 + shape[1]], np.ascontiguousarray(whole[:, 1 : 1 + shape[1]])):
-        assert stats.extremes(block) == (block.min(), block.max())
+        assert summary.extremes(block) == (block.min(), block.max())
     whole[-1, 1, -1] = np.nan
-    low, high = stats.extremes(whole[:, 1 : 1 + shape[1]])
+    low, high = summary.extremes(whole[:, 1 : 1 + shape[1]])
     assert np.isnan(low) and np.isnan(high)

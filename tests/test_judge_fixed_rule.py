@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.keys import match_keys, permutation_hint, structural_problem
-from bnbwd_cli.judge.stats import Layout, Setup, compare_arrays, log_histogram
-from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, CompareSettings, MaxMismatch, PerOutput, Tolerance, comparison_dtype
+from bnbwd_cli.judge.compare import Coordinates, Setup, compare_arrays, log_histogram
+from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, Judging, MaxMismatch, PerOutput, Tolerance, comparison_dtype
 
 LOOSE_ULP_OFF = Tolerance(atol=0.1, rtol=0.0, ulp=0.0, rel_l2=1.0)
 
@@ -137,7 +137,7 @@ def test_worst_elements_ranked_with_layout_coordinates_and_values():
     actual[0, 1, 0, 1] = 0.5
     actual[0, 0, 1, 1] = -0.3
     actual[0, 1, 1, 0] = 0.05  # passes
-    result = compare_arrays(actual, reference, LOOSE_ULP_OFF, Setup(layout=Layout(("n", "c", "h", "w"), 1), top_k=2))
+    result = compare_arrays(actual, reference, LOOSE_ULP_OFF, Setup(layout=Coordinates(("n", "c", "h", "w"), 1), top_k=2))
     assert [(e.index, e.actual, e.passed) for e in result.worst] == [((0, 1, 0, 1), 0.5, False), ((0, 0, 1, 1), -0.3, False)]
     assert result.worst[0].ratio == pytest.approx(5.0) and result.worst[0].abs_err == 0.5
 
@@ -146,10 +146,10 @@ def test_per_channel_table_points_at_bad_channel(rng):
     reference = rng.standard_normal((4, 3, 5)).astype(np.float32)  # NCW
     actual = reference.copy()
     actual[:, 2, :] += 1e-3
-    ncx = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], Setup(layout=Layout(channel_axis=1)))
+    ncx = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], Setup(layout=Coordinates(channel_axis=1)))
     assert [c.mismatches for c in ncx.channels] == [0, 0, 20]
     assert ncx.channels[2].max_abs == pytest.approx(1e-3, rel=1e-3) and ncx.channels[2].elements == 20
-    nxc = compare_arrays(np.moveaxis(actual, 1, -1), np.moveaxis(reference, 1, -1), DEFAULT_TOLERANCES["f32"], Setup(layout=Layout(channel_axis=2)))
+    nxc = compare_arrays(np.moveaxis(actual, 1, -1), np.moveaxis(reference, 1, -1), DEFAULT_TOLERANCES["f32"], Setup(layout=Coordinates(channel_axis=2)))
     assert [c.mismatches for c in nxc.channels] == [0, 0, 20]
     assert compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"]).channels is None
 
@@ -200,7 +200,7 @@ def test_infinities_must_match_in_sign():
 
 
 def test_empty_tensor_passes():
-    result = compare_arrays(np.zeros((0, 3)), np.zeros((0, 3)), LOOSE_ULP_OFF, Setup(layout=Layout(channel_axis=1)))
+    result = compare_arrays(np.zeros((0, 3)), np.zeros((0, 3)), LOOSE_ULP_OFF, Setup(layout=Coordinates(channel_axis=1)))
     assert result.passed and result.elements == 0 and result.max_abs.index is None
 
 
@@ -249,7 +249,7 @@ def test_min_tolerance_is_the_smallest_that_passes(values, atol, rtol):
 
 
 def test_per_output_overrides_beat_global_beat_defaults():
-    settings_ = CompareSettings(atol=PerOutput(1.0, {"diff_gamma": 1e-4}), ulp=PerOutput(by_name={"x_backprop": 3.0}))
+    settings_ = Judging(atol=PerOutput(1.0, {"diff_gamma": 1e-4}), ulp=PerOutput(by_name={"x_backprop": 3.0}))
     assert settings_.tolerance_for(("diff_gamma",), "f32") == Tolerance(1e-4, 1e-5, 1.0, 2**-17)
     assert settings_.tolerance_for(("x_backprop", "diff_src"), "bf16") == Tolerance(1.0, 1.6e-2, 3.0, 2**-6)
     assert settings_.max_mismatch_for(("diff_src",)) == MaxMismatch()
@@ -336,13 +336,13 @@ def test_structural_problem_shape_and_dtype():
 
 def test_chunked_statistics_equal_one_pass(rng, monkeypatch):
     """Chunk boundaries (here every 7 elements) change nothing: maxima, ties, top-k, channels, histogram."""
-    import bnbwd_cli.judge.stats as compare
+    from bnbwd_cli.judge import compare
 
     reference = rng.standard_normal((3, 4, 5)).astype(np.float32)
     actual = reference + rng.choice([0.0, 1e-6, 1e-4, 1e-2], size=reference.shape).astype(np.float32)
     actual[1, 2, 3] = np.nan
     actual[2, 0, 0] = reference[2, 0, 0] + 1e-2  # ties with other 1e-2 errors
-    setup = Setup(max_mismatch=MaxMismatch(3), layout=Layout(channel_axis=1), top_k=6)
+    setup = Setup(max_mismatch=MaxMismatch(3), layout=Coordinates(channel_axis=1), top_k=6)
     whole = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], setup)
     monkeypatch.setattr(compare, "CHUNK", 7)
     chunked = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"], setup)

@@ -16,7 +16,7 @@ from bnbwd_cli.core import Op
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge import model, sets
 from bnbwd_cli.judge.bias import ChannelRegression
-from bnbwd_cli.judge.tolerance import CompareSettings, Judging
+from bnbwd_cli.judge.tolerance import Judging
 from bnbwd_cli.layout import view3
 from bnbwd_cli.scratch import Scratch
 
@@ -70,7 +70,7 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     kept = (src.copy(), dy.copy())
     reference = rng.standard_normal(shape).astype(dtype)
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-3], size=shape)).astype(dtype)
-    job = sets._Job(("diff_src",), CompareSettings(), sets.tensor_layout(data_format, 3), 5)
+    job = sets._Job(("diff_src",), Judging(top=5), sets.tensor_layout(data_format, 3))
     facts = model.channel_facts(inputs)
     _, regression = sets._diff_src_pass(sets._DiffSrc(actual, reference, job, inputs, facts), detailed=False, regress=True)
     plain = ChannelRegression(5, regression.dtype)
@@ -82,7 +82,7 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     assert np.array_equal(regression.ulp_squares, plain.ulp_squares)
     assert regression.cross[0, :, :, 0].sum() == actual.size
     assert np.array_equal(src, kept[0]) and np.array_equal(dy, kept[1])
-    result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
+    result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(), inputs=inputs)
     assert result.outputs[0].comparison.mismatches > 0
 
 
@@ -213,7 +213,7 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
     documents = []
     for up_front in (False, True):
         passes.clear()
-        judging = Judging(CompareSettings(), details_up_front=up_front)
+        judging = Judging(details_up_front=up_front)
         result = sets.compare_sets(actual, reference, judging, data_format="NCX", inputs=op if with_inputs else None)
         documents.append(report_document(result, Source("bnbwd verify", "a", "r")))  # reads every detail
         assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
@@ -251,7 +251,7 @@ def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_fin
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-7, 1e-3], size=shape)).astype(np.float32)
     if non_finite:
         actual[1, 2, 3], reference[4, 1, 2], actual[5, 0, 0], reference[5, 0, 0] = np.nan, np.inf, 3e38, -3e38
-    judging = Judging(CompareSettings(), details_up_front=True)
+    judging = Judging(details_up_front=True)
     monkeypatch.setattr(sets, "BLOCK", 500)
 
     def judged(piece: int) -> str:
@@ -277,9 +277,9 @@ def test_judging_progress_climbs_to_its_total_and_changes_nothing(monkeypatch: p
     reference = {"diff_src": result.diff_src, "diff_beta": result.diff_beta}
     actual = {"diff_src": result.diff_src * np.float32(1 + 1e-6), "diff_beta": result.diff_beta}
     seen: list[tuple[int, int]] = []
-    told = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs,
+    told = sets.compare_sets(actual, reference, Judging(), inputs=inputs,
                              progress=lambda done, total: seen.append((done, total)))
-    plain = sets.compare_sets(actual, reference, Judging(CompareSettings()), inputs=inputs)
+    plain = sets.compare_sets(actual, reference, Judging(), inputs=inputs)
     total = 2 * src.size + 5
     assert len(seen) > 4 and {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
@@ -299,7 +299,7 @@ def test_lazy_details_equal_a_detailed_single_pass(block: int, monkeypatch: pyte
     inputs = _inputs(rng)
     reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
     actual = reference + rng.choice([0.0, 1e-6, 1e-2], size=reference.shape).astype(np.float32)
-    job = sets._Job(("diff_src", "diff_src"), CompareSettings(), sets.tensor_layout("NCX", 3), 5)
+    job = sets._Job(("diff_src", "diff_src"), Judging(top=5), sets.tensor_layout("NCX", 3))
     case = sets._DiffSrc(actual, reference, job, inputs, model.channel_facts(inputs))
     comparison = sets._judge_diff_src(actual, reference, job, inputs, case.facts)
     single, _ = sets._diff_src_pass(case, detailed=True, regress=False)
@@ -318,7 +318,7 @@ def test_judging_does_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPat
     results = []
     for block in (1 << 20, 150, 1 << 16):
         monkeypatch.setattr(sets, "BLOCK", block)
-        out = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(CompareSettings()), inputs=inputs)
+        out = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(), inputs=inputs)
         results.append(out.outputs[0].comparison)
     for other in results[1:]:
         assert (other.mismatches, other.max_units, other.max_abs) == (results[0].mismatches, results[0].max_units,

@@ -10,7 +10,7 @@ import pytest
 from bnbwd_cli.judge import bias, sets
 from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.model import channel_facts
-from bnbwd_cli.judge.tolerance import CompareSettings
+from bnbwd_cli.judge.tolerance import Judging
 from tests.test_judge_bias import _blocks, _stated_sums
 from tests.test_judge_passes import small_op
 
@@ -44,7 +44,7 @@ def test_regression_sums_skip_zero_differences_bit_for_bit(nonzero: float, monke
 
 def _scaled_state(actual: np.ndarray, reference: np.ndarray, max_units: float):
     from bnbwd_cli.judge.rules import ScaledRule
-    from bnbwd_cli.judge.stats import Accumulator, Setup
+    from bnbwd_cli.judge.compare import Accumulator, Setup
     from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled
 
     setup = Setup("f32", MaxMismatch(3), detailed=False)
@@ -104,12 +104,12 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
         dy[(2, 3, 4) if data_format == "NCX" else (2, 4, 3)] = np.inf
     bits = reference.view(np.int32) + rng.integers(-6, 7, shape).astype(np.int32) * (rng.random(shape) < 0.5)
     actual = bits.view(np.float32)
-    settings = CompareSettings()
+    judging = Judging(top=5)
     if problem == "negative K":
         from bnbwd_cli.judge.tolerance import PerOutput
 
-        settings = CompareSettings(max_units=PerOutput(-1.0))
-    job = sets._Job(("diff_src",), settings, sets.tensor_layout(data_format, 3), 5)
+        judging = Judging(max_units=PerOutput(-1.0), top=5)
+    job = sets._Job(("diff_src",), judging, sets.tensor_layout(data_format, 3))
     with np.errstate(all="ignore"):
         case = sets._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
         judged = [sets._diff_src_pass(case, detailed=detailed, regress=False)[0].result() for detailed in (False, True)]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bnbwd_cli import dtypes
-from bnbwd_cli.judge import stats
+from bnbwd_cli.judge import compare
 from bnbwd_cli.judge.rules import FixedRule, ScaledRule
-from bnbwd_cli.judge.stats import Accumulator, Layout, Setup, compare_arrays
+from bnbwd_cli.judge.compare import Accumulator, Coordinates, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, MaxMismatch, Scaled, Tolerance
 
 
@@ -33,7 +33,7 @@ def _summary(comparison) -> str:
     return repr([(f.name, getattr(comparison, f.name)) for f in fields(comparison) if f.name != "details_of"])
 
 
-def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None) -> stats.Comparison:
+def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None) -> compare.Comparison:
     state = Accumulator(actual, reference, rule, setup)
     a, r = dtypes.to_float64(actual.reshape(-1)), dtypes.to_float64(reference.reshape(-1))
     for start in range(0, a.size, 128):  # several chunks, boundaries inside channels
@@ -48,7 +48,7 @@ def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None
 def test_verdict_pass_and_detailed_pass_agree(rng, dtype, tolerance):
     actual, reference = _awkward_pair(rng, dtype)
     name = dtypes.dtype_name(np.dtype(dtype))
-    setup = Setup(name, MaxMismatch(3), equal_nan=True, layout=Layout(("n", "c", "w"), 1), top_k=5)
+    setup = Setup(name, MaxMismatch(3), equal_nan=True, layout=Coordinates(("n", "c", "w"), 1), top_k=5)
     fast = _pass(actual, reference, FixedRule(tolerance), replace(setup, detailed=False))
     full = _pass(actual, reference, FixedRule(tolerance), setup)
     assert _summary(fast) == _summary(full)
@@ -64,7 +64,7 @@ def test_scaled_rule_passes_agree(rng):
     actual, reference = _awkward_pair(rng, np.float32)
     scale = rng.uniform(1e-6, 1e-3, size=reference.size)
     rule = ScaledRule(Scaled(max_units=16.0, unit=2.0**-24))
-    setup = Setup("f32", layout=Layout(("n", "c", "w"), 1))
+    setup = Setup("f32", layout=Coordinates(("n", "c", "w"), 1))
     fast = _pass(actual, reference, rule, Setup("f32", layout=setup.layout, detailed=False), scale)
     full = _pass(actual, reference, rule, setup, scale)
     assert _summary(fast) == _summary(full) and fast.max_units == full.max_units and fast.min_units == full.min_units
@@ -74,8 +74,8 @@ def test_scaled_rule_passes_agree(rng):
 def test_details_are_computed_once_and_only_when_asked(rng, monkeypatch):
     actual, reference = _awkward_pair(rng, np.float32)
     passes = []
-    real = stats._fixed_pass
-    monkeypatch.setattr(stats, "_fixed_pass", lambda *args: passes.append(args[-1].detailed) or real(*args))
+    real = compare._fixed_pass
+    monkeypatch.setattr(compare, "_fixed_pass", lambda *args: passes.append(args[-1].detailed) or real(*args))
     comparison = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"])
     assert passes == [False]
     first = comparison.worst

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bnbwd_cli.judge import CompareSettings, Judging, SetComparison, compare_sets
+from bnbwd_cli.judge import Judging, SetComparison, compare_sets
 from bnbwd_cli.judge.tolerance import PerOutput
 from bnbwd_cli.files.write import write_text
 from bnbwd_cli.render.json import SCHEMA_VERSION, Source, document_text, report_document
@@ -34,8 +34,8 @@ def mismatch_case() -> SetComparison:
     actual["diff_src"][0, 1, 1, 0] = 0.25
     actual["diff_src"][0, 1, 0, 1] = -1.0001
     actual["diff_gamma"][1] = np.float32(-2.0) + np.float32(2**-22)
-    settings = CompareSettings(atol=PerOutput(by_name={"diff_gamma": 1e-4}))
-    return compare_sets(actual, reference, Judging(settings, top=3), data_format="NCHW")
+    judging = Judging(atol=PerOutput(by_name={"diff_gamma": 1e-4}), top=3)
+    return compare_sets(actual, reference, judging, data_format="NCHW")
 
 
 def structural_case() -> SetComparison:

@@ -23,7 +23,7 @@ NEVER_ON_PLAIN_RUN = {
     "llvmlite": "numba's backend, same reason",
     "bnbwd_cli.core.numba_core": "loads numba",
     "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",
-    "bnbwd_cli.judge.stats": "comparison statistics: only run --reference and verify",
+    "bnbwd_cli.judge.compare": "comparison statistics: only run --reference and verify",
     "bnbwd_cli.judge.model": "the error model: only run --reference and verify --inputs",
     "bnbwd_cli.judge.bias": "systematic-deviation check: only with the error model",
     "bnbwd_cli.judge.hints": "explanations of failures: only with the error model",

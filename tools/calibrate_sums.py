@@ -24,7 +24,7 @@ N(0, 1)) no 32-element block reaches 10x sigma at large M, and none is planted t
     python -m tools.calibrate_sums                            # M = 2^18, 1000 seeds, every distribution
     python -m tools.calibrate_sums --m 2097152 --dists normal,product --seeds 1000
     python -m tools.calibrate_sums --quick                    # M = 2^14, 100 seeds (~10 s)
-    python -m tools.calibrate_sums --examples                 # the issue's two bugs at M ~ 2e6, old and new units
+    python -m tools.calibrate_sums --examples                 # lost partials at M ~ 2e6, old and new units
 
 Exits 1 when a run of a correct order fails (the lost partials are expected to).
 """
@@ -218,7 +218,7 @@ def print_result(res: dict, max_units: float) -> None:
 
 
 def examples(seeds: int, max_units: float) -> None:
-    """The issue's two bugs at M = 2^21 with dy ~ N(0, 1), 4 channels: units under the scale before this
+    """Lost partial sums at M = 2^21 with dy ~ N(0, 1), 4 channels: units under the scale before this
     change, u*sqrt(M)*(D + ||x||_2) raised to the sequential floor, and under the current one."""
     m, channels = 1 << 21, 4
     print(f"\n### Examples: M = {m}, dy ~ N(0, 1) float32, {channels} channels, old scale vs new (K old 16, new {max_units:g})\n")
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dists", default=",".join(DISTS))
     parser.add_argument("--max-units", type=float, default=SUM_MAX_UNITS, help="K to judge with")
     parser.add_argument("--quick", action="store_true", help="M = 2^14, 100 seeds")
-    parser.add_argument("--examples", action="store_true", help="only the issue's two bugs at M = 2^21")
+    parser.add_argument("--examples", action="store_true", help="only the lost-partial examples at M = 2^21")
     args = parser.parse_args(argv)
     if args.examples:
         examples(3, args.max_units)

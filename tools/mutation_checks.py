@@ -103,7 +103,7 @@ MUTANTS = (
            'return Status.MISMATCH if any(o.status == "fail" for o in self.outputs) else Status.PASS',
            'return Status.MISMATCH if any(o.status == "fail" for o in self.outputs[:-1]) else Status.PASS',
            f"{NAMES} -k run_reference"),
-    Mutant("--max-mismatch allows one more", "bnbwd_cli/judge/stats.py",
+    Mutant("--max-mismatch allows one more", "bnbwd_cli/judge/compare.py",
            "self.allowed = setup.max_mismatch.allowed(math.prod(self.shape))",
            "self.allowed = setup.max_mismatch.allowed(math.prod(self.shape)) + 1", f"{EDGES} -k max_mismatch"),
     Mutant("--max-mismatch P% rounded up", TOL, "return int(math.floor(size * self.value / 100.0))",

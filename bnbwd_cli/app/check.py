@@ -111,8 +111,8 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
-        problem = split.build_op()
-        result = judge_outputs(problem, split.outputs, request.judging, request.threads)
+        op = split.build_op()
+        result = judge_outputs(op, split.outputs, request.judging, request.threads)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
         return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")

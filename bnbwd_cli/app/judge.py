@@ -78,15 +78,15 @@ def compare(sets: TensorSets, judging: Judging, data_format: str | None = None,
                         progress=progress)
 
 
-def reference_outputs(problem: Op, names: tuple[str, ...], threads: int | None = None) -> dict[str, np.ndarray]:
+def reference_outputs(op: Op, names: tuple[str, ...], threads: int | None = None) -> dict[str, np.ndarray]:
     """bnbwd's outputs for these names (canonical), from the checked inputs (threads None: the machine's)."""
     from bnbwd_cli import core as compute_core  # here: `verify` without --inputs never loads the core
 
-    result = compute_core.backward(problem, compute_core.Settings(outputs=names, threads=threads))
+    result = compute_core.backward(op, compute_core.Settings(outputs=names, threads=threads))
     return {name: getattr(result, name) for name in names}
 
 
-def judge_outputs(problem: Op, actual: Mapping[str, np.ndarray], judging: Judging,
+def judge_outputs(op: Op, actual: Mapping[str, np.ndarray], judging: Judging,
                   threads: int | None = None) -> SetComparison:
     """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
     own error scale: the judgement of `run --reference`, `check` and the API. threads: the core's (None: the
@@ -98,4 +98,4 @@ def judge_outputs(problem: Op, actual: Mapping[str, np.ndarray], judging: Judgin
     if not names:
         raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
                          "(or a spec's name for them)", hint="--map THEIRS=OURS names your own")
-    return compare(TensorSets(actual, reference_outputs(problem, names, threads), inputs=problem), judging)
+    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), judging)

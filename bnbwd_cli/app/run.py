@@ -18,8 +18,8 @@ import numpy as np
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.app import streaming
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, build_op, read_inputs
-from bnbwd_cli.core.stats import OutputStats
-from bnbwd_cli.core.stats import scan as output_stats
+from bnbwd_cli.core.summary import OutputStats
+from bnbwd_cli.core.summary import scan as output_stats
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.npy import read_declared

@@ -22,11 +22,11 @@ from bnbwd_cli.files.common import available_memory
 from bnbwd_cli.files.write import NpyBlockWriter
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.layout import channel_axis
-from bnbwd_cli.core.stats import OutputStats, scan
+from bnbwd_cli.core.summary import OutputStats, scan
 
 # Stream automatically when src + diff_dst (.npy files) exceed this share of available memory, or this size:
 # from a few hundred MB up, reading by blocks beats loading on memory (and a private copy of every input),
-# and on time where blocks are long runs (NCHW, 2 x 257 MB: 0.65x the CPU time of loading).
+# and on time where blocks are long runs (NCHW).
 STREAM_MEMORY_FRACTION = 0.25
 STREAM_MIN_BYTES = 256 << 20
 # Working set of one block of channels: src and diff_dst (as read and native), diff_src and the core's scratch.
@@ -38,7 +38,7 @@ def should_stream(sources: dict[str, str], data_format: str | None, *, memory_on
     """True when the .npy inputs src and diff_dst are large: over a share of available memory (loading them
     would risk running out), or over STREAM_MIN_BYTES unless `memory_only`. Not for the size alone when blocks
     of channels would each read src's whole file (short runs: channels last, small planes): streaming then
-    copies the inputs once per block, which costs more than loading them once (NHWC, 2 x 257 MB: 1.5x).
+    copies the inputs once per block, which costs more than loading them once.
     """
     needed = sum(npy_data_bytes(sources[name]) for name in ("src", "diff_dst") if name in sources)
     available = available_memory()

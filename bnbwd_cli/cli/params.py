@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, CompareSettings, Judging, MaxMismatch, PerOutput
+from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, Judging, MaxMismatch, PerOutput
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
@@ -225,16 +225,14 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
             data_format = kwargs.pop("data_format") if with_format else None
             kwargs["comparison"] = ComparisonOptions(
                 judging=Judging(
-                    settings=CompareSettings(
-                        atol=_per_output(values["atol"]),
-                        rtol=_per_output(values["rtol"]),
-                        ulp=_per_output(values["ulp"]),
-                        rel_l2=_per_output(values["rel_l2"]),
-                        max_mismatch=_per_output(values["max_mismatch"]),
-                        max_units=_per_output(values["max_units"]),
-                        equal_nan=values["equal_nan"],
-                        bias_check=values["bias_check"],
-                    ),
+                    atol=_per_output(values["atol"]),
+                    rtol=_per_output(values["rtol"]),
+                    ulp=_per_output(values["ulp"]),
+                    rel_l2=_per_output(values["rel_l2"]),
+                    max_mismatch=_per_output(values["max_mismatch"]),
+                    max_units=_per_output(values["max_units"]),
+                    equal_nan=values["equal_nan"],
+                    bias_check=values["bias_check"],
                     key_map=dict(values["key_map"]),
                     only=_names(values["only"]),
                     ignore=_names(values["ignore"]),

@@ -22,7 +22,7 @@ from bnbwd_cli.status import exit_code
 
 def _check_override_names(options: ComparisonOptions, actual: Mapping[str, Any], reference: Mapping[str, Any]) -> None:
     known = set(actual) | set(reference)
-    for option, names in options.judging.settings.output_names().items():
+    for option, names in options.judging.output_names().items():
         unknown = sorted(names - known)
         if unknown:
             flag = "--" + option.replace("_", "-")

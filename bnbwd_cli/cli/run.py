@@ -135,8 +135,8 @@ class RunOptions:
               help=f"Cache budget of one tile, e.g. 8M; smaller values are raised to {MIN_BLOCK_BYTES >> 10}K.  "
               "[default: from the CPU caches]")
 @click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
-              help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; 4-20x faster kernel, "
-              "~0.5 s start-up), numpy, or auto (numba when installed and src is in memory "
+              help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; a faster kernel, "
+              "a longer start-up), numpy, or auto (numba when installed and src is in memory "
               "and >= 256 MiB, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")

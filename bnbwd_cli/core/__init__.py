@@ -1,6 +1,6 @@
 """The math of batch-norm training backward, pure: arrays in, arrays out (no files, no terminal).
 
-backward(op, settings) checks the call, builds the Problem both cores share (the (N, C, S) views,
+backward(op, settings) checks the call, builds the Views both cores share (the (N, C, S) views,
 float64 per-channel mean, invstd and scale, the count, and the reduction order of core/plan.py),
 picks a core and runs it (which core, how many threads and the tile budget are the machine's: runtime.py):
 
@@ -23,7 +23,7 @@ import numpy as np
 from bnbwd_cli import runtime
 from bnbwd_cli.core import numpy_core, plan
 from bnbwd_cli.core.rounding import round_to
-from bnbwd_cli.core.stats import OutputStats, from_extremes, scan
+from bnbwd_cli.core.summary import OutputStats, from_extremes, scan
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis, view3
 from bnbwd_cli.op import Op
@@ -51,7 +51,7 @@ class BackwardResult:
     """diff_src has src's shape and dtype; diff_gamma/diff_beta are (C,) in the stats dtype. None = not asked for.
 
     core: the core that ran ("numpy" or "numba"). stats: each output's min/max over finite values and NaN/Inf
-    count (core/stats.py), diff_src's gathered in the write pass.
+    count (core/summary.py), diff_src's gathered in the write pass.
     """
 
     diff_src: np.ndarray | None
@@ -62,7 +62,7 @@ class BackwardResult:
 
 
 @dataclass(frozen=True)
-class Problem:
+class Views:
     """What both cores read: C-contiguous (N, C, S) views, float64 (C,) per-channel values, the reduction order.
 
     scale = gamma·invstd, or its mantissa when scale_exp is not None (then scale·2**scale_exp, see
@@ -106,14 +106,14 @@ def _check(op: Op, settings: Settings) -> None:
         raise ValueError("diff_src_out must be a C-contiguous array of src's shape and dtype")
 
 
-def _problem(op: Op, diff_src: np.ndarray | None, need_sums: bool) -> Problem:
+def _views(op: Op, diff_src: np.ndarray | None, need_sums: bool) -> Views:
     src3 = view3(np.ascontiguousarray(op.src), op.data_format)  # Fortran-ordered or strided input: one copy
     dy3 = view3(np.ascontiguousarray(op.diff_dst), op.data_format)
     invstd = channel_invstd(op.variance, op.epsilon, op.variance_is_invstd)
     gamma = to_float64(op.gamma) if op.gamma is not None else np.ones_like(invstd)
     scale, scale_exp = plan.split_scale(gamma, invstd)
     n, c, s = src3.shape
-    return Problem(src3, dy3, view3(diff_src, op.data_format) if diff_src is not None else None,
+    return Views(src3, dy3, view3(diff_src, op.data_format) if diff_src is not None else None,
                    to_float64(op.mean), invstd, scale, scale_exp, n * s, op.training, need_sums, plan.geometry(n, c, s))
 
 
@@ -127,19 +127,19 @@ def backward(op: Op, settings: Settings = Settings()) -> BackwardResult:
     diff_src = None
     if want_diff_src:
         diff_src = settings.diff_src_out if settings.diff_src_out is not None else np.empty(op.src.shape, op.src.dtype)
-    problem = _problem(op, diff_src, want_sums or (op.training and want_diff_src))
+    views = _views(op, diff_src, want_sums or (op.training and want_diff_src))
     threads = settings.threads or runtime.usable_cores()
     ran = runtime.choose_core(settings.core, op, diff_src)
-    sums, extremes = np.zeros((2, problem.geometry.c)), None
+    sums, extremes = np.zeros((2, views.geometry.c)), None
     if op.src.size and ran == "numba":
-        sums, extremes = runtime.load_numba_core().run(problem, threads)
+        sums, extremes = runtime.load_numba_core().run(views, threads)
         if settings.progress is not None:
             settings.progress(op.src.size, op.src.size)
     elif op.src.size:
-        sums, extremes = numpy_core.run(problem, settings.block_bytes or runtime.default_block_bytes(threads), threads,
+        sums, extremes = numpy_core.run(views, settings.block_bytes or runtime.default_block_bytes(threads), threads,
                                         settings.progress)
     with np.errstate(over="ignore", invalid="ignore"):
-        _, _, dy_xhat = plan.coefficients(sums[0], sums[1], problem.invstd, max(problem.count, 1))
+        _, _, dy_xhat = plan.coefficients(sums[0], sums[1], views.invstd, max(views.count, 1))
     param_dtype = op.mean.dtype
     outputs = {"diff_src": diff_src,
                "diff_gamma": round_to(dy_xhat, param_dtype) if "diff_gamma" in settings.outputs else None,

@@ -79,66 +79,66 @@ def _input_view(array: np.ndarray) -> np.ndarray:
     return view
 
 
-def run(problem, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
-    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when problem.out3 is given, writes it and
-    returns the min and max of its float64 values before rounding too (core/stats.py), else None.
+def run(views, threads: int) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """Σdy and Σdy·(src - mean) per channel (float64, shape (2, C)); when views.out3 is given, writes it and
+    returns the min and max of its float64 values before rounding too (core/summary.py), else None.
 
-    problem: core.Problem (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
+    views: core.Views (C-contiguous (N, C, S) views of float16, bfloat16, float32 or float64).
     """
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    src = _input_view(problem.src3)
-    out = _bits_view(problem.out3) if problem.out3 is not None else np.empty((0, 0, 0), dtype=src.dtype)
-    if problem.src3.shape[2] * problem.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
-        sums, keys = _run_planes(problem, src, out, threads)
+    src = _input_view(views.src3)
+    out = _bits_view(views.out3) if views.out3 is not None else np.empty((0, 0, 0), dtype=src.dtype)
+    if views.src3.shape[2] * views.src3.dtype.itemsize >= MIN_PLANE_RUN_BYTES:
+        sums, keys = _run_planes(views, src, out, threads)
     else:
-        sums, keys = _run_rows(problem, src, out)
-    return sums, (key_extremes(keys) if problem.out3 is not None else None)
+        sums, keys = _run_rows(views, src, out)
+    return sums, (key_extremes(keys) if views.out3 is not None else None)
 
 
-def _run_planes(problem, src: np.ndarray, out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def _run_planes(views, src: np.ndarray, out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Long contiguous runs: channel tasks (fused), or (channel, chunk) tasks when channels are few."""
-    shape = problem.geometry
+    shape = views.geometry
     n, c, s = src.shape
-    dy = _input_view(problem.dy3)
-    want_out = problem.out3 is not None
-    exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
+    dy = _input_view(views.dy3)
+    want_out = views.out3 is not None
+    exponents = views.scale_exp if views.scale_exp is not None else np.zeros(c, np.int64)
     sums = np.zeros((2, c))
     if c >= 2 * max(threads, 1):
         keys = np.empty((c, 2), np.int64)
-        per_channel = np.stack([problem.mean, problem.invstd, problem.scale])
+        per_channel = np.stack([views.mean, views.invstd, views.scale])
         kernels.planes_fused(src, dy, out, per_channel, exponents,
                       (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane, shape.partials),
-                      (problem.need_sums, want_out, problem.training), sums, keys)
+                      (views.need_sums, want_out, views.training), sums, keys)
         return sums, keys
-    if problem.need_sums:
+    if views.need_sums:
         partials = np.zeros((c, shape.partials, 2))
-        kernels.plane_partials(src, dy, problem.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
+        kernels.plane_partials(src, dy, views.mean, (shape.chunk_rows, shape.block_lanes, shape.rows_per_lane), partials)
         kernels.fold_all(partials, sums)
     keys = np.empty((c * shape.chunks if want_out else 0, 2), np.int64)
     if want_out:
-        kernels.plane_write(src, dy, out, _coefficient_rows(problem, sums), exponents, shape.chunk_rows, problem.training,
+        kernels.plane_write(src, dy, out, _coefficient_rows(views, sums), exponents, shape.chunk_rows, views.training,
                      keys)
     return sums, keys
 
 
-def _run_rows(problem, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _run_rows(views, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Short runs (NXC): the (N, C·S) row view."""
-    shape = problem.geometry
+    shape = views.geometry
     n, c, s = src.shape
     width = c * s
-    src2, dy2 = src.reshape(n, width), _input_view(problem.dy3).reshape(n, width)
+    src2, dy2 = src.reshape(n, width), _input_view(views.dy3).reshape(n, width)
     sums = np.zeros((2, c))
-    if problem.need_sums:
+    if views.need_sums:
         partials = np.zeros((c, shape.chunks, 2))
-        kernels.row_partials(src2, dy2, np.repeat(problem.mean, s), (shape.chunk_rows, shape.rows_per_lane, s), partials)
+        kernels.row_partials(src2, dy2, np.repeat(views.mean, s), (shape.chunk_rows, shape.rows_per_lane, s), partials)
         kernels.fold_all(partials, sums)
         del partials
     tasks = -(-n // WRITE_ROWS) * -(-width // WRITE_COLUMNS)
-    keys = np.empty((tasks if problem.out3 is not None else 0, 2), np.int64)
-    if problem.out3 is not None:
-        exponents = problem.scale_exp if problem.scale_exp is not None else np.zeros(c, np.int64)
-        kernels.row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(problem, sums), s, axis=1),
-                   np.repeat(exponents, s), (problem.training, problem.scale_exp is not None), keys)
+    keys = np.empty((tasks if views.out3 is not None else 0, 2), np.int64)
+    if views.out3 is not None:
+        exponents = views.scale_exp if views.scale_exp is not None else np.zeros(c, np.int64)
+        kernels.row_write(src2, dy2, out.reshape(n, width), np.repeat(_coefficient_rows(views, sums), s, axis=1),
+                   np.repeat(exponents, s), (views.training, views.scale_exp is not None), keys)
     return sums, keys
 
 
@@ -158,8 +158,8 @@ def _key(value: float) -> int:
     return int((bits ^ ((bits >> 63) & MAGNITUDE))[0])
 
 
-def _coefficient_rows(problem, sums: np.ndarray) -> np.ndarray:
+def _coefficient_rows(views, sums: np.ndarray) -> np.ndarray:
     """(4, C): mean, mean(dy), k, scale per channel (the NumPy core's plan.coefficients, the same bits)."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        mean_dy, k, _ = plan.coefficients(sums[0], sums[1], problem.invstd, max(problem.count, 1))
-    return np.stack([problem.mean, mean_dy, k, problem.scale])
+        mean_dy, k, _ = plan.coefficients(sums[0], sums[1], views.invstd, max(views.count, 1))
+    return np.stack([views.mean, mean_dy, k, views.scale])

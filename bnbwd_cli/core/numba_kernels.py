@@ -68,7 +68,7 @@ def _value(g, x, j, m, mean_dy, k, sc, exponent, training):
 
     Callers loop over it with constant exponent 0 and training True where they can: LLVM inlines it and drops
     both branches, and the loop vectorises; with the flags as loop-invariant values it unswitched the loop only
-    for inference (the training body is over its size limit), so training writes ran scalar (4-8x slower)."""
+    for inference (the training body is over its size limit), so training writes ran scalar."""
     gv = np.float64(load(g, j))
     if training:
         result = ((gv - mean_dy) - (np.float64(load(x, j)) - m) * k) * sc

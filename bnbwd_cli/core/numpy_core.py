@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.core import plan, stats
+from bnbwd_cli.core import plan, summary
 from bnbwd_cli.files import mapped
 from bnbwd_cli.core.plan import Group, Tile
 from bnbwd_cli.core.rounding import store
@@ -33,7 +33,7 @@ from bnbwd_cli.scratch import FLOAT64, Scratch
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-    from bnbwd_cli.core import Problem
+    from bnbwd_cli.core import Views
 # Contiguous runs shorter than this make plane-wise tiles inefficient; tile by rows instead.
 MIN_PLANE_RUN_BYTES = 512
 # Memory-mapped inputs/outputs: drop their resident pages once the tiles since the last drop span this
@@ -60,13 +60,13 @@ class _Kernel:
     widens a piece's inputs again rather than keep the whole tile's float64 values.
     """
 
-    def __init__(self, problem: Problem) -> None:
-        self.problem = problem
-        self.shape = problem.geometry
+    def __init__(self, views: Views) -> None:
+        self.views = views
+        self.shape = views.geometry
         self.scratch = Scratch()
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
-        self.mean_dy = np.zeros(problem.geometry.c)
-        self.k = np.zeros(problem.geometry.c)
+        self.mean_dy = np.zeros(views.geometry.c)
+        self.k = np.zeros(views.geometry.c)
         self.extremes: list[tuple[float, float]] = []  # (min, max) of each written piece (rounding.store's values)
 
     def _pieces(self, group: Group, tile: Tile) -> list[tuple[int, int]]:
@@ -100,25 +100,25 @@ class _Kernel:
         rows = piece[1] - piece[0]
         index = np.s_[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
         gp = buffers[0][:, : r0 + rows]
-        np.copyto(gp[0, r0:], self.problem.dy3[index])  # widened exactly: NumPy's and ml_dtypes' casts are fastest
+        np.copyto(gp[0, r0:], self.views.dy3[index])  # widened exactly: NumPy's and ml_dtypes' casts are fastest
         if not need_d:
             return gp, None
         d = buffers[1][:rows]
-        np.copyto(d, self.problem.src3[index])
-        d -= self.problem.mean[None, group.c0 : group.c1, None]
+        np.copyto(d, self.views.src3[index])
+        d -= self.views.mean[None, group.c0 : group.c1, None]
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
         """mean(dy) and k of channels c0.. from their folded sums (2, channels)."""
         c1 = c0 + sums.shape[1]
-        problem = self.problem
-        if c1 == c0 + 1:  # one channel (an NCX plane): the same IEEE operations on Python floats, ~10x cheaper
+        views = self.views
+        if c1 == c0 + 1:  # one channel (an NCX plane): the same IEEE operations on Python floats, cheaper
             self.mean_dy[c0], self.k[c0], _ = plan.coefficients(float(sums[0, 0]), float(sums[1, 0]),
-                                                                 float(problem.invstd[c0]), problem.count)
+                                                                 float(views.invstd[c0]), views.count)
             return
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            self.mean_dy[c0:c1], self.k[c0:c1], _ = plan.coefficients(sums[0], sums[1], problem.invstd[c0:c1],
-                                                                       problem.count)
+            self.mean_dy[c0:c1], self.k[c0:c1], _ = plan.coefficients(sums[0], sums[1], views.invstd[c0:c1],
+                                                                       views.count)
 
     def _sum_tile(self, group: Group, tile: Tile, keep: bool) -> tuple[np.ndarray, tuple | None]:
         """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order; with keep and a tile
@@ -209,28 +209,28 @@ class _Kernel:
 
     def _write(self, group: Group, tile: Tile, piece: tuple[int, int], loaded: tuple) -> None:
         """diff_src = ((dy - mean(dy)) - d·k)·scale of a piece, in float64, rounded once (errors ignored by the caller)."""
-        problem = self.problem
+        views = self.views
         gp, d = loaded
         channels = np.s_[:, group.c0 : group.c1, :]
-        out = problem.out3[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
+        out = views.out3[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
         result = gp[0, self.shape.rows_per_lane :]
-        if problem.training:
+        if views.training:
             d *= self.k[None, :, None][channels]
             result -= self.mean_dy[None, :, None][channels]
             result -= d
-        if problem.scale_exp is None and out.dtype.itemsize >= 4:
+        if views.scale_exp is None and out.dtype.itemsize >= 4:
             # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-            # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
-            np.multiply(result, problem.scale[None, :, None][channels], out=out, casting="unsafe")
+            # pass less than multiply-then-store; f16/bf16 go through store()
+            np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
             rounded = out
         else:
-            result *= problem.scale[None, :, None][channels]
-            if problem.scale_exp is not None:
-                np.ldexp(result, problem.scale_exp[None, :, None][channels], out=result)
+            result *= views.scale[None, :, None][channels]
+            if views.scale_exp is not None:
+                np.ldexp(result, views.scale_exp[None, :, None][channels], out=result)
             rounded = store(result, out, self.scratch)
-        # the summary's extremes while the piece is in cache (core/stats.py; NaN propagates), from the float32
+        # the summary's extremes while the piece is in cache (core/summary.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
-        self.extremes.append(stats.extremes(rounded))
+        self.extremes.append(summary.extremes(rounded))
 
     def _write_tile(self, group: Group, tile: Tile, loaded: tuple | None) -> None:
         """The write pass over a tile's pieces (loaded: a one-piece tile's values, already in the scratch)."""
@@ -241,18 +241,18 @@ class _Kernel:
             pieces = self._pieces(group, tile)
             buffers = self._buffers(group, tile, pieces)
             for piece in pieces:
-                self._write(group, tile, piece, self._load(group, tile, piece, buffers, need_d=self.problem.training))
+                self._write(group, tile, piece, self._load(group, tile, piece, buffers, need_d=self.views.training))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""
-        problem = self.problem
+        views = self.views
         tile = group.tiles[0]
         sums, loaded = None, None
-        if problem.need_sums:
+        if views.need_sums:
             partials, loaded = self._sum_tile(group, tile, keep=want_diff_src)
             sums = plan.fold(partials)
         if want_diff_src:
-            if problem.training:
+            if views.training:
                 self.set_coefficients(group.c0, sums)
             self._write_tile(group, tile, loaded)
         return sums
@@ -273,19 +273,19 @@ def bytes_per_element(dtype: np.dtype) -> int:
 class _Progress:
     """Counts elements done for the progress callback and drops mapped pages every RELEASE_BYTES of rows."""
 
-    def __init__(self, problem: Problem, total: int, progress, mappings: list) -> None:
-        self.problem, self.total, self.progress, self.mappings = problem, total, progress, mappings
+    def __init__(self, views: Views, total: int, progress, mappings: list) -> None:
+        self.views, self.total, self.progress, self.mappings = views, total, progress, mappings
         self.done = 0
         self.spanned = 0  # bytes of the files the tiles since the last release lie in (whole rows)
         self.lock = threading.Lock()
 
     def tick(self, group: Group, tile: Tile) -> None:
-        n, c, s = self.problem.src3.shape
+        n, c, s = self.views.src3.shape
         with self.lock:
             self.done += (tile.n1 - tile.n0) * (group.c1 - group.c0) * (tile.s1 - tile.s0)
             if self.progress is not None:
                 self.progress(self.done, self.total)
-            self.spanned += (tile.n1 - tile.n0) * c * s * self.problem.src3.itemsize
+            self.spanned += (tile.n1 - tile.n0) * c * s * self.views.src3.itemsize
             if self.mappings and self.spanned >= RELEASE_BYTES:
                 mapped.release(self.mappings)
                 self.spanned = 0
@@ -335,25 +335,25 @@ def _pool(threads: int, shared: bool) -> ThreadPoolExecutor | _Inline:
     return _Inline()
 
 
-def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarray, tuple[float, float] | None]:
-    """The sums [Σdy, Σdy·(src - mean)] per channel (2, C) float64, and when problem.out3 is given (then
-    written) the min and max of its values as rounded (through float32 for f16/bf16; core/stats.py).
+def run(views: Views, budget: int, threads: int, progress) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """The sums [Σdy, Σdy·(src - mean)] per channel (2, C) float64, and when views.out3 is given (then
+    written) the min and max of its values as rounded (through float32 for f16/bf16; core/summary.py).
 
     budget: bytes of working set a tile; threads: worker threads; progress: None or f(done, total) elements.
     """
-    src3 = problem.src3
+    src3 = views.src3
     n, c, s = src3.shape
-    kernel = _Kernel(problem)
-    want_diff_src = problem.out3 is not None
-    mappings = mapped.file_mappings(src3, problem.dy3, problem.out3)
+    kernel = _Kernel(views)
+    want_diff_src = views.out3 is not None
+    mappings = mapped.file_mappings(src3, views.dy3, views.out3)
     # Memory-mapped data: tiles of whole rows, contiguous in the file, so a tile maps only its
     # own pages (a strided channel plane would map the page-cache folios of its neighbours too).
     row_mode = s * src3.itemsize < MIN_PLANE_RUN_BYTES or bool(mappings)
-    groups = plan.plan_groups(problem.geometry, bytes_per_element(src3.dtype), budget, row_mode)
+    groups = plan.plan_groups(views.geometry, bytes_per_element(src3.dtype), budget, row_mode)
     fused = [g for g in groups if len(g.tiles) == 1]
     split = [g for g in groups if len(g.tiles) > 1]
-    passes = 2 if problem.need_sums and want_diff_src else 1
-    ticks = _Progress(problem, src3.size + (passes - 1) * sum(g.c1 - g.c0 for g in split) * n * s, progress, mappings)
+    passes = 2 if views.need_sums and want_diff_src else 1
+    ticks = _Progress(views, src3.size + (passes - 1) * sum(g.c1 - g.c0 for g in split) * n * s, progress, mappings)
 
     def run_fused(group: Group) -> np.ndarray | None:
         result = kernel.fused(group, want_diff_src)
@@ -370,17 +370,17 @@ def run(problem: Problem, budget: int, threads: int, progress) -> tuple[np.ndarr
         ticks.tick(*item)
 
     sums = np.zeros((2, c))
-    with _pool(threads, plan.worth_threads(problem.geometry, bytes_per_element(src3.dtype))) as pool:
+    with _pool(threads, plan.worth_threads(views.geometry, bytes_per_element(src3.dtype))) as pool:
         for group, group_sums in zip(fused, pool.map(run_fused, fused)):
             if group_sums is not None:
                 sums[:, group.c0 : group.c1] = group_sums
-        if split and problem.need_sums:
+        if split and views.need_sums:
             partials = list(pool.map(run_reduce, [(g, t) for g in split for t in g.tiles]))  # (chunk, block) order
             list(pool.map(lambda job: _fold_block(sums, job), _fold_jobs(split, partials)))
             for group in split:
-                if problem.training:
+                if views.training:
                     kernel.set_coefficients(group.c0, sums[:, group.c0 : group.c1])
         if split and want_diff_src:
             list(pool.map(run_write, [(g, t) for g in split for t in g.tiles]))
     extremes = np.array(kernel.extremes).reshape(-1, 2)
-    return sums, (stats.combine(extremes[:, 0], extremes[:, 1]) if want_diff_src else None)
+    return sums, (summary.combine(extremes[:, 0], extremes[:, 1]) if want_diff_src else None)

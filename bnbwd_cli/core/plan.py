@@ -171,7 +171,7 @@ def fold(partials: np.ndarray) -> np.ndarray:
 
 def _fold_scalars(hi: list[float]) -> float:
     """fold of one column of partials with Python floats (IEEE doubles, the same bits): for a few partials
-    the ~40 NumPy calls of the vector fold cost ~100 us, this ~10 us (NCX planes: one channel, ~11 partials)."""
+    the ~40 NumPy calls of the vector fold cost more than this loop (NCX planes: one channel, ~11 partials)."""
     lo = [0.0] * len(hi)
     length = len(hi)
     while length > 1:

@@ -2,7 +2,7 @@
 through float32 rounded to odd (bfloat16: ml_dtypes' float64 cast rounds through float32; only the elements a
 plain float32 rounding puts on a bfloat16 tie need it).
 
-Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, diff_beta) and core/stats.py.
+Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, diff_beta) and core/summary.py.
 """
 
 from __future__ import annotations

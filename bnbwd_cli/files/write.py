@@ -352,15 +352,15 @@ def _copy_stream(writer: NpyBlockWriter, member: BinaryIO) -> None:
         position += len(data)
 
 
-class Scratch(OutputSet):
-    """Scratch files (the streamed diff_src before it goes into an .npz): removed at the end, whatever happens."""
+class DiscardedSet(OutputSet):
+    """Never commits: its files (the streamed diff_src before it goes into an .npz) are removed at the end, always."""
 
     def commit(self) -> None:
         self.abort()
 
 
-def staging() -> Scratch:
-    return Scratch()
+def staging() -> DiscardedSet:
+    return DiscardedSet()
 
 
 def write_text(target: str, text: str, *, fsync: bool = False, what: str = "--json") -> None:

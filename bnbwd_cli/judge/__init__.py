@@ -1,7 +1,7 @@
 """Judge a kernel's outputs against a reference: pure comparison, arrays in, frozen dataclasses out.
 
 The comparison itself is in judge/sets.py (``compare_sets``), the per-array statistics in
-judge/stats.py, the error model in judge/model.py. This package loads them on first use
+judge/compare.py, the error model in judge/model.py. This package loads them on first use
 (module ``__getattr__``, PEP 562): `bnbwd run` without --reference needs only judge/tolerance.py
 (the defaults its comparison options show), and the rest costs start-up time.
 """
@@ -12,10 +12,9 @@ import importlib
 
 # Public name -> submodule that defines it.
 _LAZY = {
-    "CompareSettings": "tolerance",
     "Judging": "tolerance",
-    "Comparison": "stats",
-    "compare_arrays": "stats",
+    "Comparison": "compare",
+    "compare_arrays": "compare",
     "OutputResult": "sets",
     "SetComparison": "sets",
     "compare_sets": "sets",

@@ -188,7 +188,7 @@ class Channels:
         self.rows = math.prod(shape) // count if count else 0
 
     def update(self, fails: np.ndarray, abs_err: np.ndarray, ratio: np.ndarray, offset: int) -> None:
-        """Counts and maxima need no order: reduced per run of one channel, not per element (~10x faster)."""
+        """Counts and maxima need no order: reduced per run of one channel, not per element."""
         count = self.fail.size
         if fails.size == 0:
             return

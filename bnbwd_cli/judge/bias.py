@@ -22,7 +22,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.model import blocks
-from bnbwd_cli.judge.stats import Bias
+from bnbwd_cli.judge.compare import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 from bnbwd_cli.scratch import Scratch
 
@@ -227,7 +227,7 @@ def _scatter(sums: np.ndarray, bins: np.ndarray, products: tuple) -> None:
         for k, values in enumerate(products):
             if values is None:  # the counts, the sums of w = 1 (integers: exact in any order)
                 sums[clustering, k] += np.bincount(ids, None, sums.shape[2])
-            else:  # ~1.4x faster than np.bincount with weights, and the same sequential sums
+            else:  # faster than np.bincount with weights, and the same sequential sums
                 np.add.at(sums[clustering, k], ids, values)
 
 

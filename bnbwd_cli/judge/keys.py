@@ -35,7 +35,7 @@ class Pairing:
 
 
 @dataclass(frozen=True)
-class Problem:
+class KeyProblem:
     """A structural failure: kind is "missing", "extra", "shape", "dtype" or "empty"."""
 
     kind: str
@@ -46,7 +46,7 @@ class Problem:
 @dataclass(frozen=True)
 class KeyMatch:
     pairs: tuple[Pairing, ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[KeyProblem, ...]
     notes: tuple[str, ...] = ()
 
 
@@ -69,13 +69,13 @@ def canonical_key(key: str, key_map: Mapping[str, str]) -> str:
     return OUTPUT_ALIASES.get(name, name)
 
 
-def _named(keys: Sequence[str], key_map: Mapping[str, str], side: str, problems: list[Problem]) -> dict[str, str]:
+def _named(keys: Sequence[str], key_map: Mapping[str, str], side: str, problems: list[KeyProblem]) -> dict[str, str]:
     """Canonical name -> the file's key; two keys giving one name is a problem (which one is meant?)."""
     named: dict[str, str] = {}
     for key in keys:
         name = canonical_key(key, key_map)
         if name in named:
-            problems.append(Problem("extra", key, f"{side} holds both {named[name]!r} and {key!r} as {name}; keep one"))
+            problems.append(KeyProblem("extra", key, f"{side} holds both {named[name]!r} and {key!r} as {name}; keep one"))
             continue
         named[name] = key
     return named
@@ -112,12 +112,12 @@ def match_keys(
     key) let a missing key's message suggest the actual key that likely holds it (--map)."""
     key_map = dict(key_map or {})
     only, ignore = set(only), set(ignore)
-    problems: list[Problem] = []
+    problems: list[KeyProblem] = []
     actual = _named(actual_keys, key_map, "actual", problems)
     reference = _named(reference_keys, key_map, "reference", problems)
     known = set(actual_keys) | set(reference_keys) | set(actual) | set(reference)
     for name in sorted(only - known - set(key_map.values())):
-        problems.append(Problem("missing", name, f"--only {name}: no such key in actual or reference"))
+        problems.append(KeyProblem("missing", name, f"--only {name}: no such key in actual or reference"))
 
     def selected(*names: str) -> bool:
         return (not only or any(n in only for n in names)) and not any(n in ignore for n in names)
@@ -151,18 +151,18 @@ def match_keys(
     unused_map = [f"{a}={r}" for a, r in key_map.items()
                   if a not in actual_keys and a not in reference_keys and not is_input_key(r)]
     if not pairs and not problems:
-        problems.append(Problem("empty", "", "nothing to compare: no keys selected"))
+        problems.append(KeyProblem("empty", "", "nothing to compare: no keys selected"))
     return KeyMatch(tuple(pairs), tuple(problems), _not_compared_note(inputs, extras, not_outputs, unused_map))
 
 
 def _missing(name: str, r_key: str, extras: Sequence[str], key_map: Mapping[str, str],
-             shapes: Mapping[str, tuple[int, ...]] | None) -> Problem:
+             shapes: Mapping[str, tuple[int, ...]] | None) -> KeyProblem:
     """A reference key actual lacks; with shapes, the actual key of its shape (and name) that may hold it."""
     message = f"{r_key}: in reference, missing from actual"
     if shapes is not None:
         key = suggest_key(name, {k: shapes.get(k) for k in extras if k not in key_map}, shapes.get(r_key))
         message += f"; --map {key}={name} reads {key} as it" if key is not None else ""
-    return Problem("missing", r_key, message)
+    return KeyProblem("missing", r_key, message)
 
 
 _LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}
@@ -191,15 +191,15 @@ def permutation_hint(actual_shape: Sequence[int], reference_shape: Sequence[int]
     return None
 
 
-def structural_problem(name: str, actual: np.ndarray, reference: np.ndarray) -> Problem | None:
+def structural_problem(name: str, actual: np.ndarray, reference: np.ndarray) -> KeyProblem | None:
     """A reason the pair cannot be compared (dtype, shape), or None."""
     for side, array in (("actual", actual), ("reference", reference)):
         if dtype_name(array.dtype) is None:
-            return Problem(
+            return KeyProblem(
                 "dtype", name, f"{name}: {side} has dtype {array.dtype}, which cannot be compared (expected f64, f32, f16 or bf16)"
             )
     if actual.shape != reference.shape:
         hint = permutation_hint(actual.shape, reference.shape)
         message = f"{name}: actual has shape {tuple(actual.shape)}, reference {tuple(reference.shape)}"
-        return Problem("shape", name, f"{message}; {hint}" if hint else message)
+        return KeyProblem("shape", name, f"{message}; {hint}" if hint else message)
     return None

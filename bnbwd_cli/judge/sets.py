@@ -21,22 +21,22 @@ from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import ChannelRegression, PieceValues, pooled_bias, vector_bias
 from bnbwd_cli.spec import ShapesOnDemand
-from bnbwd_cli.judge.keys import OUTPUT_ALIASES, Problem, match_keys, structural_problem
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structural_problem
 from bnbwd_cli.judge.model import (
     CHUNK, ChannelFacts, DiffSrcScale, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block,
 )
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
-from bnbwd_cli.judge.stats import CHUNK as STATS_CHUNK, Accumulator, Comparison, Hint, Layout, Once, Setup, compare_arrays
-from bnbwd_cli.judge.tolerance import CompareSettings, Judging, comparison_dtype
+from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Coordinates, Hint, Once, Setup, compare_arrays
+from bnbwd_cli.judge.tolerance import Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
 
 if TYPE_CHECKING:
     from bnbwd_cli.op import Op
 
-# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache save ~0.5 s on
-# 12.8M elements: the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
+# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache would be faster:
+# the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
 # on badly wrong outputs its reported scale and z moved by up to 3x with them
 # (tools/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
 BLOCK = CHUNK
@@ -51,7 +51,7 @@ class OutputResult:
     actual_key: str | None
     reference_key: str | None
     comparison: Comparison | None
-    problem: Problem | None
+    problem: KeyProblem | None
 
     @property
     def status(self) -> str:
@@ -66,13 +66,13 @@ class SetComparison:
     """All outputs of two tensor sets, plus key-level problems (e.g. an empty selection)."""
 
     outputs: tuple[OutputResult, ...]
-    problems: tuple[Problem, ...]
-    settings: CompareSettings
+    problems: tuple[KeyProblem, ...]
+    judging: Judging
     inputs_known: bool = False
     notes: tuple[str, ...] = ()  # keys left out of the comparison (inputs, extras), said once
 
     @property
-    def all_problems(self) -> tuple[Problem, ...]:
+    def all_problems(self) -> tuple[KeyProblem, ...]:
         return self.problems + tuple(o.problem for o in self.outputs if o.problem is not None)
 
     @property
@@ -87,13 +87,13 @@ class SetComparison:
         return exit_code(self.status)
 
 
-def tensor_layout(data_format: str | None, ndim: int) -> Layout:
+def tensor_layout(data_format: str | None, ndim: int) -> Coordinates:
     """Axis names and channel axis of an output in ``data_format``; 1-D outputs are (C,)."""
     if data_format is None or ndim < 1:
-        return Layout()
+        return Coordinates()
     if ndim == 1:
-        return Layout(("c",), None)
-    return Layout(layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim))
+        return Coordinates(("c",), None)
+    return Coordinates(layout.axis_letters(data_format, ndim), layout.channel_axis(data_format, ndim))
 
 
 @dataclass(frozen=True)
@@ -101,26 +101,24 @@ class _Job:
     """What one pair's comparison needs besides the arrays."""
 
     names: tuple[str, str]
-    settings: CompareSettings
-    layout: Layout
-    top_k: int
-    details_up_front: bool = False  # Judging.details_up_front
+    judging: Judging
+    layout: Coordinates
 
 
 def _setup(a: np.ndarray, r: np.ndarray, job: _Job) -> Setup:
     dtype = comparison_dtype(a.dtype, r.dtype)
-    return Setup(dtype, job.settings.max_mismatch_for(job.names), job.settings.equal_nan, job.layout, job.top_k)
+    return Setup(dtype, job.judging.max_mismatch_for(job.names), job.judging.equal_nan, job.layout, job.judging.top)
 
 
 def _fixed(a: np.ndarray, r: np.ndarray, job: _Job) -> Comparison:
     setup = _setup(a, r, job)
-    return compare_arrays(a, r, job.settings.tolerance_for(job.names, setup.dtype), setup,
-                          lazy_details=not job.details_up_front)
+    return compare_arrays(a, r, job.judging.tolerance_for(job.names, setup.dtype), setup,
+                          lazy_details=not job.judging.details_up_front)
 
 
 def _accumulator(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, output: str, detailed: bool = True) -> Accumulator:
     setup = replace(_setup(a, r, job), detailed=detailed)
-    rule = ScaledRule(job.settings.scaled_for(job.names, unit_roundoff(inputs, setup.dtype), output))
+    rule = ScaledRule(job.judging.scaled_for(job.names, unit_roundoff(inputs, setup.dtype), output))
     return Accumulator(a, r, rule, setup)
 
 
@@ -248,13 +246,13 @@ def _into(values: np.ndarray, out: np.ndarray) -> np.ndarray:
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts,
                     advance: Callable[[int], None] | None = None) -> Comparison:
     case = _DiffSrc(a, r, job, inputs, facts, advance)
-    state, regression = _diff_src_pass(case, detailed=job.details_up_front, regress=True)
+    state, regression = _diff_src_pass(case, detailed=job.judging.details_up_front, regress=True)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
     # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
     # pass on first use.
-    details_of = None if job.details_up_front else Once(
+    details_of = None if job.judging.details_up_front else Once(
         lambda: _diff_src_pass(replace(case, advance=None), detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
     return state.result(bias, details_of)
 
@@ -279,7 +277,7 @@ def _output_name(names: tuple[str, ...]) -> str | None:
 
 def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, facts, progress: Progress) -> Comparison:
     output = _output_name(job.names)
-    if inputs is None or output is None or job.settings.fixed_requested(job.names):
+    if inputs is None or output is None or job.judging.fixed_requested(job.names):
         return _fixed(a, r, job)
     expected = inputs.src.shape if output == "diff_src" else inputs.mean.shape
     if a.shape != tuple(expected):
@@ -340,8 +338,7 @@ def compare_sets(
         problem = structural_problem(pair.name, a, r)
         comparison = None
         if problem is None:
-            job = _Job(pair.names, judging.settings, tensor_layout(data_format, r.ndim), judging.top,
-                       judging.details_up_front)
+            job = _Job(pair.names, judging, tensor_layout(data_format, r.ndim))
             comparison = _compare_pair(a, r, job, inputs, facts, tracker)
         name = _output_name(pair.names)
         if comparison is None or comparison.scaled is None or name != "diff_src":
@@ -362,4 +359,4 @@ def compare_sets(
             )
         else:
             key_problems.append(problem)
-    return SetComparison(tuple(outputs), tuple(key_problems), judging.settings, inputs is not None, match.notes)
+    return SetComparison(tuple(outputs), tuple(key_problems), judging, inputs is not None, match.notes)

@@ -130,8 +130,11 @@ class Scaled:
 
 
 @dataclass(frozen=True)
-class CompareSettings:
-    """The user's overrides; unset values fall back to the defaults above."""
+class Judging:
+    """How a set of outputs is compared: the user's overrides (unset values fall back to the defaults above),
+    which keys (--map THEIRS=OURS, --only, --ignore) and how many worst elements each report lists.
+    cli.params.ComparisonOptions holds one, with how the report looks; here, not in judge/sets.py, so that
+    case.py need not load the comparison."""
 
     atol: PerOutput = field(default_factory=PerOutput)
     rtol: PerOutput = field(default_factory=PerOutput)
@@ -141,6 +144,13 @@ class CompareSettings:
     max_units: PerOutput = field(default_factory=PerOutput)
     equal_nan: bool = False
     bias_check: bool = True
+    key_map: Mapping[str, str] = field(default_factory=dict)
+    only: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    top: int = 10
+    # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
+    # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).
+    details_up_front: bool = False
 
     def tolerance_for(self, names: Sequence[str], dtype: str) -> Tolerance:
         base = DEFAULT_TOLERANCES[dtype]
@@ -170,19 +180,3 @@ class CompareSettings:
             for attr in ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units")
             if getattr(self, attr).by_name
         }
-
-
-@dataclass(frozen=True)
-class Judging:
-    """How a set of outputs is compared: the user's overrides, which keys (--map THEIRS=OURS, --only,
-    --ignore) and how many worst elements each report lists. cli.params.ComparisonOptions holds one, with
-    how the report looks; here, not in judge/sets.py, so that case.py need not load the comparison."""
-
-    settings: CompareSettings = field(default_factory=CompareSettings)
-    key_map: Mapping[str, str] = field(default_factory=dict)
-    only: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    top: int = 10
-    # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
-    # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).
-    details_up_front: bool = False

@@ -17,7 +17,7 @@ from bnbwd_cli.literal import literal
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from bnbwd_cli.core.stats import OutputStats
+    from bnbwd_cli.core.summary import OutputStats
 
 
 @dataclass(frozen=True)

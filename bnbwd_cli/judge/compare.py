@@ -29,7 +29,7 @@ from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_r
 from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 
-__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Layout", "Located", "NonFinite",
+__all__ = ["Bias", "ChannelStat", "Comparison", "Coordinates", "Details", "Element", "Hint", "HistogramBin", "Located", "NonFinite",
            "Once", "Setup", "Accumulator", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
 CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
@@ -169,7 +169,7 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Coordinates:
     """How to name an output's coordinates and find its channels (both None: plain indices)."""
 
     axis_names: tuple[str, ...] | None = None
@@ -184,7 +184,7 @@ class Setup:
     dtype: str | None = None
     max_mismatch: MaxMismatch = MaxMismatch()
     equal_nan: bool = False
-    layout: Layout = Layout()
+    layout: Coordinates = Coordinates()
     top_k: int = 10
     detailed: bool = True
 

@@ -1,4 +1,4 @@
-"""The summary statistics the cores gather in their write pass (core/stats.py) against a direct NumPy computation."""
+"""The summary statistics the cores gather in their write pass (core/summary.py) against a direct NumPy computation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bnbwd_cli.core import stats
+from bnbwd_cli.core import summary
 from bnbwd_cli.dtypes import to_float64
 from tests.oracle import backward_arrays
 
@@ -17,14 +17,14 @@ SHAPES = [((3, 5, 17, 11), "NCX"), ((2, 7, 6, 9), "NXC"), ((2, 3, 700), "NCX")] 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 
 
-def direct(array: np.ndarray) -> stats.OutputStats:
+def direct(array: np.ndarray) -> summary.OutputStats:
     values = to_float64(array).reshape(-1)
     finite = values[np.isfinite(values)]
     if not values.size:
-        return stats.OutputStats(float("nan"), float("nan"), 0)
+        return summary.OutputStats(float("nan"), float("nan"), 0)
     lowest = float(finite.min()) if finite.size else np.inf
     highest = float(finite.max()) if finite.size else -np.inf
-    return stats.OutputStats(lowest, highest, int(values.size - finite.size))
+    return summary.OutputStats(lowest, highest, int(values.size - finite.size))
 
 
 def _inputs(rng, shape, data_format, dtype, case):
@@ -74,5 +74,5 @@ def test_stats_of_empty_and_skipped_outputs(core):
 
 def test_from_extremes_scans_when_rounding_overflows():
     out = np.array([1.0, 7e4], np.float16)  # 7e4 is above float16's max: inf
-    assert stats.from_extremes(1.0, 7e4, out) == stats.OutputStats(1.0, 1.0, 1)
-    assert stats.from_extremes(float("nan"), float("nan"), np.array([2.0], np.float32)) == stats.OutputStats(2.0, 2.0, 0)
+    assert summary.from_extremes(1.0, 7e4, out) == summary.OutputStats(1.0, 1.0, 1)
+    assert summary.from_extremes(float("nan"), float("nan"), np.array([2.0], np.float32)) == summary.OutputStats(2.0, 2.0, 0)
