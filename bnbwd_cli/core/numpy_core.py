@@ -6,9 +6,8 @@ The (N, C, S) view is cut into tiles of whole chunks (core/plan.py), so the resu
 on the budget or the thread count. A *group* is a range of channels; its *tiles* cover (n, s) ranges
 of those channels. When a group fits the cache budget it is one tile and both passes run while the
 tile is still in cache (~3 tensor passes of memory traffic); a group too big for the budget is reduced
-tile by tile and then written tile by tile (~5 passes). A tile is worked in pieces of rows whose float64
-scratch stays in a core's L2 (_Kernel). NumPy releases the GIL inside its ufuncs, so a thread pool over
-tiles uses every core.
+tile by tile and then written tile by tile (~5 passes). NumPy releases the GIL inside its ufuncs, so
+a thread pool over tiles uses every core.
 
 Per tile, in float64: g = dy and d = src - mean (widened exactly), the lane sums of g and g·d per
 chunk (plan.py's order), then diff_src = ((g - mean(dy)) - d·k)·scale rounded once to T1 (f16 by NumPy's
@@ -43,69 +42,41 @@ RELEASE_BYTES = 4 << 20
 # Split groups fold their partials (J, 2, channels) in blocks of channels of about this many bytes, shared by the
 # pool: a block that stays in cache folds faster than the whole at once, and the pool can share the blocks.
 FOLD_BLOCK_BYTES = 1 << 20
-# Elements of one piece of a tile (_Kernel._pieces): its float64 scratch (dy, dy·d, d and a row group's room for
-# the running sums) and its inputs and output stay in a core's L2 (2 MiB here) between the passes over it.
-PIECE_ELEMENTS = 1 << 15
 
 
 # ---------------------------------------------------------------- the per-tile passes
 
 
 class _Kernel:
-    """One backward computation over an (N, C, S) view; its methods are the per-tile passes.
-
-    A tile is worked in *pieces* of rows (`_pieces`) small enough that their float64 scratch stays in a core's L2:
-    a pass over a tile-sized float64 array ran from L3 at a fraction of the speed. Lanes are summed piece by piece
-    in the same order (each piece's row groups are added to its chunk's running lane sums), and the write pass
-    widens a piece's inputs again rather than keep the whole tile's float64 values.
-    """
+    """One backward computation over an (N, C, S) view; its methods are the per-tile passes."""
 
     def __init__(self, views: Views) -> None:
         self.views = views
         self.shape = views.geometry
+        self.mean_c = views.mean[None, :, None]
         self.scratch = Scratch()
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(views.geometry.c)
         self.k = np.zeros(views.geometry.c)
-        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written piece (rounding.store's values)
+        self.extremes: list[tuple[float, float]] = []  # (min, max) of each written tile (rounding.store's values)
 
-    def _pieces(self, group: Group, tile: Tile) -> list[tuple[int, int]]:
-        """Row ranges [q0, q1) covering the tile: runs of whole chunks when a chunk fits PIECE_ELEMENTS, else each
-        chunk cut into about equal runs of whole row groups (only the tensor's last rows end in a part group)."""
-        step, r0 = self.shape.chunk_rows, self.shape.rows_per_lane
-        rows = max(PIECE_ELEMENTS // max((group.c1 - group.c0) * (tile.s1 - tile.s0), 1), 1)
-        if rows >= step:
-            rows -= rows % step
-            return [(q, min(q + rows, tile.n1)) for q in range(tile.n0, tile.n1, rows)]
-        pieces = []
-        for q in range(tile.n0, tile.n1, step):
-            end = min(q + step, tile.n1)
-            count = -(-(end - q) // rows)
-            length = -(-(-(-(end - q) // count)) // r0) * r0
-            pieces += [(p, min(p + length, end)) for p in range(q, end, length)]
-        return pieces
+    @staticmethod
+    def _widen(wide: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """wide (float64) = values, exactly: every f16/bf16/f32 value is a float64. NumPy's and ml_dtypes' own
+        casts are the fastest way (faster than building the float64 bits from uint32 ones)."""
+        np.copyto(wide, values)
+        return wide
 
-    def _buffers(self, group: Group, tile: Tile, pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """The float64 scratch of a tile's pieces: gp (2, r0 + rows, channels, lanes) and d (rows, channels, lanes)
-        for the longest piece; each piece takes its first rows (one lookup a tile, not a piece)."""
-        r0 = self.shape.rows_per_lane
-        rows = max(q1 - q0 for q0, q1 in pieces)
-        rest = (group.c1 - group.c0, tile.s1 - tile.s0)
-        return self.scratch.get("gp", (2, r0 + rows, *rest), FLOAT64), self.scratch.get("d", (rows, *rest), FLOAT64)
-
-    def _load(self, group: Group, tile: Tile, piece: tuple[int, int], buffers: tuple, need_d: bool) -> tuple:
-        """(gp, d) of the piece: gp[0, r0:] = dy of its rows (gp[:, :r0]: room for a chunk's running lane sums, see
-        _lanes; gp[1, r0:] for dy·d), and d = src - mean (or None)."""
-        r0 = self.shape.rows_per_lane
-        rows = piece[1] - piece[0]
-        index = np.s_[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
-        gp = buffers[0][:, : r0 + rows]
-        np.copyto(gp[0, r0:], self.views.dy3[index])  # widened exactly: NumPy's and ml_dtypes' casts are fastest
+    def _load(self, group: Group, tile: Tile, need_d: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """gp (2, rows, channels, lanes) float64 with gp[0] = dy, and d = src - mean (or None)."""
+        index = np.s_[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+        dy = self.views.dy3[index]
+        gp = self.scratch.get("gp", (2, *dy.shape), FLOAT64)
+        self._widen(gp[0], dy)
         if not need_d:
             return gp, None
-        d = buffers[1][:rows]
-        np.copyto(d, self.views.src3[index])
-        d -= self.views.mean[None, group.c0 : group.c1, None]
+        d = self._widen(self.scratch.get("d", dy.shape, FLOAT64), self.views.src3[index])
+        d -= self.mean_c[:, group.c0 : group.c1]
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
@@ -120,70 +91,41 @@ class _Kernel:
             self.mean_dy[c0:c1], self.k[c0:c1], _ = plan.coefficients(sums[0], sums[1], views.invstd[c0:c1],
                                                                        views.count)
 
-    def _sum_tile(self, group: Group, tile: Tile, keep: bool) -> tuple[np.ndarray, tuple | None]:
-        """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order; with keep and a tile
-        of one piece, its loaded (gp, d) too, for the write pass."""
-        shape = self.shape
-        step, r0 = shape.chunk_rows, shape.rows_per_lane
-        pieces = self._pieces(group, tile)
-        acc = self.scratch.get("acc", (2, -(-(tile.n1 - tile.n0) // step), r0, group.c1 - group.c0, tile.s1 - tile.s0),
-                               FLOAT64)
-        buffers = self._buffers(group, tile, pieces)
-        loaded = None
-        for piece in pieces:
-            gp, d = self._load(group, tile, piece, buffers, need_d=True)
-            np.multiply(gp[0, r0:], d, out=gp[1, r0:])
-            q0, q1 = piece
-            self._lanes(gp, q1 - q0, acc[:, (q0 - tile.n0) // step :], carry=q0 % step != 0)
-            loaded = (gp, d)
-        return self._trees(acc), (loaded if keep and len(pieces) == 1 else None)
+    def _partials(self, gp: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """The tile's partials (J, 2, channels) of [Σdy, Σdy·d], in (chunk, block) order."""
+        np.multiply(gp[0], d, out=gp[1])
+        return self._trees(self._lanes(gp))
 
-    def _lanes(self, gp: np.ndarray, rows: int, acc: np.ndarray, carry: bool) -> None:
-        """Per chunk and lane, the sum of its row groups in order from 0.0, of the rows gp[:, r0 : r0 + rows]:
-        into acc (2, chunks, r0, channels, lanes). carry: the rows continue acc[:, 0]'s chunk, whose sums so far
-        acc[:, 0] holds; they go first, through gp[:, :r0], and the piece's row groups are added on in order."""
+    def _lanes(self, values: np.ndarray) -> np.ndarray:
+        """Per chunk and lane, the sum of its row groups in order from 0.0: (2, chunks, r0, channels, lanes)."""
         shape = self.shape
         r0, groups, step = shape.rows_per_lane, shape.groups_per_chunk, shape.chunk_rows
-        rest = gp.shape[2:]
-        values = gp[:, r0 : r0 + rows]
-        # Summing over an axis that is not the innermost, NumPy adds whole rows in turn (acc = ((0.0 + v0) + v1)
-        # + ...), elementwise; pairwise summation is used only along the innermost axis, which is what a single
-        # lane (r0·channels·lanes == 1) would become: that case goes row by row.
-        one_call = r0 * math.prod(rest) > 1
-        if carry:
-            last = acc[:, 0]
-            whole = rows - rows % r0
-            if one_call:
-                # NumPy starts from the carried sums (or from 0.0 + them: the same bits, as a sum begun at 0.0
-                # is never -0.0), then adds the piece's row groups in turn
-                gp[:, :r0] = last
-                np.add.reduce(gp[:, : r0 + whole].reshape(2, 1 + whole // r0, r0, *rest), axis=1, out=last)
-            else:
-                for q0 in range(0, whole, r0):
-                    last += values[:, q0 : q0 + r0]
-            if rows > whole:  # the tensor's last rows, a part group
-                last[:, : rows - whole] += values[:, whole:]
-            return
+        rows, rest = values.shape[1], values.shape[2:]
         full = rows // step
+        acc = self.scratch.get("acc", (2, -(-rows // step), r0, *rest), FLOAT64)
         if full:
             grouped = values[:, : full * step].reshape(2, full, groups, r0, *rest)
             head = acc[:, :full]
-            if one_call:
+            if r0 * math.prod(rest) > 1:
+                # One call, and the same order: summing over an axis that is not the innermost, NumPy adds whole
+                # rows in turn (acc = ((0.0 + v0) + v1) + ...), elementwise; pairwise summation is used only
+                # along the innermost axis, which is what a single lane (r0·channels·lanes == 1) would become.
                 np.add.reduce(grouped, axis=2, out=head, initial=0.0)
             else:
                 head.fill(0.0)
                 for k in range(groups):
                     head += grouped[:, :, k]
-        if rows > full * step:  # a chunk's first rows (a piece of it, or the tensor's last chunk, short)
+        if rows > full * step:  # the last chunk of the tensor, short
             last = acc[:, full]
             tail = rows - full * step
-            if tail % r0 == 0 and one_call:  # whole row groups: one call, the same order as above
+            if tail % r0 == 0 and r0 * math.prod(rest) > 1:  # whole row groups: one call, the same order as above
                 np.add.reduce(values[:, full * step :].reshape(2, tail // r0, r0, *rest), axis=1, out=last, initial=0.0)
-                return
+                return acc
             last.fill(0.0)
             for q0 in range(full * step, rows, r0):
                 part = values[:, q0 : q0 + r0]
                 last[:, : part.shape[1]] += part
+        return acc
 
     def _trees(self, acc: np.ndarray) -> np.ndarray:
         """Each (chunk, block)'s lanes by the halving tree: (chunks·blocks, 2, channels)."""
@@ -205,67 +147,53 @@ class _Kernel:
         return np.array(sums.transpose(1, 3, 0, 2).reshape(-1, 2, channels))  # a copy: sums may view the scratch
 
     def reduce(self, group: Group, tile: Tile) -> np.ndarray:
-        return self._sum_tile(group, tile, keep=False)[0]
+        gp, d = self._load(group, tile, need_d=True)
+        return self._partials(gp, d)
 
-    def _write(self, group: Group, tile: Tile, piece: tuple[int, int], loaded: tuple) -> None:
-        """diff_src = ((dy - mean(dy)) - d·k)·scale of a piece, in float64, rounded once (errors ignored by the caller)."""
+    def _write(self, group: Group, tile: Tile, gp: np.ndarray, d: np.ndarray | None) -> None:
+        """diff_src = ((dy - mean(dy)) - d·k)·scale of one tile, in float64, rounded once."""
         views = self.views
-        gp, d = loaded
         channels = np.s_[:, group.c0 : group.c1, :]
-        out = views.out3[piece[0] : piece[1], group.c0 : group.c1, tile.s0 : tile.s1]
-        result = gp[0, self.shape.rows_per_lane :]
-        if views.training:
-            d *= self.k[None, :, None][channels]
-            result -= self.mean_dy[None, :, None][channels]
-            result -= d
-        if views.scale_exp is None and out.dtype.itemsize >= 4:
-            # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-            # pass less than multiply-then-store; f16/bf16 go through store()
-            np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
-            rounded = out
-        else:
-            result *= views.scale[None, :, None][channels]
-            if views.scale_exp is not None:
-                np.ldexp(result, views.scale_exp[None, :, None][channels], out=result)
-            rounded = store(result, out, self.scratch)
-        # the summary's extremes while the piece is in cache (core/summary.py; NaN propagates), from the float32
+        out = views.out3[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+        result = gp[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if views.training:
+                d *= self.k[None, :, None][channels]
+                result -= self.mean_dy[None, :, None][channels]
+                result -= d
+            if views.scale_exp is None and out.dtype.itemsize >= 4:
+                # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
+                # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
+                np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
+                rounded = out
+            else:
+                result *= views.scale[None, :, None][channels]
+                if views.scale_exp is not None:
+                    np.ldexp(result, views.scale_exp[None, :, None][channels], out=result)
+                rounded = store(result, out, self.scratch)
+        # the summary's extremes while the tile is in cache (core/summary.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
         self.extremes.append(summary.extremes(rounded))
-
-    def _write_tile(self, group: Group, tile: Tile, loaded: tuple | None) -> None:
-        """The write pass over a tile's pieces (loaded: a one-piece tile's values, already in the scratch)."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            if loaded is not None:
-                self._write(group, tile, self._pieces(group, tile)[0], loaded)
-                return
-            pieces = self._pieces(group, tile)
-            buffers = self._buffers(group, tile, pieces)
-            for piece in pieces:
-                self._write(group, tile, piece, self._load(group, tile, piece, buffers, need_d=self.views.training))
 
     def fused(self, group: Group, want_diff_src: bool) -> np.ndarray | None:
         """Both passes of a group that is one tile; returns the folded sums (2, channels) or None."""
         views = self.views
         tile = group.tiles[0]
-        sums, loaded = None, None
+        gp, d = self._load(group, tile, need_d=views.need_sums)
+        sums = None
         if views.need_sums:
-            partials, loaded = self._sum_tile(group, tile, keep=want_diff_src)
-            sums = plan.fold(partials)
+            sums = plan.fold(self._partials(gp, d))
         if want_diff_src:
             if views.training:
                 self.set_coefficients(group.c0, sums)
-            self._write_tile(group, tile, loaded)
+            self._write(group, tile, gp, d)
         return sums
 
     def write(self, group: Group, tile: Tile) -> None:
-        self._write_tile(group, tile, None)
-
-
+        gp, d = self._load(group, tile, need_d=self.views.training)
+        self._write(group, tile, gp, d)
 def bytes_per_element(dtype: np.dtype) -> int:
-    """Working set of one tile element: src, diff_dst and diff_src, and the float64 scratch (g, g·d, d) and more.
-
-    The float64 scratch is a piece's, not the whole tile's (_Kernel._pieces); counting it as the tile's keeps the
-    tiles, and so which groups fuse both passes, as they were measured best."""
+    """Working set of one tile element: src, diff_dst and diff_src, and the float64 scratch (g, g·d, d) and more."""
     extra = 20 if dtype.itemsize == 2 else 0  # float32 and uint32 conversion scratch (and the rounded-to-odd copy)
     return dtype.itemsize * 3 + 24 + extra
 
