@@ -414,6 +414,22 @@ def test_a_full_disk_on_the_last_file_of_an_out_dir_commits_none(cli, case: Path
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old set, whole; no temp left
 
 
+def test_a_full_disk_while_writing_a_large_output_leaves_no_temp(cli, tmp_path: Path, rng, monkeypatch) -> None:
+    """diff_src larger than the stream's buffer: its write meets the full disk inside the set (not at commit's
+    flush), and the set still removes every temp file and leaves the old outputs whole."""
+    arrays = make_inputs(rng, (2, 8, 32, 32), "NCX")  # a 64 KiB diff_src: written straight through the buffer
+    save_bundle(tmp_path / "inputs.npz", arrays, epsilon=1e-5, data_format="NCHW")
+    out = tmp_path / "out"
+    assert cli("run", tmp_path / "inputs.npz", "-q", "--out-dir", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    save_bundle(tmp_path / "other.npz", {**arrays, "diff_dst": -arrays["diff_dst"]}, epsilon=1e-5, data_format="NCHW")
+    made = _full_disk_for(monkeypatch, "diff_src.npy")
+    result = cli("run", tmp_path / "other.npz", "-q", "--out-dir", out)
+    assert_one_error(result, r"diff_src\.npy: write failed \(No space left on device\); nothing was written")
+    assert made and not any(p.exists() for p in made)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_a_full_disk_on_the_json_report_after_the_outputs_commits_none(cli, case: Path, monkeypatch) -> None:
     made = _full_disk_for(monkeypatch, "report.json")
     result = cli("run", case / "inputs.npz", "-q", "--out-dir", case / "new" / "out", "--json", case / "report.json")
