@@ -312,22 +312,25 @@ class DiffSrcScale:
 
     def block(self, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray, channels: slice,
               out: tuple[np.ndarray, np.ndarray] | tuple[None, None] = (None, None)) -> np.ndarray:
-        """s_src of one (n, c, s) block; ``out``: two float64 arrays of its shape for the result and a term.
-        The terms are added in the formula's order, left to right, whatever ``out``: the same numbers."""
+        """s_src of one (n, c, s) block; ``out``: two float64 arrays of its shape for the result and a term."""
         c = (channels, None)
-        scale, term = out
-        scale = np.add(self.base[c], np.multiply(self.per_xhat[c], np.abs(xhat, out=term), out=term), out=scale)
-        scale += np.multiply(self.per_dy[c], np.abs(dy, out=term), out=term)
-        scale += np.multiply(self.unit, np.abs(reference, out=term), out=term)
-        return scale
+        return _scale(self.base[c], self.per_xhat[c], self.per_dy[c], self.unit, (xhat, dy, reference), out)
 
     def at(self, channel: np.ndarray, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """s_src of scattered elements: flat arrays of each one's channel, xhat, dy and reference (the numbers
-        block() gives them: the same terms added in the same order)."""
-        scale = np.add(self.base[channel], np.multiply(self.per_xhat[channel], np.abs(xhat)))
-        scale += np.multiply(self.per_dy[channel], np.abs(dy))
-        scale += np.multiply(self.unit, np.abs(reference))
-        return scale
+        block() gives them)."""
+        return _scale(self.base[channel], self.per_xhat[channel], self.per_dy[channel], self.unit, (xhat, dy, reference))
+
+
+def _scale(base, per_xhat, per_dy, unit: float, values: tuple, out: tuple = (None, None)) -> np.ndarray:
+    """base + per_xhat*|xhat| + per_dy*|dy| + unit*|reference|, the terms added left to right (one formula for
+    blocks and scattered elements, so both give the same numbers); ``out``: (result, term) buffers or None."""
+    xhat, dy, reference = values
+    scale, term = out
+    scale = np.add(base, np.multiply(per_xhat, np.abs(xhat, out=term), out=term), out=scale)
+    scale += np.multiply(per_dy, np.abs(dy, out=term), out=term)
+    scale += np.multiply(unit, np.abs(reference, out=term), out=term)
+    return scale
 
 
 def diff_src_scale(facts: ChannelFacts, unit: float, training: bool) -> DiffSrcScale:
