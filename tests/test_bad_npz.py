@@ -80,7 +80,7 @@ def test_unknown_npz_members_are_never_inflated(ws: Workspace, monkeypatch) -> N
 
 @pytest.mark.parametrize("where", ["flag", "bundle"])
 def test_declared_size_beyond_deflate_ratio_is_refused_before_inflating(ws: Workspace, where: str) -> None:
-    """A 1 KB deflated member that declares 4 GB: refused from the headers (today it is read as if nothing were wrong)."""
+    """A 1 KB deflated member that declares 4 GB: refused from the headers, before anything is inflated."""
     data = lying_zip("diff_dst.npy", npy_bytes(make_inputs()["diff_dst"]), 0xF0000000, zipfile.ZIP_DEFLATED)
     if where == "flag":
         args = [ws.bundle(), "--diff-dst", ws.write("dy.npz", data) + ":diff_dst"]

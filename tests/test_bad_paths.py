@@ -52,7 +52,7 @@ def test_bad_input_fails_cleanly(ws: Workspace, case: Case) -> None:
 
 @pytest.mark.parametrize("size", ["1", "100"])
 def test_tiny_block_size_is_raised_to_the_minimum(ws: Workspace, size: str) -> None:
-    """`--block-size 1` made one tile per element (minutes for a 2 MB problem); now it is raised to 64K."""
+    """`--block-size 1` would make one tile per element (minutes for a 2 MB problem), so it is raised to 64K."""
     import time
 
     arrays = make_inputs(shape=(4, 8, 32, 32))

@@ -2,7 +2,7 @@
 never a hang, never more memory or time than a rejection needs, and nothing the user had is overwritten.
 
 Classes: a report written over an input; special paths written through; malformed headers and shapes that
-used to escape as exit 4; special files (FIFOs, files truncated while read); memory before validation;
+must not escape as exit 4; special files (FIFOs, files truncated while read); memory before validation;
 the judge's numerics near the float64 limits; interrupts while the outputs commit.
 """
 

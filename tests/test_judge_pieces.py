@@ -1,6 +1,6 @@
 """The judging pass's shortcuts give the numbers of the full judgement: the regression's sums skip d's zeros,
 the error scale is formed only past one ULP, and the judging pass equals the detailed one that forms every
-scale (judge/bias.py, judge/stats.py, judge/sets.py)."""
+scale (judge/bias.py, judge/compare.py, judge/sets.py)."""
 
 from __future__ import annotations
 

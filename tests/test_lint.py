@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parent.parent
-# scripts/ holds what has not moved into tools/ yet (ruff fails on a path that does not exist)
-CHECKED = ["bnbwd_cli", "tests", "tools", "bench"] + (["scripts"] if (ROOT / "scripts").exists() else [])
+CHECKED = ["bnbwd_cli", "tests", "tools", "bench"]
 
 
 def test_ruff_finds_nothing():

@@ -2,7 +2,7 @@
 
 The allowance |a - r| <= K*s + ulp_D(r) is recomputed here from docs/tolerances.md's formulas, in plain float64
 on (C, M) rows, independently of judge/model.py: an element moved to the last value of its dtype within the
-allowance passes, the first value beyond it fails. A correct kernel (tests/zoo.py's float32 kernel, or a float64
+allowance passes, the first value beyond it fails. A correct kernel (tools/zoo.py's float32 kernel, or a float64
 one for all-float64 problems) passes, and a float32 kernel fails on an all-float64 problem (its unit is 2**-53).
 """
 

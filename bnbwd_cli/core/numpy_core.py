@@ -163,7 +163,7 @@ class _Kernel:
                 result -= d
             if views.scale_exp is None and out.dtype.itemsize >= 4:
                 # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-                # pass less than multiply-then-store (ab_core NCX f32, CPU: 0.92x); f16/bf16 go through store()
+                # pass less than multiply-then-store; f16/bf16 go through store()
                 np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
                 rounded = out
             else:

@@ -323,7 +323,7 @@ def write_npy_dir(directory: Path, arrays: dict[str, np.ndarray], *, fsync: bool
     with contextlib.ExitStack() as stack:
         target = outputs if outputs is not None else stack.enter_context(OutputSet(fsync=fsync))
         for path, array in zip(paths, arrays.values()):
-            write_npy(target.new_file(path), np.asanyarray(array))  # np.save's bytes; its one write cost up to 6x
+            write_npy(target.new_file(path), np.asanyarray(array))  # np.save's bytes, without its copy of the data
     return paths
 
 
