@@ -35,10 +35,9 @@ from bnbwd_cli.status import Status, exit_code
 if TYPE_CHECKING:
     from bnbwd_cli.op import Op
 
-# diff_src elements per block. Not smaller, though 64K-element blocks that stay in cache would be faster:
-# the bias fit's sums (its sse = dd - coef.rhs cancels) depend on the blocking, and
-# on badly wrong outputs its reported scale and z moved by up to 3x with them
-# (tools/calibrate_tolerances.py, bug rows). At CHUNK they are bit-identical to before.
+# diff_src elements per block. Not smaller, though blocks that stay in cache would be faster: the bias fit's
+# sums (its sse = dd - coef.rhs cancels) depend on the blocking, and on badly wrong outputs its reported scale
+# and z move with it (tools/calibrate_tolerances.py, bug rows); one block size keeps the reports' numbers fixed.
 BLOCK = CHUNK
 PIECE = STATS_CHUNK // 2  # elements judged at a time within a block
 
