@@ -1,5 +1,5 @@
 """Many cases, many cores, many machines: `check --jobs N` (worker processes) and `--shard K/N` give the unsharded,
-single-process run's facts; and the pytest route (assert_backward_close under pytest-xdist) runs as README says."""
+single-process run's facts; and the pytest route (assert_backward_close under pytest-xdist) runs as docs/usage.md says."""
 
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def test_jobs_must_be_positive(cli, suite):
     assert cli("check", suite, "--jobs", 0).exit_code == 2
 
 
-def test_parametrized_pytest_under_xdist_runs_as_readme_says():
+def test_parametrized_pytest_under_xdist_runs_as_the_usage_page_says():
     pytest.importorskip("xdist")
-    readme = (ROOT / "README.md").read_text()
-    command = re.search(r"python -m pytest -n auto (\S+)", readme)
-    assert command, "README shows the pytest-xdist route"
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    command = re.search(r"python -m pytest -n auto (\S+)", usage)
+    assert command, "docs/usage.md shows the pytest-xdist route"
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", command.group(1)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
