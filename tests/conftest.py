@@ -199,3 +199,23 @@ def assert_one_error(result, pattern: str, code: int = 3) -> None:
     assert result.exit_code == code, (result.exit_code, result.output)
     error_line(result.stderr, pattern)
     assert "Traceback" not in result.output and "Usage:" not in result.output
+
+
+# --------------------------------------------------------------------------- run's outputs, read back
+
+
+def run_outputs(cli, tmp_path: Path, *args: str, name: str = "grads.npz") -> dict[str, np.ndarray]:
+    """`run ARGS --epsilon 1e-3 --format NCHW -o NAME`'s outputs (bfloat16 ones as bfloat16)."""
+    from bnbwd_cli.dtypes import BFLOAT16
+
+    out = tmp_path / name
+    result = cli("run", *args, "--epsilon", "1e-3", "--format", "NCHW", "-q", "-o", out)
+    assert result.exit_code == 0, result.output
+    with np.load(out) as archive:  # np.save stores bfloat16 as |V2
+        return {key: value.view(BFLOAT16) if value.dtype.kind == "V" else value for key, value in archive.items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key

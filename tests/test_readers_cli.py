@@ -1,11 +1,10 @@
-"""Readers and their errors through the real CLI: .safetensors, raw dumps, PyTorch pickles refused, --bf16,
---out-dir creation, the layout suggestion, and one-line usage errors."""
+"""Readers and their errors through the real CLI: .safetensors, raw dumps, PyTorch pickles refused, damaged
+.npz members."""
 
 from __future__ import annotations
 
 import json
 import pickle
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -14,9 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bnbwd_cli.dtypes import BFLOAT16, exact_narrower
-from bnbwd_cli.files.reinterpret import reinterpret_bf16
-from tests.conftest import assert_one_error, make_inputs, save_bundle
+from bnbwd_cli.dtypes import BFLOAT16
+from tests.conftest import assert_one_error, assert_same, make_inputs, run_outputs, save_bundle
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")  # the [test] extra installs it
 
@@ -27,20 +25,6 @@ NCHW = ("--epsilon", "1e-3", "--format", "NCHW")
 @pytest.fixture
 def arrays(rng):
     return make_inputs(rng, SHAPE)
-
-
-def run_outputs(cli, tmp_path: Path, *args: str, name: str = "grads.npz") -> dict[str, np.ndarray]:
-    out = tmp_path / name
-    result = cli("run", *args, *NCHW, "-q", "-o", out)
-    assert result.exit_code == 0, result.output
-    with np.load(out) as archive:  # np.save stores bfloat16 as |V2
-        return {key: value.view(BFLOAT16) if value.dtype.kind == "V" else value for key, value in archive.items()}
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
 
 
 def safetensors_file(path: Path, header: dict, data: bytes, length: int | None = None) -> str:
@@ -195,157 +179,6 @@ def test_pickle_on_stdin_is_refused(cli, tmp_path, arrays):
     assert not marker.exists()
 
 
-# ---------------------------------------------------------------- --bf16
-
-
-def test_bf16_reinterprets_the_bits():
-    bits = np.array([0x3F80, 0xC000, 0x3FC0, 0x7F80, 0x0000], dtype=np.uint16)  # 1, -2, 1.5, inf, 0
-    sets = {"a": {"x": bits, "y": bits.astype(np.int16)}}
-    assert reinterpret_bf16(["x", "y", "z"], sets) == {"x", "y"}
-    for key in ("x", "y"):
-        assert sets["a"][key].dtype == BFLOAT16
-        assert sets["a"][key].astype(np.float32).tolist() == [1.0, -2.0, 1.5, np.inf, 0.0]
-
-
-def test_verify_bf16_compares_the_values_the_bits_hold(cli, tmp_path, rng):
-    reference = rng.normal(size=(4, 8)).astype(np.float32)
-    kernel = reference.astype(ml_dtypes.bfloat16)
-    np.savez(tmp_path / "actual.npz", diff_src=kernel.view(np.int16))
-    np.savez(tmp_path / "ref.npz", diff_src=reference)
-    result = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz", "--bf16", "diff_src", "--json", "-")
-    assert result.exit_code == 0, result.output  # judged as bf16 against f32: rounding only
-    row = json.loads(result.stdout)["outputs"][0]
-    error = np.abs(kernel.astype(np.float64) - reference.astype(np.float64))
-    assert row["comparison"]["actual_dtype"] == "bf16"
-    assert row["comparison"]["max_abs"]["value"] == pytest.approx(error.max(), rel=1e-12)
-    without = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz")
-    assert without.exit_code == 3  # int16 bits against f32: not comparable
-
-
-def test_verify_bf16_inputs_and_errors(cli, tmp_path, arrays):
-    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
-    save_bundle(tmp_path / "b.npz", bf16)
-    out = tmp_path / "ref.npz"
-    assert cli("run", tmp_path / "b.npz", *NCHW, "-q", "-o", out).exit_code == 0
-    bits = {k: v.view(np.int16) if v.dtype == BFLOAT16 else v for k, v in bf16.items()}
-    inputs = save_bundle(tmp_path / "bits.npz", bits, epsilon=1e-3)
-    ok = cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "src", "--bf16", "diff_dst")
-    assert ok.exit_code == 0, ok.output
-    assert_one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
-              r"--bf16 mean: mean has dtype float32 \(in --inputs .*\), expected 2-byte raw data")
-    assert_one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
-
-
-def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):
-    bf16 = {k: v.astype(ml_dtypes.bfloat16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
-    expected = run_outputs(cli, tmp_path, save_bundle(tmp_path / "b.npz", bf16), name="ref.npz")
-    bits = {k: v.view(np.uint16) if v.dtype == BFLOAT16 else v for k, v in bf16.items()}
-    got = run_outputs(cli, tmp_path, save_bundle(tmp_path / "bits.npz", bits), "--bf16", "src", "--bf16", "diff_dst")
-    assert_same(got, expected)
-    np.savez(tmp_path / "kernel.npz", dx=expected["diff_src"].view(np.int16), diff_gamma=expected["diff_gamma"],
-             diff_beta=expected["diff_beta"])
-    args = ["run", tmp_path / "bits.npz", "--bf16", "src", "--bf16", "diff_dst", *NCHW, "--reference",
-            tmp_path / "kernel.npz", "--map", "dx=diff_src"]
-    result = cli(*args, "--bf16", "dx")
-    assert result.exit_code == 0, result.output
-    assert_one_error(cli("run", tmp_path / "bits.npz", "--bf16", "dx", *NCHW), r"--bf16 dx: not an input .*--reference", 2)
-    assert_one_error(cli("run", tmp_path / "b.npz", "--bf16", "mean", *NCHW), r"--bf16 mean: mean has dtype float32 \(in the inputs\)")
-
-
-def test_exact_narrower():
-    rng = np.random.default_rng(3)
-    values = rng.normal(size=1000).astype(np.float32)
-    assert exact_narrower(values) is None
-    assert exact_narrower(values.astype(ml_dtypes.bfloat16).astype(np.float32)) == "bf16"
-    assert exact_narrower(values.astype(np.float16).astype(np.float64)) == "f16"
-    assert exact_narrower(np.zeros(100, np.float32)) is None
-    assert exact_narrower(values.astype(np.float16)) is None  # already narrow: nothing to say
-    with_nan = values.astype(ml_dtypes.bfloat16).astype(np.float32)
-    with_nan[3] = np.nan
-    assert exact_narrower(with_nan) == "bf16"
-
-
-def test_bf16_quantized_f32_output_gets_a_hint(cli, tmp_path, rng):
-    reference = rng.normal(size=(16, 8)).astype(np.float32)
-    np.savez(tmp_path / "actual.npz", out=reference.astype(ml_dtypes.bfloat16).astype(np.float32))
-    np.savez(tmp_path / "ref.npz", out=reference)
-    result = cli("verify", tmp_path / "actual.npz", tmp_path / "ref.npz")
-    assert result.exit_code == 1
-    assert "hint: every element of actual is exactly a bfloat16 value although it is stored as f32" in result.stdout
-    clean = cli("verify", tmp_path / "ref.npz", tmp_path / "ref.npz")
-    assert clean.exit_code == 0 and "bfloat16 value" not in clean.stdout
-
-
-# ---------------------------------------------------------------- --out-dir
-
-
-def test_out_dir_is_created(cli, tmp_path, arrays):
-    bundle = save_bundle(tmp_path / "b.npz", arrays)
-    expected = run_outputs(cli, tmp_path, bundle)
-    target = tmp_path / "new" / "grads"
-    result = cli("run", bundle, *NCHW, "-q", "--out-dir", target)
-    assert result.exit_code == 0, result.output
-    assert_same({p.stem: np.load(p) for p in target.glob("*.npy")}, expected)
-
-
-def test_failed_run_removes_the_out_dir_it_made(cli, tmp_path, arrays):
-    bundle = save_bundle(tmp_path / "b.npz", arrays)
-    assert_one_error(cli("run", bundle, "--epsilon", "1e-3", "--out-dir", tmp_path / "new" / "grads"), r"mean has shape")
-    assert not (tmp_path / "new").exists()
-    result = cli("run", bundle, "--out-dir", bundle)
-    assert_one_error(result, r"--out-dir.* is a file", 2)
-
-
-# ---------------------------------------------------------------- layout suggestion
-
-
-@pytest.mark.parametrize("data_format, given, suggested", [("NCX", [], "NCHW"), ("NXC", ["--format", "NCHW"], "NHWC")])
-def test_layout_mismatch_suggests_the_other_format(cli, tmp_path, rng, data_format, given, suggested):
-    shape = (2, 3, 4, 5) if data_format == "NCX" else (2, 4, 5, 3)
-    bundle = save_bundle(tmp_path / "b.npz", make_inputs(rng, shape, data_format))
-    pattern = rf"mean has shape \(3,\), expected \(\d,\) = C of src .*; with --format {suggested} it fits"
-    assert_one_error(cli("run", bundle, "--epsilon", "1e-3", *given), pattern)
-    out = tmp_path / "ref.npz"
-    np.savez(out, diff_src=np.zeros(shape, np.float32))
-    assert_one_error(cli("verify", out, out, "--inputs", bundle, "--epsilon", "1e-3", *given), pattern)
-
-
-def test_no_suggestion_when_neither_layout_fits(cli, tmp_path, rng):
-    arrays = make_inputs(rng, SHAPE)
-    arrays["mean"] = arrays["mean"][:2]
-    result = cli("run", save_bundle(tmp_path / "b.npz", arrays), *NCHW)
-    assert_one_error(result, r"mean has shape \(2,\), expected \(3,\)")
-    assert "--format" not in result.stderr
-
-
-# ---------------------------------------------------------------- usage errors: one line
-
-
-@pytest.mark.parametrize("args, pattern", [
-    (["run", "--bogus"], r"No such option '--bogus'.*\(see '\S+ run --help'\)"),
-    (["run", "--format", "XYZ"], r"Invalid value for '--format'"),
-    (["verify", "a.npz"], r"Missing argument 'REFERENCE'.*\(see '\S+ verify --help'\)"),
-    (["nosuch"], r"No such command 'nosuch'"),
-    (["run", "x.npz", "-o", "a.npz", "--out-dir", "d"], r"give -o/--output or --out-dir, not both"),
-])
-def test_usage_errors_are_one_line(cli, args, pattern):
-    assert_one_error(cli(*args), pattern, 2)
-
-
-def test_usage_error_from_the_installed_entry_point_is_one_line():
-    completed = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "--bogus"], capture_output=True, text=True)
-    assert completed.returncode == 2 and completed.stdout == ""
-    assert completed.stderr.startswith("error: No such option '--bogus'") and completed.stderr.count("\n") == 1
-
-
-def test_verify_structural_errors_are_printed_once(cli, tmp_path):
-    np.savez(tmp_path / "a.npz", diff_src=np.zeros((2, 3), np.float32))
-    np.savez(tmp_path / "r.npz", diff_src=np.zeros((2, 3), np.float32), diff_beta=np.zeros(3, np.float32))
-    result = cli("verify", tmp_path / "a.npz", tmp_path / "r.npz")
-    assert_one_error(result, r"diff_beta: in reference, missing from actual")
-    assert "missing from actual" not in result.stdout and "structural problem(s), each named on stderr" in result.stdout
-
-
 def test_raw_dump_as_a_verify_side(cli, tmp_path, rng):
     reference = rng.normal(size=(4, 6)).astype(np.float32)
     reference.tofile(tmp_path / "diff_src.bin")  # key = the file's stem
@@ -362,11 +195,6 @@ def test_safetensors_over_available_memory_fails_before_reading(cli, tmp_path, a
     safetensors_numpy.save_file(arrays, str(tmp_path / "b.safetensors"))
     monkeypatch.setattr(safetensors_file, "memory_cap", lambda: 100)
     assert_one_error(cli("run", tmp_path / "b.safetensors", *NCHW), r"tensors declare \d+ bytes, more than the memory available")
-
-
-def test_bare_command_still_prints_the_help(cli):
-    result = cli()
-    assert result.exit_code == 2 and "Commands:" in result.output and "error:" not in result.output
 
 
 def _damaged_member_bundle(tmp_path: Path, arrays: dict, method: int, where: str) -> Path:
