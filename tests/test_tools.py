@@ -96,6 +96,21 @@ def test_make_fixtures_check_fails_on_a_tampered_copy(tmp_path, capsys, tamper, 
 # --------------------------------------------------------------------------- the calibrations
 
 
+def test_make_fixtures_report_leaves_docs_conformance_as_committed(tmp_path, monkeypatch, capsys):
+    """`make_fixtures --report` runs bnbwd on every committed case and rewrites docs/conformance.md's tables: on
+    the committed fixtures it rewrites them as they are (the doc is current); a stale table is rewritten."""
+    committed = (make_fixtures.DOC).read_text()
+    doc = tmp_path / "conformance.md"
+    doc.write_text(committed)
+    monkeypatch.setattr(make_fixtures, "DOC", doc)
+    assert make_fixtures.main(["--report"]) == 0
+    assert doc.read_text() == committed, "docs/conformance.md is stale: rerun python -m tools.make_fixtures --report"
+    begin = committed.index(make_fixtures.TABLE_BEGIN) + len(make_fixtures.TABLE_BEGIN)
+    doc.write_text(committed[:begin] + "\n| stale |\n" + committed[committed.index(make_fixtures.TABLE_END):])
+    assert make_fixtures.main(["--report"]) == 0
+    assert doc.read_text() == committed
+
+
 def test_calibrate_tolerances_on_a_small_numpy_zoo(tmp_path, capsys):
     table = tmp_path / "table.md"
     assert calibrate_tolerances.main(["--quick", "--no-torch", "--m", "300", "--write", "--out", str(table)]) == 0
