@@ -59,7 +59,7 @@ def to_float64(array: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     given, so a blocked pass reuses one buffer instead of a fresh temporary per block (bnbwd_cli/scratch.py).
     """
     if is_bfloat16(array.dtype):
-        return array.astype(np.float32).astype(np.float64)
+        array = array.astype(np.float32)  # exact; then on to float64 like any float32
     if out is None or array.dtype == np.float64:
         return np.asarray(array, dtype=np.float64)
     np.copyto(out, array)

@@ -13,7 +13,7 @@ import importlib
 # Public name -> submodule that defines it.
 _LAZY = {
     "Judging": "tolerance",
-    "Comparison": "compare",
+    "Comparison": "comparison",
     "compare_arrays": "compare",
     "OutputResult": "sets",
     "SetComparison": "sets",

@@ -22,7 +22,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.model import blocks
-from bnbwd_cli.judge.compare import Bias
+from bnbwd_cli.judge.comparison import Bias
 from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
 from bnbwd_cli.scratch import Scratch
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from bnbwd_cli.dtypes import exact_narrower
-from bnbwd_cli.judge.compare import Comparison, Hint
+from bnbwd_cli.judge.comparison import Comparison, Hint
 
 
 def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[Hint, ...]:

@@ -27,7 +27,8 @@ from bnbwd_cli.judge.model import (
 )
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
-from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Comparison, Coordinates, Hint, Once, Setup, compare_arrays
+from bnbwd_cli.judge.comparison import Comparison, Hint, Once
+from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Coordinates, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import Judging, comparison_dtype
 from bnbwd_cli.scratch import Scratch
 from bnbwd_cli.status import Status, exit_code
@@ -207,7 +208,7 @@ class _Pass:
         a_view, r_view, dy_view, src_view = (view[where][piece] for view in self.views)
         shape = a_view.shape
         a = to_float64(a_view, self.scratch.get("a", shape))
-        r = r_view if r_view.dtype == np.float64 else _into(r_view, r_block[piece])  # (float64: the input itself)
+        r = r_view if r_view.dtype == np.float64 else to_float64(r_view, r_block[piece])  # (float64: the input itself)
         d = np.subtract(a, r, out=d_block[piece])
         finite = bool(np.isfinite(d).all())
         dy = to_float64(dy_view, self.scratch.get("dy", shape))
@@ -232,14 +233,6 @@ class _Pass:
         if sums is not None:
             sums.add(piece, PieceValues(xhat, r, a, dy), finite=finite and self.xhat_finite[channels].all())
         return finite
-
-
-def _into(values: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """values upcast to float64 in ``out`` (bfloat16's upcast is built apart, then copied)."""
-    result = to_float64(values, out)
-    if result is not out:
-        np.copyto(out, result)
-    return out
 
 
 def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts,

@@ -18,7 +18,7 @@ from bnbwd_cli.render.text import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, 
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
-    from bnbwd_cli.judge.compare import Comparison
+    from bnbwd_cli.judge.comparison import Comparison
 
 # The CLI's advice as the Python API says it: longest phrases first (a phrase, then its flag alone).
 API_ADVICE = (

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bnbwd_cli.judge.compare import Comparison
+    from bnbwd_cli.judge.comparison import Comparison
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from bnbwd_cli.spec import OUTPUT_NAMES
 
 if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
     from bnbwd_cli.judge import SetComparison
-    from bnbwd_cli.judge.compare import Bias, Comparison, Located
+    from bnbwd_cli.judge.comparison import Bias, Comparison, Located
     from bnbwd_cli.render.run import RunFacts
 
 SCHEMA_VERSION = 3  # the comparison report (verify, run --reference, the API) and check's document

@@ -33,7 +33,7 @@ from bnbwd_cli.literal import literal, literal_line
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
-    from bnbwd_cli.judge.compare import ChannelStat, Comparison, HistogramBin
+    from bnbwd_cli.judge.comparison import ChannelStat, Comparison, HistogramBin
 
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red"}
 _BAR_WIDTH = 30

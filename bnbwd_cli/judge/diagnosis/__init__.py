@@ -23,7 +23,7 @@ from bnbwd_cli.judge.diagnosis import reductions, statistics, writes
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.case import Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
-from bnbwd_cli.judge.compare import Comparison, Hint
+from bnbwd_cli.judge.comparison import Comparison, Hint
 
 __all__ = ["diagnose", "Hint"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_from_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.model import ChannelFacts, diff_src_scale
-from bnbwd_cli.judge.compare import Comparison
+from bnbwd_cli.judge.comparison import Comparison
 from bnbwd_cli.layout import view3
 
 if TYPE_CHECKING:

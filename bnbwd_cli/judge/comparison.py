@@ -1,0 +1,149 @@
+"""What one output's comparison says: the frozen ``Comparison`` with its verdict and numbers, its lazily computed
+``Details``, the ``Bias`` fit and the ``Hint`` of a tested cause. judge/compare.py gathers them; render/ and the
+API read them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bnbwd_cli.judge.accumulators import ChannelStat, Element, HistogramBin, Located, NonFinite
+from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance
+
+__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Located", "NonFinite",
+           "Once"]
+
+
+@dataclass(frozen=True)
+class Bias:
+    """A systematic deviation of actual from reference: actual ~ (1 + scale) * reference.
+
+    ``scale`` and its standard error over all channels, the threshold it was held to, and the
+    channels whose own estimate is significant (channel, scale, standard error).
+    """
+
+    scale: float
+    stderr: float
+    threshold: float
+    significant: bool
+    channels: tuple[tuple[int, float, float], ...]
+    floor: float = 0.0  # the smallest threshold any estimate is held to (what a correct kernel's roundings shift)
+
+    @property
+    def z(self) -> float:
+        return abs(self.scale) / self.stderr if self.stderr > 0 else math.inf
+
+    def decisive(self) -> tuple[int | None, float, float]:
+        """The estimate that decides: (its channel, None for the overall one; its scale; its threshold). The one
+        furthest beyond its threshold; when none is beyond, the overall one."""
+        best: tuple[int | None, float, float] = (None, self.scale, self.threshold)
+        for channel, scale, stderr in self.channels:
+            threshold = max(BIAS_Z * stderr, self.floor)
+            if threshold > 0 and abs(scale) * best[2] > abs(best[1]) * threshold:
+                best = (channel, scale, threshold)
+        return best
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A cause bnbwd tested against the data (judge/diagnosis/): a stable ``cause`` id, one line of ``text``
+    with its evidence number, and the channels it names (may be empty)."""
+
+    cause: str
+    text: str
+    channels: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Details:
+    """The statistics that explain a comparison but do not decide it."""
+
+    max_rel: Located
+    worst: tuple[Element, ...]
+    channels: tuple[ChannelStat, ...] | None
+    histogram: tuple[HistogramBin, ...]
+
+
+class Once:
+    """A value computed on first use, then kept (the details' second pass runs at most once)."""
+
+    def __init__(self, compute: Callable[[], Details]) -> None:
+        self._compute, self._value = compute, None
+
+    def __call__(self) -> Details:
+        if self._value is None:
+            self._value, self._compute = self._compute(), None
+        return self._value
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything known about one output's comparison."""
+
+    shape: tuple[int, ...]
+    dtype: str  # the dtype whose ULP grid (and fixed tolerances) apply
+    actual_dtype: str
+    reference_dtype: str
+    tolerance: Tolerance | None  # the fixed rule, or None under the scaled rule
+    scaled: Scaled | None  # the scaled rule, or None under the fixed rule
+    max_mismatch: MaxMismatch
+    equal_nan: bool
+    elements: int
+    mismatches: int
+    allowed_mismatches: int
+    max_abs: Located
+    max_ulp: Located
+    max_units: Located | None  # scaled rule only
+    rel_l2: float
+    rel_l2_passed: bool
+    min_atol: float | None  # fixed rule: the smallest atol (rtol, ulp as set) that would pass, inf if none
+    min_rtol: float | None  # fixed rule: the smallest rtol (atol, ulp as set) that would pass
+    min_units: float | None  # scaled rule: the smallest K that would pass, inf if none
+    nonfinite: NonFinite
+    channel_axis: int | None
+    axis_names: tuple[str, ...] | None
+    zero_fraction_actual: float
+    zero_fraction_reference: float
+    mostly_zeros: bool
+    details_of: Callable[[], Details] = field(repr=False, compare=False, kw_only=True)
+    bias: Bias | None = None
+    hints: tuple[str, ...] = ()  # the texts of ``diagnosis``
+    diagnosis: tuple[Hint, ...] = ()  # the causes tested (judge/diagnosis/), then notes (judge/hints.py)
+
+    @property
+    def details(self) -> Details:
+        return self.details_of()
+
+    @property
+    def max_rel(self) -> Located:
+        return self.details.max_rel
+
+    @property
+    def worst(self) -> tuple[Element, ...]:
+        return self.details.worst
+
+    @property
+    def channels(self) -> tuple[ChannelStat, ...] | None:
+        return self.details.channels
+
+    @property
+    def histogram(self) -> tuple[HistogramBin, ...]:
+        return self.details.histogram
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatches / self.elements if self.elements else 0.0
+
+    @property
+    def elements_passed(self) -> bool:
+        return self.mismatches <= self.allowed_mismatches and self.rel_l2_passed
+
+    @property
+    def bias_failed(self) -> bool:
+        return self.bias is not None and self.bias.significant and self.scaled is not None and self.scaled.bias_check
+
+    @property
+    def passed(self) -> bool:
+        return self.elements_passed and not self.bias_failed
