@@ -187,13 +187,10 @@ class Accumulator:
                 return
             # Past one ULP, as ScaledRule.judge forms them. ULP errors there are > 1 (|a - r| over a power of two),
             # within one ULP <= 1: the largest is here.
-            err, spacing = abs_err[outside], spacing[outside]
-            scale = scale_at(outside)
-            allowance = np.multiply(self.rule.scaled.max_units, scale)
-            allowance += spacing
-            self.mismatches += int(np.count_nonzero(err > allowance))
-            units = safe_ratio(np.maximum(np.subtract(err, spacing), 0.0), scale)
-            ulp_err = np.divide(err, spacing)
+            # the rule's own judgement of the elements past one ULP
+            verdicts = self.rule.judge(Chunk(abs_err[outside], r[outside], spacing[outside], scale_at(outside)), False)
+        self.mismatches += int(np.count_nonzero(verdicts.fails))
+        units, ulp_err = verdicts.units, verdicts.ulp_err
         self.need[0].update(units)  # (it takes any subset holding every non-zero value)
         top = int(np.argmax(ulp_err))
         self.max_ulp.offer(ulp_err[top], offset + int(outside[top]))
