@@ -83,10 +83,7 @@ class ChannelRegression:
         # The actual output's spacing in d's memory, now that d is summed: one block-sized buffer, not two (the
         # diagnosis passes whole tensors).
         usable = np.isfinite(actual) & np.isfinite(reference) & np.isfinite(xhat)
-        if usable.all():
-            spacing = ulp_spacing(actual, self.dtype, out=block.difference.reshape(-1).view(INT64))
-        else:
-            spacing = np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), self.dtype), 0.0)
+        spacing = _spacing(actual, None if usable.all() else usable, self.dtype, block.difference)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
 
     def start(self, shape: tuple[int, int, int]) -> BlockSums:
@@ -181,11 +178,8 @@ class BlockSums:
         self._add_piece(bins, tuple(None if v is None else v.reshape(-1) for v in (w, x, r, d)))
         if self.spacing is None:
             return
-        out, dtype = self.spacing[piece], self.regression.dtype
-        if usable is None:
-            spacing = ulp_spacing(values.actual, dtype, out=out.reshape(-1).view(INT64))
-        else:
-            spacing = np.where(usable, ulp_spacing(np.where(usable, values.actual, 0.0), dtype), 0.0)
+        out = self.spacing[piece]
+        spacing = _spacing(values.actual, usable, self.regression.dtype, out)
         if not np.may_share_memory(spacing, out):  # (float64's spacing is built apart)
             np.copyto(out, spacing)
 
@@ -218,6 +212,14 @@ class BlockSums:
             d, x, r, bins = d[where], x[where], r[where], np.take(bins, where, axis=1)
         xd, rd = (np.multiply(p, d, out=out) for p, out in zip((x, r), self.regression.scratch.take(_PRODUCTS[3:], d.size)))
         _scatter(sums[:, 6:], bins, (d, xd, rd))
+
+
+def _spacing(actual: np.ndarray, usable: np.ndarray | None, dtype: str, out: np.ndarray) -> np.ndarray:
+    """The actual output's ULP spacing where ``usable`` (None: everywhere), 0 elsewhere; built in ``out`` (float64,
+    the shape of actual) when every element is usable."""
+    if usable is None:
+        return ulp_spacing(actual, dtype, out=out.reshape(-1).view(INT64))
+    return np.where(usable, ulp_spacing(np.where(usable, actual, 0.0), dtype), 0.0)
 
 
 def _scatter(sums: np.ndarray, bins: np.ndarray, products: tuple) -> None:
