@@ -70,9 +70,8 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     kept = (src.copy(), dy.copy())
     reference = rng.standard_normal(shape).astype(dtype)
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-3], size=shape)).astype(dtype)
-    job = sets._Job(("diff_src",), Judging(top=5), sets.tensor_layout(data_format, 3))
     facts = model.channel_facts(inputs)
-    _, regression = sets._diff_src_pass(sets._DiffSrc(actual, reference, job, inputs, facts), detailed=False, regress=True)
+    regression = sets._regression_pass(actual, reference, inputs, "f32" if dtype == np.float32 else "f64")
     plain = ChannelRegression(5, regression.dtype)
     a3, r3, dy3, x3 = (view3(x, data_format) for x in (actual, reference, dy, src))
     for where in model.blocks(a3.shape, 150):
@@ -301,8 +300,8 @@ def test_lazy_details_equal_a_detailed_single_pass(block: int, monkeypatch: pyte
     actual = reference + rng.choice([0.0, 1e-6, 1e-2], size=reference.shape).astype(np.float32)
     job = sets._Job(("diff_src", "diff_src"), Judging(top=5), sets.tensor_layout("NCX", 3))
     case = sets._DiffSrc(actual, reference, job, inputs, model.channel_facts(inputs))
-    comparison = sets._judge_diff_src(actual, reference, job, inputs, case.facts)
-    single, _ = sets._diff_src_pass(case, detailed=True, regress=False)
+    comparison = sets._judge_diff_src(actual, reference, job, inputs, lambda: case.facts)
+    single = sets._diff_src_pass(case, detailed=True)
     expected = single.details.finish(actual, reference, single.dtype)
     assert comparison.mismatches > 0
     assert comparison.details == expected

@@ -51,11 +51,17 @@ def _scaled_state(actual: np.ndarray, reference: np.ndarray, max_units: float):
     return Accumulator(actual, reference, ScaledRule(Scaled(max_units, 2.0**-24)), setup)
 
 
+@pytest.mark.parametrize("dense_share", [2.0, 0.0])  # the elements past one ULP gathered; the whole chunk judged
 @pytest.mark.parametrize("max_units", [0.0, 5.0])
-def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: float) -> None:
-    """Accumulator.add_scaled (the scale only where |a - r| > 1 ULP) against add (the scale everywhere), chunk
-    by chunk: an exact chunk, one within an ULP, ones past it with scales of 0, inf and ordinary ones, and one
-    whose only errors past an ULP meet an infinite scale; every number of the comparison the same."""
+def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: float, dense_share: float,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accumulator.add_scaled (the scale only where |a - r| > 1 ULP, or the whole chunk judged when most elements
+    are: compare.DENSE_SHARE) against add (the scale everywhere), chunk by chunk: an exact chunk, one within an
+    ULP, ones past it with scales of 0, inf and ordinary ones, and one whose only errors past an ULP meet an
+    infinite scale; every number of the comparison the same."""
+    from bnbwd_cli.judge import compare
+
+    monkeypatch.setattr(compare, "DENSE_SHARE", dense_share)
     rng = np.random.default_rng(22)
     size = 400
     reference = rng.standard_normal(6 * size).astype(np.float32).astype(np.float64)
@@ -112,7 +118,7 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
     job = sets._Job(("diff_src",), judging, sets.tensor_layout(data_format, 3))
     with np.errstate(all="ignore"):
         case = sets._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
-        judged = [sets._diff_src_pass(case, detailed=detailed, regress=False)[0].result() for detailed in (False, True)]
+        judged = [sets._diff_src_pass(case, detailed=detailed).result() for detailed in (False, True)]
     assert repr(judged[0]) == repr(judged[1])
     if problem == "negative K":
         assert judged[0].mismatches > 0

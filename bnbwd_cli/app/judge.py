@@ -6,7 +6,7 @@ the caller's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +16,7 @@ from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
 from bnbwd_cli.op import Op
+from bnbwd_cli.runtime import usable_cores
 from bnbwd_cli.spec import OUTPUT_NAMES
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def compare(sets: TensorSets, judging: Judging, data_format: str | None = None,
     progress: told (done, total) elements as the judging goes (a bar's callback, as app/run.py's)."""
     from bnbwd_cli.judge.sets import compare_sets
 
+    if not judging.threads:
+        judging = replace(judging, threads=usable_cores())
     return compare_sets(sets.actual, sets.reference, judging, data_format=data_format, inputs=sets.inputs,
                         progress=progress)
 
@@ -89,8 +92,8 @@ def reference_outputs(op: Op, names: tuple[str, ...], threads: int | None = None
 def judge_outputs(op: Op, actual: Mapping[str, np.ndarray], judging: Judging,
                   threads: int | None = None) -> SetComparison:
     """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
-    own error scale: the judgement of `run --reference`, `check` and the API. threads: the core's (None: the
-    machine's; check's worker processes use one each)."""
+    own error scale: the judgement of `run --reference`, `check` and the API. threads: the core's and the
+    judging's (None: the machine's; check's worker processes use one each)."""
     from bnbwd_cli.judge.keys import canonical_key
 
     present = {canonical_key(key, judging.key_map) for key in actual}
@@ -98,4 +101,4 @@ def judge_outputs(op: Op, actual: Mapping[str, np.ndarray], judging: Judging,
     if not names:
         raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
                          "(or a spec's name for them)", hint="--map THEIRS=OURS names your own")
-    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), judging)
+    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), replace(judging, threads=threads or 0))

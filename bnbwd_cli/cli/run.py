@@ -273,7 +273,9 @@ def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared:
 
     console, stderr_console = consoles
     sets = app_run.reference_sets(request, prepared, computed.arrays, options.reference)
-    comparison = replace(options.comparison, data_format=prepared.op.data_format)  # run's --format names the axes
+    # run's --format names the axes; --threads is the judging's too
+    comparison = replace(options.comparison, data_format=prepared.op.data_format,
+                         judging=replace(options.comparison.judging, threads=options.threads or 0))
     progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "judging")
     return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync,
                              progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))

@@ -33,6 +33,9 @@ from bnbwd_cli.scratch import Scratch
 __all__ = ["Accumulator", "Coordinates", "Setup", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
 CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
+# add_scaled: past this share (half) of a chunk's elements more than one ULP off, the whole chunk is judged (a gather of
+# that many elements' values costs more than the rule's passes over the rest)
+DENSE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -187,16 +190,23 @@ class Accumulator:
                 return
             # Past one ULP, as ScaledRule.judge forms them. ULP errors there are > 1 (|a - r| over a power of two),
             # within one ULP <= 1: the largest is here.
-            # the rule's own judgement of the elements past one ULP
-            verdicts = self.rule.judge(Chunk(abs_err[outside], r[outside], spacing[outside], scale_at(outside)), False)
+            if outside.size > d.size * DENSE_SHARE:
+                # Most elements are past one ULP: the rule judges the whole chunk (gathering the rest would cost
+                # more). Those within one ULP add nothing: they pass with 0 units and an ULP error <= 1, so every
+                # count, maximum and first position below is the one the elements past one ULP give.
+                verdicts = self.rule.judge(Chunk(abs_err, r, spacing, scale_at(None),
+                                                 self.scratch.take(("rule0", "rule1", "rule2"), d.size)), False)
+                outside = None
+            else:  # the rule's own judgement of the elements past one ULP
+                verdicts = self.rule.judge(Chunk(abs_err[outside], r[outside], spacing[outside], scale_at(outside)), False)
         self.mismatches += int(np.count_nonzero(verdicts.fails))
         units, ulp_err = verdicts.units, verdicts.ulp_err
         self.need[0].update(units)  # (it takes any subset holding every non-zero value)
         top = int(np.argmax(ulp_err))
-        self.max_ulp.offer(ulp_err[top], offset + int(outside[top]))
+        self.max_ulp.offer(ulp_err[top], offset + (top if outside is None else int(outside[top])))
         top = int(np.argmax(units))
         if units[top] > 0:
-            self.max_units.offer(units[top], offset + int(outside[top]))
+            self.max_units.offer(units[top], offset + (top if outside is None else int(outside[top])))
         else:  # (a scale of inf) every unit is 0: the chunk's first element holds the maximum
             self.max_units.offer(0.0, offset)
 

@@ -9,6 +9,7 @@ and outputs with explicit --atol/--rtol/--ulp, use fixed dtype tolerances (judge
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from bnbwd_cli.judge.bias import ChannelRegression, PieceValues, pooled_bias, ve
 from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structural_problem
 from bnbwd_cli.judge.model import (
-    CHUNK, ChannelFacts, DiffSrcScale, blocks, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block,
+    CHUNK, ChannelFacts, DiffSrcScale, blocks, channel_constants, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block,
 )
 from bnbwd_cli.judge.rules import ScaledRule
 from bnbwd_cli.judge.diagnosis import diagnose
@@ -149,74 +150,62 @@ class _DiffSrc:
     advance: Callable[[int], None] | None = None
 
 
-def _diff_src_pass(case: _DiffSrc, detailed: bool, regress: bool) -> tuple[Accumulator, ChannelRegression | None]:
-    """One blocked pass over diff_src: the verdict's statistics, plus the bias regression (the judging pass)
-    and/or the details (in the judging pass when asked for up front, else a second pass on first use)."""
+def _diff_src_pass(case: _DiffSrc, detailed: bool) -> Accumulator:
+    """One blocked pass over diff_src: the verdict's statistics, and the details when ``detailed`` (in the judging
+    pass when asked for up front, else a second pass on first use)."""
     inputs = case.inputs
     state = _accumulator(case.a, case.r, case.job, inputs, "diff_src", detailed)
     judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
     a3 = judged.views[0]
-    regression = ChannelRegression(a3.shape[1], state.dtype) if regress else None
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
-            judged.block(where, regression)
+            judged.block(where)
             if case.advance is not None:
                 case.advance(a3[where].size)
-    return state, regression
+    return state
 
 
 class _Pass:
     """The judging pass over diff_src, block by block; each block in cache-sized pieces (each a contiguous flat
-    range) that are upcast, judged and regressed while they are in the CPU's cache. The relative L2's and the
-    regression's block sums stay by block (their float sums depend on the blocking; every other statistic does not)."""
+    range) that are upcast and judged while they are in the CPU's cache. The relative L2's sums stay by block
+    (its float sums depend on the blocking; every other statistic does not)."""
 
     def __init__(self, case: _DiffSrc, state: Accumulator, model: DiffSrcScale, scratch: Scratch) -> None:
         self.case, self.state, self.model, self.scratch = case, state, model, scratch
-        self.views = tuple(layout.view3(x, case.inputs.data_format) for x in (case.a, case.r, case.inputs.diff_dst,
-                                                                              case.inputs.src))
+        self.views = _views(case.a, case.r, case.inputs)
         facts = case.facts
         # Channels whose xhat is finite everywhere (a non-finite one would make its ||dy*xhat|| so) and whose scale
         # is then >= 0 and never NaN: there an element within one ULP passes whatever its scale (Accumulator.add_scaled).
-        self.xhat_finite = np.isfinite(facts.norm_gamma)
+        xhat_finite = np.isfinite(facts.norm_gamma)
         coefficients = (model.base, model.per_xhat, model.per_dy, facts.norm_beta)
-        self.scale_sound = self.xhat_finite & np.logical_and.reduce([np.isfinite(v) for v in coefficients])
+        self.scale_sound = xhat_finite & np.logical_and.reduce([np.isfinite(v) for v in coefficients])
         self.scale_sound &= state.rule.scaled.max_units >= 0
 
-    def block(self, where: tuple[slice, slice, slice], regression: ChannelRegression | None) -> None:
+    def block(self, where: tuple[slice, slice, slice]) -> None:
         a3, r3 = self.views[:2]
         shape = a3[where].shape
-        # r and d = a - r of the whole block: the relative L2's sums (and the regression's d) are by block
+        # r and d = a - r of the whole block: the relative L2's sums are by block
         r_block = r3[where] if r3.dtype == np.float64 else self.scratch.get("r", shape)
-        sums = regression.start(shape) if regression is not None else None
-        d_block = sums.difference if sums is not None else self.scratch.get("difference", shape)
+        d_block = self.scratch.get("difference", shape)
         offset = flat_offset(a3.shape, where)
         finite = True
         for piece in blocks(shape, PIECE):
-            finite &= self._piece(where, piece, (r_block, d_block, sums), offset + flat_offset(shape, piece))
-        state = self.state
-        if finite and (sums is None or not sums.masked):  # d is a - r everywhere, and a and r are finite
-            state.l2.update(d_block.reshape(-1), r_block.reshape(-1))
+            finite &= self._piece(where, piece, (r_block, d_block), offset + flat_offset(shape, piece))
+        if finite:  # d is a - r everywhere, and a and r are finite
+            self.state.l2.update(d_block.reshape(-1), r_block.reshape(-1))
         else:
-            state.add_norms(to_float64(a3[where]).reshape(-1), r_block.reshape(-1))
-        if sums is not None:
-            regression.finish(sums, where[1])
+            self.state.add_norms(to_float64(a3[where]).reshape(-1), r_block.reshape(-1))
 
     def _piece(self, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice], block: tuple,
                offset: int) -> bool:
-        """Judge and regress one piece; whether its a - r is finite everywhere."""
-        r_block, d_block, sums = block
-        a_view, r_view, dy_view, src_view = (view[where][piece] for view in self.views)
-        shape = a_view.shape
-        a = to_float64(a_view, self.scratch.get("a", shape))
-        r = r_view if r_view.dtype == np.float64 else to_float64(r_view, r_block[piece])  # (float64: the input itself)
-        d = np.subtract(a, r, out=d_block[piece])
+        """Judge one piece; whether its a - r is finite everywhere."""
+        r_block, d_block = block
+        facts = self.case.facts
+        values = _upcast_piece(self.views, where, piece, (facts.mean, facts.invstd), self.scratch, r_block)
+        a, r, d, dy, xhat = values.actual, values.reference, d_block[piece], values.diff_dst, values.xhat
+        np.subtract(a, r, out=d)
         finite = bool(np.isfinite(d).all())
-        dy = to_float64(dy_view, self.scratch.get("dy", shape))
-        # xhat straight from src (a ufunc upcasts float32 and float16 exactly on the way), bfloat16 through float32
-        src = to_float64(src_view) if is_bfloat16(src_view.dtype) else src_view
-        channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
-        xhat = xhat_block(src, channels, self.case.facts.mean, self.case.facts.invstd, out=self.scratch.get("xhat", shape))
-        model = self.model
+        shape, channels, model = a.shape, values.channels, self.model
 
         def scale_at(positions: np.ndarray | None) -> np.ndarray:
             if positions is None:
@@ -230,22 +219,112 @@ class _Pass:
             self.state.add_scaled(*flat, d.reshape(-1), offset, scale_at)
         else:
             self.state.add(*flat, offset, scale_at(None), norms=False)
-        if sums is not None:
-            sums.add(piece, PieceValues(xhat, r, a, dy), finite=finite and self.xhat_finite[channels].all())
         return finite
 
 
-def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: ChannelFacts,
+def _views(a: np.ndarray, r: np.ndarray, inputs: Op) -> tuple[np.ndarray, ...]:
+    """diff_src's actual and reference, diff_dst and src as (N, C, S) views."""
+    return tuple(layout.view3(x, inputs.data_format) for x in (a, r, inputs.diff_dst, inputs.src))
+
+
+@dataclass(frozen=True)
+class _Upcast(PieceValues):
+    channels: slice  # the piece's channels in the whole tensor
+
+
+def _upcast_piece(views: tuple, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice],
+                  constants: tuple[np.ndarray, np.ndarray], scratch: Scratch, r_block: np.ndarray | None = None) -> _Upcast:
+    """One piece of a block as float64: actual, reference (into ``r_block``'s piece when given; a float64 reference
+    is the input itself), diff_dst and xhat; ``constants``: the channels' mean and invstd."""
+    a_view, r_view, dy_view, src_view = (view[where][piece] for view in views)
+    shape = a_view.shape
+    a = to_float64(a_view, scratch.get("a", shape))
+    r_out = scratch.get("r_piece", shape) if r_block is None else r_block[piece]
+    r = r_view if r_view.dtype == np.float64 else to_float64(r_view, r_out)
+    dy = to_float64(dy_view, scratch.get("dy", shape))
+    # xhat straight from src (a ufunc upcasts float32 and float16 exactly on the way), bfloat16 through float32
+    src = to_float64(src_view) if is_bfloat16(src_view.dtype) else src_view
+    channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
+    xhat = xhat_block(src, channels, *constants, out=scratch.get("xhat", shape))
+    return _Upcast(xhat, r, a, dy, channels)
+
+
+def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
+                     stop: threading.Event | None = None) -> ChannelRegression | None:
+    """The bias regression's sums over diff_src (judge/bias.py), a pass of its own: it needs no error scale, so it
+    runs beside the channel facts and the judging pass, on another thread. Its blocks and pieces are the judging
+    pass's; its sums are formed in the same order whoever runs it. ``stop`` set: it returns None at the next block."""
+    views = _views(a, r, inputs)
+    a3 = views[0]
+    regression = ChannelRegression(a3.shape[1], dtype)
+    scratch = Scratch()
+    constants = channel_constants(inputs)[:2]  # (the facts' mean and invstd, formed the same way)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (errstate is per thread)
+        for where in blocks(a3.shape, BLOCK):
+            if stop is not None and stop.is_set():
+                return None
+            sums = regression.start(a3[where].shape)
+            for piece in blocks(sums.difference.shape, PIECE):
+                values = _upcast_piece(views, where, piece, constants, scratch)
+                d = np.subtract(values.actual, values.reference, out=sums.difference[piece])
+                finite = bool(np.isfinite(d).all()) and bool(np.isfinite(values.xhat).all())
+                sums.add(piece, values, finite=finite)
+            regression.finish(sums, where[1])
+    return regression
+
+
+class _Beside:
+    """A call run on a thread of its own while the caller goes on (inline, at result(), when ``threaded`` is False).
+    Leaving the ``with`` block early (an error, Ctrl-C) tells the call to stop and waits for it."""
+
+    def __init__(self, function: Callable, *args, threaded: bool) -> None:
+        self.stop = threading.Event()
+        self.call = lambda: function(*args, stop=self.stop)
+        self.outcome: tuple[bool, object] | None = None  # (raised, value)
+        self.thread = threading.Thread(target=self._run, daemon=True) if threaded else None
+
+    def _run(self) -> None:
+        try:
+            self.outcome = (False, self.call())
+        except BaseException as exc:  # handed to the caller's thread by result()
+            self.outcome = (True, exc)
+
+    def __enter__(self) -> _Beside:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def result(self):
+        if self.thread is None:
+            self._run()
+        else:
+            self.thread.join()
+        raised, value = self.outcome
+        if raised:
+            raise value
+        return value
+
+
+def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: Callable[[], ChannelFacts],
                     advance: Callable[[int], None] | None = None) -> Comparison:
-    case = _DiffSrc(a, r, job, inputs, facts, advance)
-    state, regression = _diff_src_pass(case, detailed=job.judging.details_up_front, regress=True)
-    fit = regression.fit()
+    """diff_src by the error model. ``facts``: the channel facts, on demand; with job.judging.threads > 1 the bias
+    regression's pass runs beside the facts' pass and the judging pass (the same sums on any thread)."""
+    dtype = _setup(a, r, job).dtype
+    with _Beside(_regression_pass, a, r, inputs, dtype, threaded=job.judging.threads > 1) as regression:
+        case = _DiffSrc(a, r, job, inputs, facts(), advance)
+        state = _diff_src_pass(case, detailed=job.judging.details_up_front)
+        fit = regression.result().fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
     # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
     # pass on first use.
     details_of = None if job.judging.details_up_front else Once(
-        lambda: _diff_src_pass(replace(case, advance=None), detailed=True, regress=False)[0].details.finish(a, r, state.dtype))
+        lambda: _diff_src_pass(replace(case, advance=None), detailed=True).details.finish(a, r, state.dtype))
     return state.result(bias, details_of)
 
 
@@ -275,7 +354,7 @@ def _compare_pair(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op | None, fa
     if a.shape != tuple(expected):
         return _fixed(a, r, job)  # not the op's output shape: judge it as plain arrays
     if output == "diff_src":
-        return _judge_diff_src(a, r, job, inputs, facts(), progress.advance)
+        return _judge_diff_src(a, r, job, inputs, facts, progress.advance)
     return _judge_sum(a, r, job, inputs, facts(), output)
 
 

@@ -151,6 +151,9 @@ class Judging:
     # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
     # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).
     details_up_front: bool = False
+    # Threads the judging may use (0: as many as the machine offers, app/judge.py decides): with two or more,
+    # diff_src's bias regression runs beside its judging pass. The numbers are the same either way.
+    threads: int = 0
 
     def tolerance_for(self, names: Sequence[str], dtype: str) -> Tolerance:
         base = DEFAULT_TOLERANCES[dtype]

@@ -1,0 +1,81 @@
+"""diff_src's bias regression runs on a second thread beside the channel facts and the judging pass
+(judge/sets.py, Judging.threads): every number of the comparison is the one the single-threaded judgement
+gives, an error raised on that thread reaches the caller, and leaving early stops it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bnbwd_cli import core
+from bnbwd_cli.judge import sets
+from bnbwd_cli.judge.tolerance import Judging
+from tests.test_judge_passes import small_op
+
+
+def _outputs(data_format: str, seed: int):
+    rng = np.random.default_rng(seed)
+    inputs, shape = small_op(rng, data_format)
+    result = core.backward(inputs, core.Settings())
+    reference = {name: getattr(result, name) for name in ("diff_src", "diff_gamma", "diff_beta")}
+    bits = reference["diff_src"].view(np.int32) + rng.integers(-30, 31, shape).astype(np.int32)
+    actual = dict(reference, diff_src=(bits.view(np.float32) * np.float32(1 + 2e-6)).astype(np.float32))
+    actual["diff_src"].reshape(-1)[::97] = np.nan
+    return inputs, actual, reference
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("up_front", [False, True])
+def test_threaded_judging_gives_the_single_threaded_numbers(data_format: str, up_front: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sets, "BLOCK", 300)  # several blocks, and pieces within them
+    monkeypatch.setattr(sets, "PIECE", 70)
+    inputs, actual, reference = _outputs(data_format, 31)
+    results = [sets.compare_sets(actual, reference, Judging(top=5, threads=threads, details_up_front=up_front),
+                                 inputs=inputs) for threads in (1, 2)]
+    one, two = ([(o.name, o.status, repr(o.comparison), repr(o.comparison.details)) for o in r.outputs] for r in results)
+    assert one == two
+    diff_src = results[0].outputs[0].comparison
+    assert diff_src.bias is not None and diff_src.mismatches > 0
+
+
+def test_an_error_on_the_regression_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs, actual, reference = _outputs("NCX", 32)
+    where = []
+
+    def failing(*args, stop):
+        where.append(threading.current_thread() is not threading.main_thread())
+        raise MemoryError("no room for the regression's sums")
+
+    monkeypatch.setattr(sets, "_regression_pass", failing)
+    with pytest.raises(MemoryError, match="regression"):
+        sets.compare_sets(actual, reference, Judging(threads=2), inputs=inputs)
+    assert where == [True]
+
+
+def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in the facts' pass (or Ctrl-C there) sets the regression's stop flag and waits for its thread: no
+    thread is left running, and the regression returns at its next block."""
+    monkeypatch.setattr(sets, "BLOCK", 100)
+    inputs, actual, reference = _outputs("NCX", 33)
+    started, finished = threading.Event(), []
+    regression_pass = sets._regression_pass
+
+    def slow(*args, stop):
+        started.set()
+        stop.wait(5)  # (released by the stop flag, not by the timeout)
+        finished.append(regression_pass(*args, stop=stop))
+
+    def interrupted(*args, **kwargs):
+        started.wait(5)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sets, "_regression_pass", slow)
+    monkeypatch.setattr(sets, "channel_facts", interrupted)
+    before = threading.active_count()
+    with pytest.raises(KeyboardInterrupt):
+        sets.compare_sets(actual, reference, replace(Judging(), threads=2), inputs=inputs)
+    assert finished == [None] and threading.active_count() == before
