@@ -26,7 +26,8 @@ AUTO_NUMBA_MIN_BYTES = 256 << 20
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 MIN_BLOCK_BYTES = 4 << 20  # tile budgets measured best on 8 and 32 MiB L3s: see default_block_bytes
-MAX_BLOCK_BYTES = 8 << 20
+# and on a 480 MiB L3 (2 threads): 32 MiB tiles 0.67-0.91x the time of 8 MiB ones (bench/RESULTS.md)
+MAX_BLOCK_BYTES = 32 << 20
 
 NUMBA_SOURCES = ("numba_kernels.py", "numba_bits.py", "plan.py")  # core/'s files numba_kernels' code is built from
 
@@ -129,7 +130,8 @@ def default_block_bytes(threads: int) -> int:
     Small tiles pay per-call overhead (a tile is ~20 NumPy calls); big ones fall out of cache between the
     reduce and the write pass. Half the share is big enough that a whole f32 channel plane and its float64
     scratch fit one tile, so both passes fuse (3 tensor passes over memory, not 5). The measurements on a
-    32 MiB and an 8 MiB L3 are in bench/RESULTS.md ("Core A/B after the reproducible core").
+    32 MiB and an 8 MiB L3 are in bench/RESULTS.md ("Core A/B after the reproducible core"); on a 480 MiB L3
+    bigger tiles than 8 MiB were faster still (fewer calls; the L3 holds them), up to 32 MiB.
     """
     sizes = cache_sizes()
     last_level = sizes[max(sizes)] if sizes else DEFAULT_CACHE_BYTES * 8

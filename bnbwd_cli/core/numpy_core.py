@@ -44,6 +44,23 @@ RELEASE_BYTES = 4 << 20
 FOLD_BLOCK_BYTES = 1 << 20
 
 
+# A tile's channels are applied one at a time (a Python float each) when they are several and their lanes at least
+# this long: NumPy iterates a (rows, channels, lanes) tile against a (1, channels, 1) broadcast about half as fast
+# as against one channel's scalar. Short lanes (NXC rows) broadcast: a loop over channels would cost more calls.
+PER_CHANNEL_LANES = 64
+
+
+def _by_channel(ufunc, values: np.ndarray, coefficients: np.ndarray, out: np.ndarray) -> None:
+    """out = ufunc(values, coefficient of each channel), elementwise, for an (rows, channels, lanes) tile and the
+    tile's (channels,) float64 coefficients: the same operation and bits however it is iterated."""
+    channels, lanes = values.shape[1], values.shape[2]
+    if channels == 1 or lanes < PER_CHANNEL_LANES:
+        ufunc(values, coefficients[None, :, None], out=out)
+        return
+    for j, coefficient in enumerate(coefficients.tolist()):
+        ufunc(values[:, j], coefficient, out=out[:, j])
+
+
 # ---------------------------------------------------------------- the per-tile passes
 
 
@@ -53,7 +70,6 @@ class _Kernel:
     def __init__(self, views: Views) -> None:
         self.views = views
         self.shape = views.geometry
-        self.mean_c = views.mean[None, :, None]
         self.scratch = Scratch()
         # mean(dy) and k per channel, filled in by channel range once the range's sums are known
         self.mean_dy = np.zeros(views.geometry.c)
@@ -76,7 +92,7 @@ class _Kernel:
         if not need_d:
             return gp, None
         d = self._widen(self.scratch.get("d", dy.shape, FLOAT64), self.views.src3[index])
-        d -= self.mean_c[:, group.c0 : group.c1]
+        _by_channel(np.subtract, d, self.views.mean[group.c0 : group.c1], out=d)
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
@@ -153,23 +169,23 @@ class _Kernel:
     def _write(self, group: Group, tile: Tile, gp: np.ndarray, d: np.ndarray | None) -> None:
         """diff_src = ((dy - mean(dy)) - d·k)·scale of one tile, in float64, rounded once."""
         views = self.views
-        channels = np.s_[:, group.c0 : group.c1, :]
-        out = views.out3[tile.n0 : tile.n1, group.c0 : group.c1, tile.s0 : tile.s1]
+        channels = slice(group.c0, group.c1)
+        out = views.out3[tile.n0 : tile.n1, channels, tile.s0 : tile.s1]
         result = gp[0]
         with np.errstate(over="ignore", invalid="ignore"):
             if views.training:
-                d *= self.k[None, :, None][channels]
-                result -= self.mean_dy[None, :, None][channels]
+                _by_channel(np.multiply, d, self.k[channels], out=d)
+                _by_channel(np.subtract, result, self.mean_dy[channels], out=result)
                 result -= d
+            _by_channel(np.multiply, result, views.scale[channels], out=result)
             if views.scale_exp is None and out.dtype.itemsize >= 4:
-                # f32/f64: the last product rounded straight into out (the dd->d loop, cast on the way out), one
-                # pass less than multiply-then-store; f16/bf16 go through store()
-                np.multiply(result, views.scale[None, :, None][channels], out=out, casting="unsafe")
+                # f32/f64: the float64 product rounded once more on the way out (a cast as fast as a copy); f16/bf16
+                # go through store()
+                np.copyto(out, result, casting="unsafe")
                 rounded = out
             else:
-                result *= views.scale[None, :, None][channels]
                 if views.scale_exp is not None:
-                    np.ldexp(result, views.scale_exp[None, :, None][channels], out=result)
+                    np.ldexp(result, views.scale_exp[None, channels, None], out=result)
                 rounded = store(result, out, self.scratch)
         # the summary's extremes while the tile is in cache (core/summary.py; NaN propagates), from the float32
         # (or float64) values just written: half the bytes of the float64 results, and rounding is monotone
