@@ -1,4 +1,4 @@
-"""Data formats: NCX / NXC, their spec aliases, and axis naming."""
+"""Data formats: NCX / NXC, their spec aliases, axis naming, and the (N, C, S) view with per-channel operations on it."""
 
 from __future__ import annotations
 
@@ -80,3 +80,25 @@ def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -
     if axis_names is not None and len(axis_names) == len(index):
         return " ".join(f"{name}={i}" for name, i in zip(axis_names, index))
     return "(" + ", ".join(str(i) for i in index) + ")"
+
+
+# A block's channels are applied one at a time (a Python float each) when they are several and their runs at least
+# this long: NumPy iterates an (n, channels, s) block against a (channels, 1) broadcast about half as fast as
+# against one channel's scalar. Short runs (NXC rows) broadcast: a loop over channels would cost more calls.
+PER_CHANNEL_RUN = 64
+
+
+def per_channel(ufunc: np.ufunc, values: np.ndarray, coefficients: np.ndarray,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """out = ufunc(values, each channel's coefficient), elementwise, for an (n, channels, s) block of a view3 and
+    its channels' (channels,) float64 coefficients, into ``out`` (float64; None: a new array). The same operation
+    and bits however it is iterated: each coefficient is a NumPy float64 scalar (strongly typed: float32 values
+    are computed in float64 as against the array, where a Python float would keep them float32). Returns out."""
+    if out is None:
+        out = np.empty(values.shape)
+    channels, run = values.shape[1], values.shape[2]
+    if channels == 1 or run < PER_CHANNEL_RUN:
+        return ufunc(values, coefficients[:, None], out=out)
+    for j, coefficient in enumerate(coefficients):  # (np.float64 scalars)
+        ufunc(values[:, j], coefficient, out=out[:, j])
+    return out

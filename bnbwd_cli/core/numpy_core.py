@@ -25,6 +25,7 @@ import numpy as np
 
 from bnbwd_cli.core import plan, summary
 from bnbwd_cli.files import mapped
+from bnbwd_cli.layout import per_channel
 from bnbwd_cli.core.plan import Group, Tile
 from bnbwd_cli.core.rounding import store
 from bnbwd_cli.scratch import FLOAT64, Scratch
@@ -42,23 +43,6 @@ RELEASE_BYTES = 4 << 20
 # Split groups fold their partials (J, 2, channels) in blocks of channels of about this many bytes, shared by the
 # pool: a block that stays in cache folds faster than the whole at once, and the pool can share the blocks.
 FOLD_BLOCK_BYTES = 1 << 20
-
-
-# A tile's channels are applied one at a time (a Python float each) when they are several and their lanes at least
-# this long: NumPy iterates a (rows, channels, lanes) tile against a (1, channels, 1) broadcast about half as fast
-# as against one channel's scalar. Short lanes (NXC rows) broadcast: a loop over channels would cost more calls.
-PER_CHANNEL_LANES = 64
-
-
-def _by_channel(ufunc, values: np.ndarray, coefficients: np.ndarray, out: np.ndarray) -> None:
-    """out = ufunc(values, coefficient of each channel), elementwise, for an (rows, channels, lanes) tile and the
-    tile's (channels,) float64 coefficients: the same operation and bits however it is iterated."""
-    channels, lanes = values.shape[1], values.shape[2]
-    if channels == 1 or lanes < PER_CHANNEL_LANES:
-        ufunc(values, coefficients[None, :, None], out=out)
-        return
-    for j, coefficient in enumerate(coefficients.tolist()):
-        ufunc(values[:, j], coefficient, out=out[:, j])
 
 
 # ---------------------------------------------------------------- the per-tile passes
@@ -92,7 +76,7 @@ class _Kernel:
         if not need_d:
             return gp, None
         d = self._widen(self.scratch.get("d", dy.shape, FLOAT64), self.views.src3[index])
-        _by_channel(np.subtract, d, self.views.mean[group.c0 : group.c1], out=d)
+        per_channel(np.subtract, d, self.views.mean[group.c0 : group.c1], out=d)
         return gp, d
 
     def set_coefficients(self, c0: int, sums: np.ndarray) -> None:
@@ -174,10 +158,10 @@ class _Kernel:
         result = gp[0]
         with np.errstate(over="ignore", invalid="ignore"):
             if views.training:
-                _by_channel(np.multiply, d, self.k[channels], out=d)
-                _by_channel(np.subtract, result, self.mean_dy[channels], out=result)
+                per_channel(np.multiply, d, self.k[channels], out=d)
+                per_channel(np.subtract, result, self.mean_dy[channels], out=result)
                 result -= d
-            _by_channel(np.multiply, result, views.scale[channels], out=result)
+            per_channel(np.multiply, result, views.scale[channels], out=result)
             if views.scale_exp is None and out.dtype.itemsize >= 4:
                 # f32/f64: the float64 product rounded once more on the way out (a cast as fast as a copy); f16/bf16
                 # go through store()

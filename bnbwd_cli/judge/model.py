@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64
-from bnbwd_cli.layout import view3
+from bnbwd_cli.layout import per_channel, view3
 from bnbwd_cli.scratch import Scratch
 
 if TYPE_CHECKING:
@@ -171,8 +171,8 @@ def channel_constants(inputs: Op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def xhat_block(src: np.ndarray, channels: slice, mean: np.ndarray, invstd: np.ndarray,
                out: np.ndarray | None = None) -> np.ndarray:
     """(src - mean) * invstd of one float64 block of src whose channels are `channels` (into ``out``, which may be src)."""
-    out = np.subtract(src, mean[channels][:, None], out=out)
-    return np.multiply(out, invstd[channels][:, None], out=out)
+    out = per_channel(np.subtract, src, mean[channels], out=out)
+    return per_channel(np.multiply, out, invstd[channels], out=out)
 
 
 ROWS_BYTES = 1 << 18  # rows of a (rows, c) cumsum handled at a time: they stay in the CPU's cache
