@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from bnbwd_cli.cli import main
 from bnbwd_cli.judge import Judging, compare_sets
-from bnbwd_cli.judge import sets as judge_sets
+from bnbwd_cli.judge import diagnosis as judge_diagnosis
 from tests.oracle import backward_arrays
 from tools import zoo
 
@@ -47,7 +47,7 @@ def _verdict(problem: dict, outputs: dict, truth: dict | None = None):
     diagnosis, which only names a cause, costs several times the judging on a failing 1e5-element output. The
     causes are tested where they are named (test_hints_* here, tests/test_judge_diagnosis.py)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(judge_sets, "diagnose", lambda *args: {})
+        patch.setattr(judge_diagnosis, "diagnose", lambda *args: {})
         return _judge(problem, outputs, truth)
 
 

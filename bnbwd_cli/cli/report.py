@@ -36,7 +36,6 @@ def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, st
     ``json_target``: None, a path, or "-" (JSON replaces the rich report on stdout).
     Structural problems go to stderr as ``error: ...`` lines, once (the report on stdout only counts them).
     """
-    from bnbwd_cli.render import json as report_json
     from bnbwd_cli.render import text as report
 
     _check_override_names(options, sets.actual, sets.reference)
@@ -50,6 +49,8 @@ def report_comparison(sets: app_judge.TensorSets, options: ComparisonOptions, st
         writer.write(report.render_report, stdout_console, result, report.Labels(sets.actual_label, sets.reference_label),
                      report.ReportStyle(verbose=options.verbose, brief=options.brief))
     if json_target is not None:
+        from bnbwd_cli.render import json as report_json  # only --json writes JSON
+
         tool = f"bnbwd {click.get_current_context().info_name}"  # the command that ran: run or verify
         document = report_json.report_document(result, report_json.Source(tool, sets.actual_label, sets.reference_label))
         text = report_json.document_text(document)

@@ -147,3 +147,9 @@ class Comparison:
     @property
     def passed(self) -> bool:
         return self.elements_passed and not self.bias_failed
+
+    @property
+    def suspicious(self) -> bool:
+        """Failed its elements or showed a significant systematic deviation (even where the bias check is off):
+        what the diagnosis explains."""
+        return not self.elements_passed or (self.bias is not None and self.bias.significant)

@@ -27,7 +27,6 @@ from bnbwd_cli.judge.model import (
     CHUNK, ChannelFacts, DiffSrcScale, blocks, channel_constants, channel_facts, diff_src_scale, flat_offset, unit_roundoff, xhat_block,
 )
 from bnbwd_cli.judge.rules import ScaledRule
-from bnbwd_cli.judge.diagnosis import diagnose
 from bnbwd_cli.judge.comparison import Comparison, Hint, Once
 from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator, Coordinates, Setup, compare_arrays
 from bnbwd_cli.judge.tolerance import Judging, comparison_dtype
@@ -374,6 +373,17 @@ def _size(arrays: Mapping[str, np.ndarray], key: str, progress: Callable[[int, i
     return int(np.size(arrays[key])) if progress is not None else 0
 
 
+def _explained(inputs: Op | None, facts: Callable[[], ChannelFacts],
+               judged: Mapping[str, tuple[np.ndarray, np.ndarray, Comparison]]) -> dict[str, tuple[Hint, ...]]:
+    """The diagnosis' hints per output (judge/diagnosis), when an output failed or deviated: the diagnosis is only
+    imported then."""
+    if not any(c.suspicious for _, _, c in judged.values()):
+        return {}
+    from bnbwd_cli.judge.diagnosis import diagnose
+
+    return diagnose(inputs, facts(), judged)
+
+
 def compare_sets(
     actual: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
@@ -420,7 +430,7 @@ def compare_sets(
             judged[name] = (a, r, comparison)
         row_names.append(name)
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
-    found = diagnose(inputs, facts(), judged) if judged else {}
+    found = _explained(inputs, facts, judged)
     outputs = [_with_hints(o, found.get(name, ()), actual) for o, name in zip(outputs, row_names)]
     tracker.finish()
     key_problems = []

@@ -43,13 +43,13 @@ def diagnose(inputs, facts: ChannelFacts,
     """Hints per output name for the op's outputs judged by the error model (name -> (actual, reference,
     comparison)); empty when every output passed without a significant systematic deviation."""
     judged = {n: v for n, v in outputs.items() if v[2].scaled is not None}
-    if not any(_suspicious(c) for _, _, c in judged.values()):
+    if not any(c.suspicious for _, _, c in judged.values()):
         return {}
     if inputs.src.size > MAX_ELEMENTS:
         hint = Hint("not-diagnosed", f"no cause tested: src has {inputs.src.size} elements, more than the "
                                      f"{MAX_ELEMENTS} the diagnosis holds in memory; a smaller case with the same "
                                      "kernel gets one")
-        return {name: (hint,) for name, (_, _, c) in judged.items() if _suspicious(c)}
+        return {name: (hint,) for name, (_, _, c) in judged.items() if c.suspicious}
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         case = build_case(inputs, facts, judged)
         suspicious = case.suspicious
@@ -88,10 +88,6 @@ def _choose(accepted: list) -> Hint:
         return Hint("ambiguous", f"several tested hypotheses explain the deviation equally well ({names}): "
                                  "the data cannot tell them apart")
     return Hint(best.cause, best.text(assessment), best.channels)
-
-
-def _suspicious(comparison: Comparison) -> bool:
-    return not comparison.elements_passed or (comparison.bias is not None and comparison.bias.significant)
 
 
 def _input_notes(case: Case) -> tuple[Hint, ...]:
