@@ -82,7 +82,7 @@ def coordinates(index: Sequence[int] | None, axis_names: Sequence[str] | None) -
     return "(" + ", ".join(str(i) for i in index) + ")"
 
 
-# A block's channels are applied one at a time (a Python float each) when they are several and their runs at least
+# A block's channels are applied one at a time (a float64 scalar each) when they are several and their runs at least
 # this long: NumPy iterates an (n, channels, s) block against a (channels, 1) broadcast about half as fast as
 # against one channel's scalar. Short runs (NXC rows) broadcast: a loop over channels would cost more calls.
 PER_CHANNEL_RUN = 64
@@ -92,13 +92,14 @@ def per_channel(ufunc: np.ufunc, values: np.ndarray, coefficients: np.ndarray,
                 out: np.ndarray | None = None) -> np.ndarray:
     """out = ufunc(values, each channel's coefficient), elementwise, for an (n, channels, s) block of a view3 and
     its channels' (channels,) float64 coefficients, into ``out`` (float64; None: a new array). The same operation
-    and bits however it is iterated: each coefficient is a NumPy float64 scalar (strongly typed: float32 values
-    are computed in float64 as against the array, where a Python float would keep them float32). Returns out."""
+    and bits however it is iterated: the loop is float64 (dtype=float64), so float32 and float16 values are
+    computed in float64 as against the array; a scalar alone would not promote them under NumPy 1.x's value-based
+    casting (nor would a Python float under NumPy 2). Returns out."""
     if out is None:
         out = np.empty(values.shape)
     channels, run = values.shape[1], values.shape[2]
     if channels == 1 or run < PER_CHANNEL_RUN:
-        return ufunc(values, coefficients[:, None], out=out)
-    for j, coefficient in enumerate(coefficients):  # (np.float64 scalars)
-        ufunc(values[:, j], coefficient, out=out[:, j])
+        return ufunc(values, coefficients[:, None], out=out, dtype=np.float64)
+    for j, coefficient in enumerate(coefficients):
+        ufunc(values[:, j], coefficient, out=out[:, j], dtype=np.float64)
     return out
