@@ -26,7 +26,7 @@ AUTO_NUMBA_MIN_BYTES = 256 << 20
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 MIN_BLOCK_BYTES = 4 << 20  # tile budgets measured best on 8 and 32 MiB L3s: see default_block_bytes
-# and on a 480 MiB L3 (2 threads): 32 MiB tiles 0.67-0.91x the time of 8 MiB ones (bench/RESULTS.md)
+# and on a 480 MiB L3, where tiles up to 32 MiB ran faster still (bench/RESULTS.md, 2026-11-26)
 MAX_BLOCK_BYTES = 32 << 20
 
 NUMBA_SOURCES = ("numba_kernels.py", "numba_bits.py", "plan.py")  # core/'s files numba_kernels' code is built from

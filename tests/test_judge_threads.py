@@ -79,3 +79,22 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
     with pytest.raises(KeyboardInterrupt):
         sets.compare_sets(actual, reference, replace(Judging(), threads=2), inputs=inputs)
     assert finished == [None] and threading.active_count() == before
+
+
+@pytest.mark.parametrize("judging_threads, call_threads, on_a_thread", [(1, None, False), (2, None, True), (2, 1, False)])
+def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_threads, on_a_thread,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """judge_outputs (run --reference, check and the API): its threads argument, else the Judging's own."""
+    from bnbwd_cli.app.judge import judge_outputs
+
+    inputs, actual, _ = _outputs("NCX", 34)
+    where = []
+    regression_pass = sets._regression_pass
+
+    def recording(*args, stop):
+        where.append(threading.current_thread() is not threading.main_thread())
+        return regression_pass(*args, stop=stop)
+
+    monkeypatch.setattr(sets, "_regression_pass", recording)
+    judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
+    assert where == [on_a_thread]

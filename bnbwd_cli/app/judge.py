@@ -101,4 +101,5 @@ def judge_outputs(op: Op, actual: Mapping[str, np.ndarray], judging: Judging,
     if not names:
         raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
                          "(or a spec's name for them)", hint="--map THEIRS=OURS names your own")
-    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), replace(judging, threads=threads or 0))
+    judging = replace(judging, threads=threads or judging.threads)  # (a Judging's own threads, unless given here)
+    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), judging)

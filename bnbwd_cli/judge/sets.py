@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 # sums (its sse = dd - coef.rhs cancels) depend on the blocking, and on badly wrong outputs its reported scale
 # and z move with it (tools/calibrate_tolerances.py, bug rows); one block size keeps the reports' numbers fixed.
 BLOCK = CHUNK
-# Elements judged at a time within a block: fewer calls while the regression's thread runs beside (32K to 256K
-# measured: 128K best). Pieces change no number (their statistics do not depend on the cut).
+# Elements judged at a time within a block: big enough that the calls per piece cost little while the regression's
+# thread runs beside (the sizes measured: bench/RESULTS.md). Pieces change no number (no statistic depends on the cut).
 PIECE = 2 * STATS_CHUNK
 
 
