@@ -94,13 +94,15 @@ def imported_after(args: list[str]) -> set[str]:
 
 
 def preloaded() -> set[str]:
-    """sys.modules of a bare interpreter under the same environment: what site and .pth files import.
+    """sys.modules of an interpreter that has imported NumPy alone, under the same environment: what site and .pth
+    files import, and what NumPy itself does.
 
     Some interpreters load stdlib modules before any of our code runs (CI's system Python has a .pth
-    that imports tempfile). Those are not ours to keep out; everything else in the lists still is.
+    that imports tempfile), and NumPy 1.x imports hashlib and secrets (numpy.random). Those are not ours to keep
+    out; everything else in the lists still is.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", "import sys; print(*sorted(sys.modules), sep='\\n')"],
+    done = subprocess.run([sys.executable, "-c", "import sys, numpy; print(*sorted(sys.modules), sep='\\n')"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=True)
     return set(done.stdout.split())
 
