@@ -1,7 +1,7 @@
 """Every number the judged path reports, hashed: run it in two trees and compare the lines (a speed change to
 judge/ must keep them all).
 
-    python -m bench.judge_bits [--large]                        # this tree
+    python -m bench.judge_bits [--large] [--threads 2]          # this tree
     cd /tmp && PYTHONPATH=BASE_TREE:REPO python -m bench.judge_bits   # BASE_TREE's bnbwd_cli, this repo's bench/
 
 For each problem (dtype x shape x layout) and each kernel output (bnbwd's own; scaled by 1+3e-6; some elements
@@ -41,6 +41,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="each verdict on stderr")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the judging's threads: 1, the judging pass regresses its own pieces; 2, the regression "
+                             "runs on a second thread (the same hash either way)")
     args = parser.parse_args()
     verbose = args.verbose
     import numpy as np
@@ -88,7 +91,10 @@ def main() -> None:
         kernels["nan_doubled"] = broken
         for kernel, actual in kernels.items():
             for up_front in (False, True):
-                result = judge_outputs(op, actual, Judging(details_up_front=up_front), threads=1)
+                if args.threads == 1:  # (as older trees take it: their Judging has no threads)
+                    result = judge_outputs(op, actual, Judging(details_up_front=up_front), threads=1)
+                else:
+                    result = judge_outputs(op, actual, Judging(details_up_front=up_front, threads=args.threads))
                 if verbose:
                     print(label, kernel, up_front, [(row.name, row.status) for row in result.outputs], file=sys.stderr)
                 for row in result.outputs:

@@ -1,6 +1,7 @@
 """diff_src's bias regression runs on a second thread beside the channel facts and the judging pass
-(judge/sets.py, Judging.threads): every number of the comparison is the one the single-threaded judgement
-gives, an error raised on that thread reaches the caller, and leaving early stops it."""
+(judge/sets.py, Judging.threads), or, with one thread, inside the judging pass on the pieces it has upcast: every
+number of the comparison is the same either way, an error raised on that thread reaches the caller, and leaving
+early stops it."""
 
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
     assert finished == [None] and threading.active_count() == before
 
 
-@pytest.mark.parametrize("judging_threads, call_threads, on_a_thread", [(1, None, False), (2, None, True), (2, 1, False)])
-def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_threads, on_a_thread,
+@pytest.mark.parametrize("judging_threads, call_threads, beside", [(1, None, False), (2, None, True), (2, 1, False)])
+def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_threads, beside,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """judge_outputs (run --reference, check and the API): its threads argument, else the Judging's own."""
+    """judge_outputs (run --reference, check and the API): its threads argument, else the Judging's own; with one
+    thread the judging pass regresses its own pieces (no pass of the regression's own)."""
     from bnbwd_cli.app.judge import judge_outputs
 
     inputs, actual, _ = _outputs("NCX", 34)
@@ -96,5 +98,6 @@ def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_thre
         return regression_pass(*args, stop=stop)
 
     monkeypatch.setattr(sets, "_regression_pass", recording)
-    judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
-    assert where == [on_a_thread]
+    result = judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
+    assert where == ([True] if beside else [])
+    assert result.outputs[0].comparison.bias is not None

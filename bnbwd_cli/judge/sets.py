@@ -20,7 +20,7 @@ from bnbwd_cli import layout
 from bnbwd_cli.dtypes import is_bfloat16, to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
-from bnbwd_cli.judge.bias import ChannelRegression, PieceValues, pooled_bias, vector_bias
+from bnbwd_cli.judge.bias import BlockSums, ChannelRegression, PieceValues, pooled_bias, vector_bias
 from bnbwd_cli.spec import ShapesOnDemand
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structural_problem
 from bnbwd_cli.judge.model import (
@@ -151,16 +151,17 @@ class _DiffSrc:
     advance: Callable[[int], None] | None = None
 
 
-def _diff_src_pass(case: _DiffSrc, detailed: bool) -> Accumulator:
+def _diff_src_pass(case: _DiffSrc, detailed: bool, regression: ChannelRegression | None = None) -> Accumulator:
     """One blocked pass over diff_src: the verdict's statistics, and the details when ``detailed`` (in the judging
-    pass when asked for up front, else a second pass on first use)."""
+    pass when asked for up front, else a second pass on first use); with ``regression``, its sums too, from the
+    same upcast pieces (one thread: _regression_pass's sums without a pass of their own)."""
     inputs = case.inputs
     state = _accumulator(case.a, case.r, case.job, inputs, "diff_src", detailed)
     judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
     a3 = judged.views[0]
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
-            judged.block(where)
+            judged.block(where, regression)
             if case.advance is not None:
                 case.advance(a3[where].size)
     return state
@@ -182,25 +183,28 @@ class _Pass:
         self.scale_sound = xhat_finite & np.logical_and.reduce([np.isfinite(v) for v in coefficients])
         self.scale_sound &= state.rule.scaled.max_units >= 0
 
-    def block(self, where: tuple[slice, slice, slice]) -> None:
+    def block(self, where: tuple[slice, slice, slice], regression: ChannelRegression | None = None) -> None:
         a3, r3 = self.views[:2]
         shape = a3[where].shape
         # r and d = a - r of the whole block: the relative L2's sums are by block
         r_block = r3[where] if r3.dtype == np.float64 else self.scratch.get("r", shape)
         d_block = self.scratch.get("difference", shape)
+        sums = regression.start(shape) if regression is not None else None
         offset = flat_offset(a3.shape, where)
         finite = True
         for piece in blocks(shape, PIECE):
-            finite &= self._piece(where, piece, (r_block, d_block), offset + flat_offset(shape, piece))
+            finite &= self._piece(where, piece, (r_block, d_block, sums), offset + flat_offset(shape, piece))
         if finite:  # d is a - r everywhere, and a and r are finite
             self.state.l2.update(d_block.reshape(-1), r_block.reshape(-1))
         else:
             self.state.add_norms(to_float64(a3[where]).reshape(-1), r_block.reshape(-1))
+        if sums is not None:
+            regression.finish(sums, where[1])
 
     def _piece(self, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice], block: tuple,
                offset: int) -> bool:
-        """Judge one piece; whether its a - r is finite everywhere."""
-        r_block, d_block = block
+        """Judge one piece (and regress it, with a block's regression sums); whether its a - r is finite everywhere."""
+        r_block, d_block, sums = block
         facts = self.case.facts
         values = _upcast_piece(self.views, where, piece, (facts.mean, facts.invstd), self.scratch, r_block)
         a, r, d, dy, xhat = values.actual, values.reference, d_block[piece], values.diff_dst, values.xhat
@@ -220,6 +224,8 @@ class _Pass:
             self.state.add_scaled(*flat, d.reshape(-1), offset, scale_at)
         else:
             self.state.add(*flat, offset, scale_at(None), norms=False)
+        if sums is not None:
+            _regress_piece(sums, piece, values)
         return finite
 
 
@@ -252,9 +258,10 @@ def _upcast_piece(views: tuple, where: tuple[slice, slice, slice], piece: tuple[
 
 def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
                      stop: threading.Event | None = None) -> ChannelRegression | None:
-    """The bias regression's sums over diff_src (judge/bias.py), a pass of its own: it needs no error scale, so it
-    runs beside the channel facts and the judging pass, on another thread. Its blocks and pieces are the judging
-    pass's; its sums are formed in the same order whoever runs it. ``stop`` set: it returns None at the next block."""
+    """The bias regression's sums over diff_src (judge/bias.py), a pass of its own: it needs no error scale, so with
+    two threads it runs beside the channel facts and the judging pass. Its blocks and pieces are the judging pass's,
+    and its sums the ones the judging pass forms when it regresses its own pieces (one thread). ``stop`` set: it
+    returns None at the next block."""
     views = _views(a, r, inputs)
     a3 = views[0]
     regression = ChannelRegression(a3.shape[1], dtype)
@@ -266,23 +273,26 @@ def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
                 return None
             sums = regression.start(a3[where].shape)
             for piece in blocks(sums.difference.shape, PIECE):
-                values = _upcast_piece(views, where, piece, constants, scratch)
-                d = np.subtract(values.actual, values.reference, out=sums.difference[piece])
-                finite = bool(np.isfinite(d).all()) and bool(np.isfinite(values.xhat).all())
-                sums.add(piece, values, finite=finite)
+                _regress_piece(sums, piece, _upcast_piece(views, where, piece, constants, scratch))
             regression.finish(sums, where[1])
     return regression
 
 
-class _Beside:
-    """A call run on a thread of its own while the caller goes on (inline, at result(), when ``threaded`` is False).
-    Leaving the ``with`` block early (an error, Ctrl-C) tells the call to stop and waits for it."""
+def _regress_piece(sums: BlockSums, piece: tuple[slice, slice, slice], values: _Upcast) -> None:
+    """One upcast piece into its block's regression sums: d = a - r in the block's own buffer, then the products."""
+    d = np.subtract(values.actual, values.reference, out=sums.difference[piece])
+    sums.add(piece, values, finite=bool(np.isfinite(d).all()) and bool(np.isfinite(values.xhat).all()))
 
-    def __init__(self, function: Callable, *args, threaded: bool) -> None:
+
+class _Beside:
+    """A call run on a thread of its own while the caller goes on. Leaving the ``with`` block early (an error,
+    Ctrl-C) tells the call to stop and waits for it."""
+
+    def __init__(self, function: Callable, *args) -> None:
         self.stop = threading.Event()
         self.call = lambda: function(*args, stop=self.stop)
         self.outcome: tuple[bool, object] | None = None  # (raised, value)
-        self.thread = threading.Thread(target=self._run, daemon=True) if threaded else None
+        self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         try:
@@ -291,20 +301,15 @@ class _Beside:
             self.outcome = (True, exc)
 
     def __enter__(self) -> _Beside:
-        if self.thread is not None:
-            self.thread.start()
+        self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        self.thread.join()
 
     def result(self):
-        if self.thread is None:
-            self._run()
-        else:
-            self.thread.join()
+        self.thread.join()
         raised, value = self.outcome
         if raised:
             raise value
@@ -316,10 +321,17 @@ def _judge_diff_src(a: np.ndarray, r: np.ndarray, job: _Job, inputs: Op, facts: 
     """diff_src by the error model. ``facts``: the channel facts, on demand; with job.judging.threads > 1 the bias
     regression's pass runs beside the facts' pass and the judging pass (the same sums on any thread)."""
     dtype = _setup(a, r, job).dtype
-    with _Beside(_regression_pass, a, r, inputs, dtype, threaded=job.judging.threads > 1) as regression:
+    detailed = job.judging.details_up_front
+    if job.judging.threads > 1:
+        with _Beside(_regression_pass, a, r, inputs, dtype) as beside:
+            case = _DiffSrc(a, r, job, inputs, facts(), advance)
+            state = _diff_src_pass(case, detailed)
+            regression = beside.result()
+    else:  # one thread: the judging pass regresses the pieces it has upcast
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
-        state = _diff_src_pass(case, detailed=job.judging.details_up_front)
-        fit = regression.result().fit()
+        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype)
+        state = _diff_src_pass(case, detailed, regression)
+    fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
     # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
