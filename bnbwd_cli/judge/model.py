@@ -313,22 +313,31 @@ class DiffSrcScale:
     def block(self, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray, channels: slice,
               out: tuple[np.ndarray, np.ndarray] | tuple[None, None] = (None, None)) -> np.ndarray:
         """s_src of one (n, c, s) block; ``out``: two float64 arrays of its shape for the result and a term."""
-        c = (channels, None)
-        return _scale(self.base[c], self.per_xhat[c], self.per_dy[c], self.unit, (xhat, dy, reference), out)
+        coefficients = (self.base[channels], self.per_xhat[channels], self.per_dy[channels], self.unit)
+        return _scale(coefficients, (xhat, dy, reference), out, per_channel)
 
     def at(self, channel: np.ndarray, xhat: np.ndarray, dy: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """s_src of scattered elements: flat arrays of each one's channel, xhat, dy and reference (the numbers
         block() gives them)."""
-        return _scale(self.base[channel], self.per_xhat[channel], self.per_dy[channel], self.unit, (xhat, dy, reference))
+        coefficients = (self.base[channel], self.per_xhat[channel], self.per_dy[channel], self.unit)
+        return _scale(coefficients, (xhat, dy, reference), (None, None), _elementwise)
 
 
-def _scale(base, per_xhat, per_dy, unit: float, values: tuple, out: tuple = (None, None)) -> np.ndarray:
+def _elementwise(ufunc: np.ufunc, values: np.ndarray, coefficients: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """ufunc(values, coefficients), one coefficient an element (layout.per_channel's signature)."""
+    return ufunc(values, coefficients, out=out)
+
+
+def _scale(coefficients: tuple, values: tuple, out: tuple, apply: Callable) -> np.ndarray:
     """base + per_xhat*|xhat| + per_dy*|dy| + unit*|reference|, the terms added left to right (one formula for
-    blocks and scattered elements, so both give the same numbers); ``out``: (result, term) buffers or None."""
+    blocks and scattered elements, so both give the same numbers; IEEE sums and products do not depend on the
+    operands' order); ``out``: (result, term) buffers or None; ``apply``: how a coefficient meets its values
+    (per_channel for a block's (C,) coefficients, elementwise for scattered elements' own)."""
+    base, per_xhat, per_dy, unit = coefficients
     xhat, dy, reference = values
     scale, term = out
-    scale = np.add(base, np.multiply(per_xhat, np.abs(xhat, out=term), out=term), out=scale)
-    scale += np.multiply(per_dy, np.abs(dy, out=term), out=term)
+    scale = apply(np.add, apply(np.multiply, np.abs(xhat, out=term), per_xhat, term), base, scale)
+    scale += apply(np.multiply, np.abs(dy, out=term), per_dy, term)
     scale += np.multiply(unit, np.abs(reference, out=term), out=term)
     return scale
 
