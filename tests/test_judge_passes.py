@@ -14,8 +14,9 @@ import pytest
 
 from bnbwd_cli.core import Op
 from bnbwd_cli.dtypes import to_float64
-from bnbwd_cli.judge import model, sets
+from bnbwd_cli.judge import diff_src, model, sets
 from bnbwd_cli.judge.bias import ChannelRegression
+from bnbwd_cli.judge.job import Job
 from bnbwd_cli.judge.tolerance import Judging
 from bnbwd_cli.layout import view3
 from bnbwd_cli.scratch import Scratch
@@ -60,7 +61,7 @@ def test_scale_and_xhat_into_buffers_equal_the_formulas() -> None:
 def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of uneven size (the last one smaller) through the reused buffers: the regression's sums equal
     those of fresh float64 blocks fed to a regression of its own, and float64 inputs are read, never written."""
-    monkeypatch.setattr(sets, "BLOCK", 150)
+    monkeypatch.setattr(diff_src, "BLOCK", 150)
     rng = np.random.default_rng(13)
     shape = (7, 5, 30) if data_format == "NCX" else (7, 30, 5)
     src = rng.standard_normal(shape).astype(dtype)
@@ -71,7 +72,7 @@ def test_diff_src_pass_with_buffers_matches_fresh_blocks(dtype, data_format, mon
     reference = rng.standard_normal(shape).astype(dtype)
     actual = (reference * (1 + 1e-6) + rng.choice([0.0, 1e-3], size=shape)).astype(dtype)
     facts = model.channel_facts(inputs)
-    regression = sets._regression_pass(actual, reference, inputs, "f32" if dtype == np.float32 else "f64")
+    regression = diff_src._regression_pass(actual, reference, inputs, "f32" if dtype == np.float32 else "f64")
     plain = ChannelRegression(5, regression.dtype)
     a3, r3, dy3, x3 = (view3(x, data_format) for x in (actual, reference, dy, src))
     for where in model.blocks(a3.shape, 150):
@@ -207,8 +208,8 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
     bits[::5] += rng.integers(1, 40, bits[::5].size).astype(np.uint32)  # some elements off by a few ulps
     actual["diff_gamma"][::2] *= np.float32(1 + 3e-6)
     passes = []
-    diff_src_pass = sets._diff_src_pass
-    monkeypatch.setattr(sets, "_diff_src_pass", lambda *args, **kw: passes.append(1) or diff_src_pass(*args, **kw))
+    diff_src_pass = diff_src._diff_src_pass
+    monkeypatch.setattr(diff_src, "_diff_src_pass", lambda *args, **kw: passes.append(1) or diff_src_pass(*args, **kw))
     documents = []
     for up_front in (False, True):
         passes.clear()
@@ -251,10 +252,10 @@ def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_fin
     if non_finite:
         actual[1, 2, 3], reference[4, 1, 2], actual[5, 0, 0], reference[5, 0, 0] = np.nan, np.inf, 3e38, -3e38
     judging = Judging(details_up_front=True)
-    monkeypatch.setattr(sets, "BLOCK", 500)
+    monkeypatch.setattr(diff_src, "BLOCK", 500)
 
     def judged(piece: int) -> str:
-        monkeypatch.setattr(sets, "PIECE", piece)
+        monkeypatch.setattr(diff_src, "PIECE", piece)
         result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, judging, inputs=inputs)
         comparison = result.outputs[0].comparison
         return repr(comparison) + repr(comparison.details)
@@ -265,7 +266,7 @@ def test_diff_src_judged_in_pieces_equals_whole_blocks(data_format: str, non_fin
 def test_judging_progress_climbs_to_its_total_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """compare_sets' progress: (done, total) never going back, the pass over the inputs and every output counted
     (diff_src block by block), ending at done == total; the verdict and its numbers the same as without it."""
-    monkeypatch.setattr(sets, "BLOCK", 150)
+    monkeypatch.setattr(diff_src, "BLOCK", 150)
     rng = np.random.default_rng(5)
     src = rng.standard_normal((6, 5, 40)).astype(np.float32)
     dy = rng.standard_normal(src.shape).astype(np.float32)
@@ -293,15 +294,15 @@ def _inputs(rng: np.random.Generator) -> Op:
 
 @pytest.mark.parametrize("block", [7, 150, 1 << 16])
 def test_lazy_details_equal_a_detailed_single_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sets, "BLOCK", block)
+    monkeypatch.setattr(diff_src, "BLOCK", block)
     rng = np.random.default_rng(3)
     inputs = _inputs(rng)
     reference = rng.standard_normal(inputs.src.shape).astype(np.float32)
     actual = reference + rng.choice([0.0, 1e-6, 1e-2], size=reference.shape).astype(np.float32)
-    job = sets._Job(("diff_src", "diff_src"), Judging(top=5), sets.tensor_layout("NCX", 3))
-    case = sets._DiffSrc(actual, reference, job, inputs, model.channel_facts(inputs))
-    comparison = sets._judge_diff_src(actual, reference, job, inputs, lambda: case.facts)
-    single = sets._diff_src_pass(case, detailed=True)
+    job = Job(("diff_src", "diff_src"), Judging(top=5), sets.tensor_layout("NCX", 3))
+    case = diff_src._DiffSrc(actual, reference, job, inputs, model.channel_facts(inputs))
+    comparison = diff_src.judge_diff_src(actual, reference, job, inputs, lambda: case.facts)
+    single = diff_src._diff_src_pass(case, detailed=True)
     expected = single.details.finish(actual, reference, single.dtype)
     assert comparison.mismatches > 0
     assert comparison.details == expected
@@ -316,7 +317,7 @@ def test_judging_does_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPat
     actual = reference * np.float32(1 + 3e-6)
     results = []
     for block in (1 << 20, 150, 1 << 16):
-        monkeypatch.setattr(sets, "BLOCK", block)
+        monkeypatch.setattr(diff_src, "BLOCK", block)
         out = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(), inputs=inputs)
         results.append(out.outputs[0].comparison)
     for other in results[1:]:

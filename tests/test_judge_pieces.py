@@ -1,14 +1,15 @@
 """The judging pass's shortcuts give the numbers of the full judgement: the regression's sums skip d's zeros,
 the error scale is formed only past one ULP, and the judging pass equals the detailed one that forms every
-scale (judge/bias.py, judge/compare.py, judge/sets.py)."""
+scale (judge/bias.py, judge/compare.py, judge/diff_src.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bnbwd_cli.judge import bias, sets
+from bnbwd_cli.judge import bias, diff_src, sets
 from bnbwd_cli.judge.bias import ChannelRegression
+from bnbwd_cli.judge.job import Job
 from bnbwd_cli.judge.model import channel_facts
 from bnbwd_cli.judge.tolerance import Judging
 from tests.test_judge_bias import _blocks, _stated_sums
@@ -97,8 +98,8 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
     """The judging pass (scale only past one ULP where the channel's scale is sound) and the detailed pass (the
     scale of every element) give the same verdict and numbers: with NaN and inf in the inputs (those channels'
     scale is not sound, so they are judged the full way), and with a K that would let a within-ULP element fail."""
-    monkeypatch.setattr(sets, "BLOCK", 500)
-    monkeypatch.setattr(sets, "PIECE", 70)
+    monkeypatch.setattr(diff_src, "BLOCK", 500)
+    monkeypatch.setattr(diff_src, "PIECE", 70)
     rng = np.random.default_rng(23)
     inputs, shape = small_op(rng, data_format)
     src, dy = inputs.src, inputs.diff_dst
@@ -115,10 +116,10 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
         from bnbwd_cli.judge.tolerance import PerOutput
 
         judging = Judging(max_units=PerOutput(-1.0), top=5)
-    job = sets._Job(("diff_src",), judging, sets.tensor_layout(data_format, 3))
+    job = Job(("diff_src",), judging, sets.tensor_layout(data_format, 3))
     with np.errstate(all="ignore"):
-        case = sets._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
-        judged = [sets._diff_src_pass(case, detailed=detailed).result() for detailed in (False, True)]
+        case = diff_src._DiffSrc(actual, reference, job, inputs, channel_facts(inputs))
+        judged = [diff_src._diff_src_pass(case, detailed=detailed).result() for detailed in (False, True)]
     assert repr(judged[0]) == repr(judged[1])
     if problem == "negative K":
         assert judged[0].mismatches > 0

@@ -1,5 +1,5 @@
 """diff_src's bias regression runs on a second thread beside the channel facts and the judging pass
-(judge/sets.py, Judging.threads), or, with one thread, inside the judging pass on the pieces it has upcast: every
+(judge/diff_src.py, Judging.threads), or, with one thread, inside the judging pass on the pieces it has upcast: every
 number of the comparison is the same either way, an error raised on that thread reaches the caller, and leaving
 early stops it."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli import core
-from bnbwd_cli.judge import sets
+from bnbwd_cli.judge import diff_src, sets
 from bnbwd_cli.judge.tolerance import Judging
 from tests.test_judge_passes import small_op
 
@@ -32,15 +32,15 @@ def _outputs(data_format: str, seed: int):
 @pytest.mark.parametrize("up_front", [False, True])
 def test_threaded_judging_gives_the_single_threaded_numbers(data_format: str, up_front: bool,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sets, "BLOCK", 300)  # several blocks, and pieces within them
-    monkeypatch.setattr(sets, "PIECE", 70)
+    monkeypatch.setattr(diff_src, "BLOCK", 300)  # several blocks, and pieces within them
+    monkeypatch.setattr(diff_src, "PIECE", 70)
     inputs, actual, reference = _outputs(data_format, 31)
     results = [sets.compare_sets(actual, reference, Judging(top=5, threads=threads, details_up_front=up_front),
                                  inputs=inputs) for threads in (1, 2)]
     one, two = ([(o.name, o.status, repr(o.comparison), repr(o.comparison.details)) for o in r.outputs] for r in results)
     assert one == two
-    diff_src = results[0].outputs[0].comparison
-    assert diff_src.bias is not None and diff_src.mismatches > 0
+    judged = results[0].outputs[0].comparison
+    assert judged.bias is not None and judged.mismatches > 0
 
 
 def test_an_error_on_the_regression_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +51,7 @@ def test_an_error_on_the_regression_thread_reaches_the_caller(monkeypatch: pytes
         where.append(threading.current_thread() is not threading.main_thread())
         raise MemoryError("no room for the regression's sums")
 
-    monkeypatch.setattr(sets, "_regression_pass", failing)
+    monkeypatch.setattr(diff_src, "_regression_pass", failing)
     with pytest.raises(MemoryError, match="regression"):
         sets.compare_sets(actual, reference, Judging(threads=2), inputs=inputs)
     assert where == [True]
@@ -60,10 +60,10 @@ def test_an_error_on_the_regression_thread_reaches_the_caller(monkeypatch: pytes
 def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """An error in the facts' pass (or Ctrl-C there) sets the regression's stop flag and waits for its thread: no
     thread is left running, and the regression returns at its next block."""
-    monkeypatch.setattr(sets, "BLOCK", 100)
+    monkeypatch.setattr(diff_src, "BLOCK", 100)
     inputs, actual, reference = _outputs("NCX", 33)
     started, finished = threading.Event(), []
-    regression_pass = sets._regression_pass
+    regression_pass = diff_src._regression_pass
 
     def slow(*args, stop):
         started.set()
@@ -74,7 +74,7 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
         started.wait(5)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sets, "_regression_pass", slow)
+    monkeypatch.setattr(diff_src, "_regression_pass", slow)
     monkeypatch.setattr(sets, "channel_facts", interrupted)
     before = threading.active_count()
     with pytest.raises(KeyboardInterrupt):
@@ -91,13 +91,13 @@ def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_thre
 
     inputs, actual, _ = _outputs("NCX", 34)
     where = []
-    regression_pass = sets._regression_pass
+    regression_pass = diff_src._regression_pass
 
     def recording(*args, stop):
         where.append(threading.current_thread() is not threading.main_thread())
         return regression_pass(*args, stop=stop)
 
-    monkeypatch.setattr(sets, "_regression_pass", recording)
+    monkeypatch.setattr(diff_src, "_regression_pass", recording)
     result = judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
     assert where == ([True] if beside else [])
     assert result.outputs[0].comparison.bias is not None

@@ -7,7 +7,7 @@ Two tiers: the verdict and the numbers of the summary (mismatches, max abs/ULP/u
 minimum passing tolerance, NaN/Inf and zero counts) come from one cheap pass; the details (max
 relative error, worst elements, per-channel table, histogram) cost about as much again and only a
 failing output's report or --verbose/--json shows them. They are computed lazily, by a second pass
-on first use (``Once``): here for the fixed rule, in judge/sets.py for the scaled rule's diff_src
+on first use (``Once``): here for the fixed rule, in judge/diff_src.py for the scaled rule's diff_src
 (which rebuilds its error scale for it); a Setup with ``detailed`` gathers them in the same pass, which
 --json and --verbose ask for up front (Judging.details_up_front), since they read every output's details.
 """
@@ -33,8 +33,8 @@ from bnbwd_cli.scratch import Scratch
 __all__ = ["Accumulator", "Coordinates", "Setup", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
 
 CHUNK = 1 << 16  # elements per pass: its float64 scratch arrays (512 KiB each) stay in the CPU's cache
-# add_scaled: past this share (half) of a chunk's elements more than one ULP off, the whole chunk is judged (a gather of
-# that many elements' values costs more than the rule's passes over the rest)
+# add_scaled: past this share (half) of a chunk's elements more than one ULP off, the whole chunk is judged (a
+# gather of that many elements' values costs more than the rule's passes over the rest)
 DENSE_SHARE = 0.5
 
 
