@@ -101,3 +101,26 @@ def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_thre
     result = judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
     assert where == ([True] if beside else [])
     assert result.outputs[0].comparison.bias is not None
+
+
+@pytest.mark.parametrize("change", ["none", "scaled"])
+def test_run_reference_reports_the_same_with_one_thread_and_two(cli, tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                change: str) -> None:
+    """Through the real CLI: `run --reference --threads 1` (the judging pass regresses its own pieces) and
+    `--threads 2` (the regression on a second thread) write the same --json document, byte for byte, and exit alike;
+    --threads 2 did start the regression's thread."""
+    monkeypatch.setattr(diff_src, "BLOCK", 300)
+    inputs, actual, reference = _outputs("NCX", 35)
+    if change == "none":
+        actual = reference
+    names = ("src", "diff_dst", "mean", "variance")
+    np.savez(tmp_path / "in.npz", **{name: getattr(inputs, name) for name in names})
+    np.savez(tmp_path / "kernel.npz", **actual)
+    started = []
+    regression_pass = diff_src._regression_pass
+    monkeypatch.setattr(diff_src, "_regression_pass", lambda *args, stop: started.append(1) or regression_pass(*args, stop=stop))
+    results = [cli("run", tmp_path / "in.npz", "--epsilon", "1e-5", "--format", "NCX", "-q", "--threads", threads,
+                   "--reference", tmp_path / "kernel.npz", "--json", "-") for threads in ("1", "2")]
+    assert results[0].exit_code == results[1].exit_code == (0 if change == "none" else 1), results[0].stderr
+    assert results[0].stdout == results[1].stdout
+    assert started == [1]
