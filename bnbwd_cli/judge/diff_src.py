@@ -104,7 +104,7 @@ class _Pass:
         constants = (facts.mean, facts.invstd)
         # Without the regression's sums, diff_dst and xhat are formed only where the scale is wanted: nowhere when
         # the piece is within one ULP of the reference, at the elements past it when they are few.
-        values = _upcast_piece(self.views, where, piece, constants, self.scratch, r_block, whole=sums is not None)
+        values = _upcast_piece(self.views, where, piece, constants if sums is not None else None, self.scratch, r_block)
         a, r, d = values.actual, values.reference, d_block[piece]
         np.subtract(a, r, out=d)
         finite = bool(np.isfinite(d).all())
@@ -144,18 +144,18 @@ class _Upcast(PieceValues):
 
 
 def _upcast_piece(views: tuple, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice],
-                  constants: tuple[np.ndarray, np.ndarray], scratch: Scratch, r_block: np.ndarray | None = None,
-                  whole: bool = True) -> _Upcast:
+                  constants: tuple[np.ndarray, np.ndarray] | None, scratch: Scratch,
+                  r_block: np.ndarray | None = None) -> _Upcast:
     """One piece of a block as float64: actual, reference (into ``r_block``'s piece when given; a float64 reference
-    is the input itself), and with ``whole`` diff_dst and xhat (else None: _dy_xhat forms them on demand);
-    ``constants``: the channels' mean and invstd."""
+    is the input itself), diff_dst and xhat; ``constants``: the channels' mean and invstd (None: no diff_dst and
+    xhat, which _dy_xhat forms on demand)."""
     a_view, r_view = (view[where][piece] for view in views[:2])
     shape = a_view.shape
     a = to_float64(a_view, scratch.get("a", shape))
     r_out = scratch.get("r_piece", shape) if r_block is None else r_block[piece]
     r = r_view if r_view.dtype == np.float64 else to_float64(r_view, r_out)
     channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
-    dy, xhat = _dy_xhat(views, where, piece, constants, scratch) if whole else (None, None)
+    dy, xhat = _dy_xhat(views, where, piece, constants, scratch) if constants is not None else (None, None)
     return _Upcast(xhat, r, a, dy, channels)
 
 
@@ -192,7 +192,7 @@ def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
     returns None at the next block."""
     views = _views(a, r, inputs)
     a3 = views[0]
-    regression = ChannelRegression(a3.shape[1], dtype)
+    regression = ChannelRegression(a3.shape[1], dtype, elements=a3.size)
     scratch = Scratch()
     constants = channel_constants(inputs)[:2]  # (the facts' mean and invstd, formed the same way)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (errstate is per thread)
@@ -257,7 +257,7 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
             regression = beside.result()
     else:  # one thread: the judging pass regresses the pieces it has upcast
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
-        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype)
+        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype, elements=a.size)
         state = _diff_src_pass(case, detailed, regression)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
