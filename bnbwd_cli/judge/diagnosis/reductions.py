@@ -172,7 +172,7 @@ def _tail_length(case: Case, deviation: SumDeviation, hit: np.ndarray) -> int | 
     within its noise there can be within every channel's, so the others are tried on those alone."""
     with np.errstate(invalid="ignore", divide="ignore"):
         far = np.maximum(np.abs(deviation.beta) / deviation.beta_noise, np.abs(deviation.gamma) / deviation.gamma_noise)
-    first = int(np.nanargmax(np.where(hit, far, -np.inf)))
+    first = int(np.argmax(np.where(hit & np.isfinite(far), far, -np.inf)))  # (any channel when none is finite)
     lengths = np.arange(1, case.count)
     worst = np.zeros(lengths.size)
     for c in [first] + [c for c in range(case.channels) if c != first]:
