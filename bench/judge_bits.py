@@ -5,9 +5,9 @@ judge/ must keep them all).
     cd /tmp && PYTHONPATH=BASE_TREE:REPO python -m bench.judge_bits   # BASE_TREE's bnbwd_cli, this repo's bench/
 
 For each problem (dtype x shape x layout) and each kernel output (bnbwd's own; scaled by 1+3e-6; some elements
-NaN and some doubled) it judges with ``judge_kernel`` (``judge_outputs`` in older trees) and hashes the repr of every row (the verdict, the summary
-numbers, the bias fit, the diagnosis), the details (worst elements, per-channel table, histogram), and the
-channel facts' arrays. ``--large`` adds f32 (32,128,56,56) in both layouts. Prints one line a case, then one
+NaN and some doubled) it judges with ``judge_kernel`` (``judge_outputs`` in older trees) and hashes the repr of
+every row (the verdict, the summary numbers, the bias fit, the diagnosis), the details (worst elements,
+per-channel table, histogram), and the channel facts' arrays. ``--large`` adds f32 (32,128,56,56) in both layouts. Prints one line a case, then one
 hash over all of them.
 """
 

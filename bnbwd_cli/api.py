@@ -397,7 +397,7 @@ class Case:
 
     def check(self, actual: Any, **options: Any) -> Report:
         """check(actual, ...) on this case's inputs and settings: a Report, truthy iff the outputs pass; options
-        are check()'s key_map, max_units and spec."""
+        are check()'s key_map, max_units, only and spec."""
         return check(actual, **self.inputs, epsilon=self.epsilon, data_format=self.data_format,
                      training=self.is_training, **options)
 
