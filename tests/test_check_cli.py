@@ -135,11 +135,11 @@ def test_json_same_facts_and_exit_code(cli, case, tmp_path):
     assert [(c["case"], c["status"], c["exit_code"]) for c in document["cases"]] == [
         (path, "pass", 0), (wrong, "mismatch", 1), (str(tmp_path / "absent.npz"), "error", 3)]
     assert document["cases"][1]["notes"] == ["not used: loss"]
-    assert document["schema_version"] == 3
+    assert document["schema_version"] == 4
     passing, failing = document["cases"][0]["outputs"], document["cases"][1]["outputs"]
     assert all(o["comparison"] is None and o["max_units"] is not None for o in passing)  # compact: no details
     gamma = failing[1]
-    assert gamma["name"] == "diff_gamma" and gamma["status"] == "fail" and gamma["comparison"]["worst"]
+    assert gamma["name"] == "diff_gamma" and gamma["status"] == "mismatch" and gamma["comparison"]["worst"]
     assert any(not t["passed"] for t in gamma["criteria"])
     assert all((o["comparison"] is None) == (o["status"] == "pass") for o in failing)  # details for failures only
     assert document["cases"][1]["hint"] == (gamma["hints"][0]["evidence"] if gamma["hints"] else None)
