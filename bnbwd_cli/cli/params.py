@@ -15,6 +15,8 @@ from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, Judging,
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}  # every command's and the group's
+
 
 class ArraySource(click.ParamType):
     """FILE.npy, FILE.npz:key, FILE.npz (one array), FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE or '-' for stdin."""

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from bnbwd_cli.app import judge as app_judge
-from bnbwd_cli.cli.main import ReportWriter, record_verdict
+from bnbwd_cli.cli.output import ReportWriter, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.files import write as files_write
