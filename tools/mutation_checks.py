@@ -115,6 +115,7 @@ MUTANTS = (
            "return int(math.ceil(size * self.value / 100.0))", f"{EDGES} -k max_mismatch"),
     Mutant("inference mode's diff_src scale loosened 2x", MODEL, "        return DiffSrcScale(zero, zero, per_dy, unit)",
            "        return DiffSrcScale(zero, zero, 2 * per_dy, unit)", f"{EDGES} -k inference"),
+    Mutant("the bias floor halved", TOL, "BIAS_FLOOR_UNITS = 16.0", "BIAS_FLOOR_UNITS = 8.0", f"{BIAS_EDGES} -k floor"),
     Mutant("the sums' systematic allowance doubled", TOL, "SYSTEMATIC_UNITS = 4.0", "SYSTEMATIC_UNITS = 8.0",
            f"{BIAS_EDGES} -k systematic_allowance"),
     Mutant("the histogram holds one decade more than max_bins", ACCUMULATORS,
