@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.literal import literal
 from bnbwd_cli.render.brief import criterion_text
-from bnbwd_cli.render.text import decisive_number, status_word
+from bnbwd_cli.render.common import status_word
+from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli.status import Status, exit_code, suite_status
 
 if TYPE_CHECKING:
