@@ -8,10 +8,7 @@ values and decides nothing (tests/test_render_decides_nothing.py). Pure: no rich
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bnbwd_cli.judge.comparison import Comparison
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,8 +29,9 @@ class Criterion:
     checked: bool = True
 
 
-def criteria_of(c: Comparison) -> tuple[Criterion, ...]:
-    """The criteria that decide ``c``, in the order a report states them."""
+def criteria_of(c: Any) -> tuple[Criterion, ...]:
+    """The criteria that decide ``c`` (a judge/comparison.Comparison: not imported, it imports this module), in the
+    order a report states them."""
     elements_ok = c.mismatches <= c.allowed_mismatches
     if c.scaled is not None and c.allowed_mismatches == 0 and c.max_units is not None:
         criteria = [_beside("max_units", c.max_units.value, c.scaled.max_units, elements_ok)]
