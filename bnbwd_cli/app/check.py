@@ -7,6 +7,7 @@ app/judge.py, as `run --reference` and the API judge them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.app.judge import judge_outputs
+from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
@@ -21,17 +23,41 @@ from bnbwd_cli.status import Status, suite_status
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.sets import SetComparison
+    from bnbwd_cli.op import Op
     from bnbwd_cli.judge.tolerance import Judging
 
 
 @dataclass(frozen=True)
+class Problem:
+    """What a case's op was, for reports: src's stored shape, its dtype's short name, the layout (NCX, NXC),
+    epsilon (None with variance as invstd), M (elements per channel), training or inference."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    epsilon: float | None
+    m: int
+    is_training: bool
+
+
+def problem_of(op: Op) -> Problem:
+    channels = op.mean.shape[0]
+    return Problem(tuple(op.src.shape), dtype_label(op.src.dtype), op.data_format,
+                   None if op.variance_is_invstd else float(op.epsilon),
+                   op.src.size // channels if channels else 0, op.training)
+
+
+@dataclass(frozen=True)
 class CaseOutcome:
-    """One case file's verdict: a comparison, or the one-line error that kept it from being judged."""
+    """One case file's verdict: a comparison, or the one-line error that kept it from being judged; the op's
+    problem when its inputs were read, and the seconds its reading and judging took."""
 
     path: str
     result: SetComparison | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
+    problem: Problem | None = None
+    seconds: float = 0.0
 
     @property
     def status(self) -> Status:
@@ -104,6 +130,7 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
     it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
     case = Case(case) if isinstance(case, str) else case
     path, bf16 = case.path, request.bf16
+    started, problem = time.perf_counter(), None
     try:
         arrays = _read_case(case)
         found = reinterpret_bf16(bf16, {path: arrays})
@@ -112,11 +139,14 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
         op = split.build_op()
+        problem = problem_of(op)
         result = judge_outputs(op, split.outputs, request.judging, request.threads)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
-        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
-    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())
+        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}",
+                           problem=problem, seconds=time.perf_counter() - started)
+    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else (), problem=problem,
+                       seconds=time.perf_counter() - started)
 
 
 def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
