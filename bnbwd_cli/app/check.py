@@ -138,7 +138,11 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
-        op = split.build_op()
+        if not split.outputs and case.outputs_path is None and path.endswith(".npz") and not split.output_guesses():
+            raise InputError(f"{path.removesuffix('.npz')}{OUTPUTS_SUFFIX} not found, and {path} holds no outputs "
+                             "(diff_src, diff_gamma, diff_beta or a spec's name for them)",
+                             hint="did the kernel write its outputs? --map THEIRS=OURS names your own")
+        op = split.build_op(judged=True)
         problem = problem_of(op)
         result = judge_outputs(op, split.outputs, request.judging, request.threads)
     except InputError as exc:
