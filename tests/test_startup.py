@@ -19,7 +19,7 @@ EXAMPLE = ROOT / "fixtures" / "example.npz"
 
 # Imported by no `run` without --reference, quiet or not. Why each one stays out:
 NEVER_ON_PLAIN_RUN = {
-    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 256 MiB in memory)",
+    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 100M elements in memory)",
     "llvmlite": "numba's backend, same reason",
     "bnbwd_cli.core.numba_core": "loads numba",
     "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",
@@ -31,7 +31,7 @@ NEVER_ON_PLAIN_RUN = {
     "bnbwd_cli.render.json": "the comparison's JSON report",
     "bnbwd_cli.cli.verify": "verify's command: loaded when looked up (cli/main.COMMANDS), or by run --reference",
     "bnbwd_cli.cli.check": "check's command, same reason",
-    "bnbwd_cli.cli.report": "the comparison's report: only run --reference and verify",
+    "bnbwd_cli.cli.show": "the comparison's report: only run --reference and verify",
     "bnbwd_cli.app.judge": "judging a kernel's outputs: only run --reference, verify, check and the API",
     "bnbwd_cli.app.check": "check's suites",
     "bnbwd_cli.cli.cases": "cases' command, same reason",
