@@ -90,11 +90,17 @@ class Case:
 
 def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
     """The cases the command line names: a file is a case; a directory means its *.npz cases (not recursive),
-    or is one case when it holds .npy files and no .npz; NAME.out.npz is NAME.npz's outputs, never a case of its
-    own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its error)."""
+    or is one case when it holds .npy files and no .npz, or, holding neither, means its subdirectories as if each
+    were named (a folder of case folders: `check d` is `check d/*`); NAME.out.npz is NAME.npz's outputs, never a
+    case of its own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its
+    error)."""
     cases: list[Case] = []
     for argument in arguments:
         path = Path(argument)
+        folders = _case_folders(path)
+        if folders:
+            cases += find_cases([str(folder) for folder in folders])
+            continue
         archives = sorted(p for p in path.glob("*.npz") if p.is_file()) if path.is_dir() else []
         for candidate in archives or [path]:
             candidate = _inputs_of(candidate) or candidate
@@ -103,6 +109,20 @@ def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
             cases.append(Case(str(candidate) if archives or candidate != path else argument,
                               str(outputs) if paired else None))
     return tuple(dict.fromkeys(cases))
+
+
+def _case_folders(path: Path) -> list[Path]:
+    """A directory's subdirectories, sorted, when it holds no tensor file itself (else none): one level down,
+    each then read as a named argument."""
+    if not path.is_dir():
+        return []
+    try:
+        entries = sorted(path.iterdir())
+    except OSError:
+        return []  # the case's own read says why
+    if any(entry.suffix.lower() in (".npy", ".npz", ".safetensors") and entry.is_file() for entry in entries):
+        return []
+    return [entry for entry in entries if entry.is_dir() and not entry.name.startswith(".")]
 
 
 def _inputs_of(path: Path) -> Path | None:

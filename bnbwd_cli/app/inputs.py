@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
 from bnbwd_cli.errors import InputError
-from bnbwd_cli.files.read import read_bundle
+from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.op import Op
 from bnbwd_cli.layout import channel_axis, resolve_format
 from bnbwd_cli.spec import (CHANNELS_FIRST_KEYS, MODE_STATISTICS, OUTPUT_NAMES, PROFILES, ShapesOnDemand, input_keys, inputs_from_bundle, is_input_key,
@@ -159,7 +160,10 @@ def _refuse_unused_gamma(unused: Collection[str], naming: Naming, label: str) ->
 def read_inputs(source: str, request: SplitRequest, what: str = "bundle", declared: bool = False) -> Split:
     """The inputs and settings of a bundle (.npz path, pipe or '-'); members that can hold neither are never
     inflated (they may be a kernel's large outputs): they are only named in the Split's note.
-    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after)."""
+    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after).
+    A directory of .npy files (a PyTorch dump folder) is a bundle too, read as `check` reads one."""
+    if source != "-" and Path(source).is_dir():
+        return split_arrays(read_tensor_set(source), request, f"{what} ({source})")
     keys: list[str] = []
     arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(request.naming.key_map),
                         declared=declared)
