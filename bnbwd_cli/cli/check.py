@@ -11,7 +11,7 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
-from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import (ComparisonOptions, ReportTargets, ShardValue, comparison_options, fsync_option,
                                   op_options, report_options)
 from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports

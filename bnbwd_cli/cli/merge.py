@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from bnbwd_cli.app import report as app_report
-from bnbwd_cli.cli.main import ReportWriter, record_verdict
+from bnbwd_cli.cli.output import ReportWriter, record_verdict
 from bnbwd_cli.cli.params import ReportTargets, fsync_option, report_options
 from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports
 from bnbwd_cli.literal import literal_line

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnbwd_cli.cli.main import ReportWriter
+from bnbwd_cli.cli.output import ReportWriter
 from bnbwd_cli.cli.params import ReportTargets
 from bnbwd_cli.files import write as files_write
 

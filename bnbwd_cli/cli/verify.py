@@ -12,7 +12,7 @@ import click
 
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
-from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, spec_option
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
