@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import reductions, statistics, writes
+from bnbwd_cli.judge.diagnosis import fitted_statistics, reductions, statistics, writes
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
-from bnbwd_cli.judge.diagnosis.case import Case, assess, build_case
+from bnbwd_cli.judge.diagnosis.case import Assessment, Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
 from bnbwd_cli.judge.comparison import Comparison, Hint
 
@@ -30,6 +30,11 @@ __all__ = ["diagnose", "Hint"]
 AMBIGUOUS = 2.0  # another cause leaving at most this many times the best one's unexplained share: no name
 MIN_COUNT = 8  # elements per channel below which no cause is named
 MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (~10 float64 copies are held)
+
+
+# Fitted models (a parameter per channel or per term, fitted to the data), tried in this order only when no named
+# cause is accepted: a named cause is the same explanation with nothing fitted.
+FITTED = (fitted_statistics.candidates,)
 
 
 def _candidates(case: Case) -> Iterator[Candidate]:
@@ -56,18 +61,32 @@ def diagnose(inputs, facts: ChannelFacts,
         if case.count < MIN_COUNT:  # xhat takes a value or two: many bugs predict the same outputs
             hint = Hint("unexplained", f"M = {case.count} elements per channel are too few to tell causes apart")
             return {name: (hint,) for name in suspicious}
-        accepted: list[tuple[Candidate, float]] = []
-        tested = 0
-        for candidate in _candidates(case):
-            tested += 1
-            assessment = assess(case, candidate.prediction)
-            if assessment is not None:
-                accepted.append((candidate, assessment))
+        accepted, tested = _test(case, _candidates(case))
+        for tier in FITTED:  # the fitted models, only when no named cause explains the run; the first tier wins
+            if accepted:
+                break
+            accepted, more = _test(case, tier(case), first=True)
+            tested += more
         if accepted:
             hint = _choose(accepted)
             return {name: (hint,) for name in suspicious}
         extra = _input_notes(case)
         return {name: extra + (_unexplained(case, name, tested),) for name in suspicious}
+
+
+def _test(case: Case, candidates: Iterator[Candidate], first: bool = False) -> tuple[list[tuple[Candidate, Assessment]], int]:
+    """The candidates accepted by case.assess, and how many were tested. ``first``: stop at the first accepted
+    (a fitted tier yields its most specific model first; each acceptance reads the whole run)."""
+    accepted = []
+    tested = 0
+    for candidate in candidates:
+        tested += 1
+        assessment = assess(case, candidate.prediction)
+        if assessment is not None:
+            accepted.append((candidate, assessment))
+            if first:
+                break
+    return accepted, tested
 
 
 def _choose(accepted: list) -> Hint:
