@@ -167,3 +167,114 @@ def test_computed_narrower_is_not_said_when_the_deviation_is_larger_than_the_nar
     outputs["diff_src"] = (outputs["diff_src"].astype(np.float64) * 2).astype(zoo.BF16).astype(np.float32)
     result = _judge(problem, outputs)
     assert result.status == "mismatch" and not _notes(result, "diff_src")
+
+
+# --- the formula's terms with fitted coefficients (judge/diagnosis/terms.py) ------------------------------------
+
+TERMS_GRID = [(family, dtype, fmt, draw) for family in fitted_bugs.TERMS for dtype in ("f32", "sixteen")
+              for fmt in ("NCX", "NXC") for draw in range(2)]
+
+
+@pytest.mark.parametrize("family, dtype, fmt, draw", TERMS_GRID, ids=["-".join(map(str, g)) for g in TERMS_GRID])
+def test_formula_terms_are_fitted_and_said_in_words(family, dtype, fmt, draw):
+    rng = np.random.default_rng(zlib.crc32(f"{family}/{dtype}/{fmt}/{draw}".encode()))
+    dtype = dtype if dtype == "f32" else SIXTEEN[int(rng.integers(2))]
+    problem, outputs, bug = fitted_bugs.plant(family, rng, fmt, dtype)
+    result = _judge(problem, outputs)
+    hints = _hints(result)
+    assert result.status == "mismatch" and {h.cause for h in hints} == {"fitted-terms"}, (bug, hints)
+    text = hints[0].text
+    if bug.family == "terms-unrecognised":  # no word: the coefficients, fitted
+        said = re.search(r"\(([-0-9.e+]+)\*dy - ([-0-9.e+]+)\*mean\(dy\) - ([-0-9.e+]+)\*xhat", text)
+        assert said, text
+        assert np.allclose([float(v) for v in said.groups()], bug.numbers["coefficients"], rtol=0.01), text
+    elif bug.family == "terms-scaled":
+        scale = bug.numbers["coefficients"][0]
+        assert _number(text, r"scaled by ([-0-9.e+]+)") == pytest.approx(scale, rel=0.01), text
+    else:
+        assert bug.numbers["words"] in text, (bug.numbers["words"], text)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_a_few_channels_with_their_own_wrong_term_are_named_as_ranges(fmt):
+    """The xhat term's sign flipped in channels 2..4 only: the per-channel fit finds the channels and the word."""
+    problem = zoo.make_problem(np.random.default_rng(9), bugs.random_shape(np.random.default_rng(9), fmt), fmt,
+                               np.float32, np.float32)
+    c = problem["mean"].shape[0]
+    sign = np.ones(c)
+    sign[2:5] = -1
+    result = _judge(problem, bugs.kernel(problem, {"coefficients": (1.0, 1.0, sign)}))
+    hints = _hints(result)
+    assert {h.cause for h in hints} == {"fitted-terms"}, hints
+    assert "in c=2..4 only: diff_src: the xhat*mean(dy*xhat) term has its sign flipped" in hints[0].text, hints[0].text
+
+
+def test_every_output_scaled_alike_is_said_with_its_factor():
+    """All three outputs times 1 + 1e-4 (diff_beta's deviation beyond its noise: statistics other than the given
+    ones, which leave diff_beta as it is, do not explain it)."""
+    problem = zoo.make_problem(np.random.default_rng(10), (6, 5, 12, 10), "NCX", np.float32, np.float32)
+    truth = _truth(problem)
+    outputs = {k: (v.astype(np.float64) * (1 + 1e-4)).astype(v.dtype) for k, v in truth.items()}
+    hints = _hints(_judge(problem, outputs))
+    assert {h.cause for h in hints} == {"fitted-terms"} and "every output is scaled by 1+0.0001" in hints[0].text, hints
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_correct_kernels_get_no_fitted_hint(dtype):
+    rng = np.random.default_rng(zlib.crc32(f"correct-fitted/{dtype}".encode()))
+    for fmt in ("NCX", "NXC"):
+        problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+        result = _judge(problem, bugs.correct(problem))
+        assert result.status == "pass" and not _hints(result)
+
+
+# --- the kernel's own outputs against each other (judge/diagnosis/own_outputs.py) -------------------------------
+
+OWN_GRID = [(family, dtype, fmt) for family in fitted_bugs.OWN for dtype in ("f32", "sixteen") for fmt in ("NCX", "NXC")]
+
+
+@pytest.mark.parametrize("family, dtype, fmt", OWN_GRID, ids=["-".join(g) for g in OWN_GRID])
+def test_outputs_against_each_other(family, dtype, fmt):
+    rng = np.random.default_rng(zlib.crc32(f"{family}/{dtype}/{fmt}".encode()))
+    dtype = dtype if dtype == "f32" else SIXTEEN[int(rng.integers(2))]
+    problem, outputs, bug = fitted_bugs.plant(family, rng, fmt, dtype)
+    result = _judge(problem, outputs)
+    hints = _hints(result)
+    assert result.status == "mismatch" and {h.cause for h in hints} == {bug.cause}, (bug, hints)
+    text = hints[0].text
+    if bug.cause == "sums-wrong":  # the channels where the sums are off, as ranges, for each sum
+        where = bug.numbers["words"]
+        assert "the elementwise pass is right, the sums are wrong" in text, text
+        assert f"diff_beta in {where}" in text and f"diff_gamma in {where}" in text, (where, text)
+        assert hints[0].channels == bug.channels or where == "every channel"
+    else:
+        assert bug.numbers["words"] in text, (bug.numbers["words"], text)
+
+
+def test_sums_right_and_diff_src_wrong_puts_the_bug_in_the_elementwise_pass():
+    """Every 32nd element of diff_src off, the sums right: nothing explains it, and the hint says where the bug is."""
+    problem = zoo.make_problem(np.random.default_rng(11), (4, 6, 10, 12), "NCX", np.float32, np.float32)
+    outputs = bugs.correct(problem)
+    outputs["diff_src"] = np.ascontiguousarray(outputs["diff_src"])
+    outputs["diff_src"].reshape(-1)[31::32] += np.float32(0.05)
+    hints = _hints(_judge(problem, outputs))
+    assert [h.cause for h in hints] == ["unexplained"], hints
+    assert "the sums are right: the bug is in the elementwise pass" in hints[0].text, hints[0].text
+
+
+def test_diff_src_right_and_a_sum_wrong_puts_the_bug_in_the_sums_written():
+    problem = zoo.make_problem(np.random.default_rng(12), (4, 6, 10, 12), "NXC", np.float32, np.float32)
+    outputs = bugs.correct(problem)
+    outputs["diff_gamma"] = outputs["diff_gamma"] + np.random.default_rng(0).normal(0, 1, 12).astype(np.float32)
+    hints = _hints(_judge(problem, outputs))
+    assert [h.cause for h in hints] == ["unexplained"], hints
+    assert "diff_src passes, so the kernel used the right sums: the bug is in the sums written" in hints[0].text
+
+
+def test_an_output_of_other_inputs_is_said_to_have_no_relation_to_these():
+    problem = zoo.make_problem(np.random.default_rng(13), (4, 6, 10, 12), "NCX", np.float32, np.float32)
+    other = zoo.make_problem(np.random.default_rng(14), (4, 6, 10, 12), "NCX", np.float32, np.float32)
+    outputs = dict(bugs.correct(problem), diff_src=bugs.correct(other)["diff_src"])
+    hints = _hints(_judge(problem, outputs))
+    assert [h.cause for h in hints] == ["unexplained"], hints
+    assert "diff_src has no relation to these inputs" in hints[0].text, hints[0].text

@@ -130,6 +130,8 @@ HOOKS = {
                    "true sums)",
     "sums_in_src": "True: diff_src computed from the sums as written (with sum_factors)",
     "written_as": "output -> the other sum's name: that sum written in its place",
+    "dropped": "channel -> share: a random share of that channel's elements left out of both sums (diff_src uses "
+               "those sums)",
 }
 
 
@@ -233,6 +235,10 @@ def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.n
 
 
 def _sums(terms: np.ndarray, order: str, h: dict) -> np.ndarray:
+    if h.get("dropped"):
+        terms = terms.copy()
+        for channel, share in h["dropped"].items():  # the same elements for every sum: seeded by the channel
+            terms[channel, np.random.default_rng(channel).random(terms.shape[1]) < share] = 0
     if h.get("accumulate16") is not None:
         return running16(terms, h["accumulate16"])
     kept = terms[:, : terms.shape[1] - h.get("skip_tail", 0)]

@@ -47,6 +47,12 @@ def sample_rows(shape: tuple[int, int, int], target: int = SAMPLE) -> tuple[slic
     return slice(0, n, step_n), slice(None), slice(0, s, step_s)
 
 
+def rounding(actual: np.ndarray, reference: np.ndarray, dtype: str) -> np.ndarray:
+    """Half an ulp of the output's dtype at the larger of actual and reference: the rounding noise of an element
+    of a fit (the actual's rounding, where a bug moved it far from a reference near zero)."""
+    return np.maximum(ulp_spacing(np.nan_to_num(actual), dtype), ulp_spacing(reference, dtype)) / 2
+
+
 @dataclass(frozen=True)
 class StatisticsFit:
     """Per channel (C,): the fitted invstd change eps (relative), the mean's shift delta (in sd), their
@@ -75,7 +81,7 @@ def _sample(case: Case) -> _Sample:
     rows = sample_rows(case.x.shape)
     src = case.outputs["diff_src"]
     actual, xhat, dy = src.actual[rows], case.xhat[rows], case.dy[rows]
-    noise = case.src_scale[rows] + ulp_spacing(src.reference[rows], src.comparison.dtype) / 2
+    noise = case.src_scale[rows] + rounding(src.actual[rows], src.reference[rows], src.comparison.dtype)
     usable = np.isfinite(actual) & np.isfinite(xhat) & np.isfinite(dy) & (noise > 0)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
     actual, xhat, dy = (np.where(usable, v, 0.0) for v in (actual, xhat, dy))
