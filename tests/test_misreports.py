@@ -1,6 +1,6 @@
 """Failures said for what they are: a deleted working directory or a file's failure is not blamed on stdout or
 stderr; check's case errors reach stderr; a report that cannot reach a closed or full stdout keeps the verdict's
-exit code with one line on stderr (DESIGN.md section 2), --json - included."""
+exit code with one line on stderr (README.md, "Exit codes"; docs/guarantees.md), --json - included."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
-from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.literal import literal, literal_line
@@ -34,9 +34,11 @@ training, running_mean and running_var in inference); optional 0-d 'epsilon',
 a spec's or PyTorch's names (x_backprop, grad_input, grad_weight, ...). Your
 own names: --map THEIRS=OURS (e.g. --map dy=diff_dst --map dx=diff_src), for
 inputs and outputs alike. Other keys are named in a note (one named like
-gamma is an error unless --ignore names it). The outputs a case holds are
-judged as `bnbwd run --reference` judges them: each element by the error a
-correct float32 kernel could make on that problem (K = --max-units).
+gamma is an error unless --ignore names it). A case's outputs are judged as
+`bnbwd run --reference` judges them: each element by the error a correct
+float32 kernel could make on that problem (K = --max-units). A case must
+hold every output: one it lacks makes it fail with exit 3 (--only diff_src
+judges fewer).
 
 \b
 --epsilon, --format, --spec, --inference, --variance-is-invstd and --bf16 KEY
@@ -102,7 +104,8 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
         if errors_on_stderr:
             _echo_case_errors(outcome)
 
-    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores())
+    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores(),
+                                      on_note=lambda note: echo_error(f"note: {note}"))
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)
     writer.write(lambda: console.print(literal(report_cases.summary_line(outcomes), None), highlight=False, soft_wrap=True))

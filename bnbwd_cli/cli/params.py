@@ -15,6 +15,8 @@ from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, Judging,
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}  # every command's and the group's
+
 
 class ArraySource(click.ParamType):
     """FILE.npy, FILE.npz:key, FILE.npz (one array), FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE or '-' for stdin."""
@@ -114,7 +116,9 @@ class KeyPair(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
         if isinstance(value, tuple):
             return value
-        actual, sep, reference = value.partition("=")
+        # split at the last "=": OURS is bnbwd's name for an array (never holds "="), THEIRS any key a file holds,
+        # "=" included (dx=0=diff_src, as the missing-output message suggests it)
+        actual, sep, reference = value.rpartition("=")
         if not sep or not actual or not reference:
             self.fail(f"{value!r}: expected THEIRS=OURS, e.g. dx=diff_src or dy=diff_dst", param, ctx)
         return actual, reference
