@@ -139,12 +139,13 @@ def _compare_pair(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op | None, fac
     return _judge_sum(a, r, job, inputs, facts(), output)
 
 
-def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[str, np.ndarray]) -> OutputResult:
+def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[str, np.ndarray],
+                reference: Mapping[str, np.ndarray]) -> OutputResult:
     """The output's row with its diagnosis and the hints' texts (then the precision note, judge/hints.py)."""
     c = output.comparison
     if c is None:
         return output
-    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key])
+    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key], reference[output.reference_key])
     return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))
 
 
@@ -222,7 +223,7 @@ def compare_sets(
         row_names.append(name)
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
     found = _explained(inputs, facts, judged)
-    outputs = [_with_hints(o, found.get(name, ()), actual) for o, name in zip(outputs, row_names)]
+    outputs = [_with_hints(o, found.get(name, ()), actual, reference) for o, name in zip(outputs, row_names)]
     tracker.finish()
     key_problems = []
     for problem in match.problems:
