@@ -15,7 +15,7 @@ no files, no terminal. The descriptions tried, each a few vectorised passes over
 
 A description is accepted when it covers at least NEARLY_ALL of the failing elements and at least MOSTLY of the
 elements it names fail; of those accepted, the one with the fewest index ranges wins, a tight one (TIGHT on both
-counts) before any loose one (ties: the order above). When none is accepted the answer says so, with the densest channel or index.
+counts) before any loose one (ties: an exact one, then the order above). When none is accepted the answer says so, with the densest channel or index.
 ``heat_map`` is the picture's data: the failing share over channel groups x blocks of each channel's positions.
 """
 
@@ -399,7 +399,7 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     accepted = [w for w in found if w is not None and w.covered >= NEARLY_ALL * failing and w.covered >= MOSTLY * w.region]
     if not accepted:
         return _scattered(failing, where, counts)
-    return min(accepted, key=lambda w: (not w.tight, w.complexity, _ORDER.index(w.kind)))
+    return min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
 
 
 # --------------------------------------------------------------------------- the picture's data
