@@ -355,7 +355,7 @@ def _reduction(failures: _Failures, where: Coordinates, channels: np.ndarray) ->
 def _elements(failures: _Failures, where: Coordinates) -> Where:
     positions, failing = failures.first(FEW_ELEMENTS), failures.count
     text = f"{failing} element{'s' if failing > 1 else ''}: " + "; ".join(where.at(int(p)) for p in positions)
-    return Where("elements", text, failing, failing, failing, complexity=failing)
+    return Where("elements", text, failing, failing, failing, complexity=1)  # (a few: as simple as one range)
 
 
 def _scattered(failing: int, where: Coordinates, counts: list[np.ndarray]) -> Where:
@@ -404,7 +404,7 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
 
 # --------------------------------------------------------------------------- the picture's data
 
-MAP_ROWS, MAP_COLUMNS = 24, 60  # at most: channel groups x blocks of each channel's positions
+MAP_ROWS, MAP_COLUMNS = 16, 60  # at most: channel groups x blocks of each channel's positions
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from bnbwd_cli.literal import literal, literal_line
+from bnbwd_cli.judge.where import indices_text
 from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.decision import Criterion, criteria_of
 from bnbwd_cli.render.text import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
@@ -38,15 +39,53 @@ def op_text(value: float, threshold: float) -> str:
     return ">" if abs(value) > threshold else "<="
 
 
+FIRST_SHOWN = 3  # NaN/Inf positions a line names (the JSON document has judge's five)
+
+
+def nonfinite_text(c: Comparison) -> str | None:
+    """The NaN/Inf that fail, said before any units: how many, the first positions, the channels that are all NaN
+    and where they sit (judge/where.py); None when none fails."""
+    n = c.nonfinite
+    if not n.mismatches:
+        return None
+    kinds = " and ".join(f"{count} {kind}" for count, kind in ((n.nan_mismatches, "NaN"), (n.inf_mismatches, "Inf"))
+                         if count)
+    side = "where the reference is finite" if not (n.nan_reference or n.inf_reference) else "where the sides differ"
+    text = f"{kinds} {side}"
+    if n.first:
+        shown = n.first[:FIRST_SHOWN]
+        more = "; ..." if n.mismatches > len(shown) else ""
+        text += f" (first at {'; '.join(coordinates(i, c.axis_names) for i in shown)}{more})"
+    if n.nan_channels:
+        text += f"; c={indices_text(n.nan_channels)} all NaN"
+    where = c.details.nonfinite_where
+    if where is not None and where.kind not in ("elements", "all"):
+        text += f"; where: {where.text}"
+    return text
+
+
+def where_text(c: Comparison) -> str | None:
+    """Where a failing output's finite failures sit (judge/where.py), one line; None for an output that passes."""
+    if c.passed or not c.finite_mismatches:
+        return None
+    where = c.details.where
+    return None if where is None else where.text
+
+
 def criterion_text(test: Criterion, c: Comparison) -> str:
     """One criterion as its statistic against its threshold, e.g. "max 3.2 units <= K 16" or
-    "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"."""
+    "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"; NaN/Inf that fail come first, and then the units are
+    the finite elements'."""
     if test.statistic == "max_units":
         text = f"max {fmt_ulp(test.value)} units {op_text(test.value, test.threshold)} K {test.threshold:g}"
+        if c.nonfinite.mismatches:
+            failing = f" ({c.finite_mismatches} fail)" if c.finite_mismatches else ""
+            return f"{nonfinite_text(c)}; on the finite elements: {text}{failing}"
         return text + (f" ({c.mismatches} of {c.elements} elements fail)" if c.mismatches else "")
     if test.statistic == "mismatches":
         op = "<=" if test.passed else ">"
-        return f"{c.mismatches}/{c.elements} mismatched {op} allowed {c.allowed_mismatches}"
+        text = f"{c.mismatches}/{c.elements} mismatched {op} allowed {c.allowed_mismatches}"
+        return text if not c.nonfinite.mismatches else f"{nonfinite_text(c)}; {text}"
     if test.statistic == "rel_l2":
         return f"rel L2 {fmt(test.value)} {op_text(test.value, test.threshold)} {test.threshold:.2g}"
     where = f" in c={test.channel}" if test.channel is not None else ""
@@ -88,11 +127,15 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
             continue
         for hint in c.hints:
             console.print(Text(f"  hint: {literal_line(phrase(hint, style.face))}"), soft_wrap=True)
-        if not c.passed and c.mismatches and c.worst:
+        where = where_text(c)
+        if where is not None:
+            console.print(Text(f"  where: {where}"), soft_wrap=True)
+        if not c.passed and c.finite_mismatches and c.worst:
             e = c.worst[0]
             units = f" ({fmt_ulp(e.units)} units)" if c.scaled is not None else ""
-            console.print(Text(f"  worst: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, expected "
-                               f"{fmt_value(e.expected)}{units}"), soft_wrap=True)
+            finite = " (of the finite elements)" if c.nonfinite.mismatches else ""
+            console.print(Text(f"  worst{finite}: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, "
+                               f"expected {fmt_value(e.expected)}{units}"), soft_wrap=True)
     for note in result.notes:  # keys not compared: a misnamed output shows here first
         console.print(Text(f"note: {literal_line(note)}"), soft_wrap=True)
     if style.problems_inline:

@@ -222,19 +222,43 @@ def _bias_cell(c: Comparison) -> str:
     return f"{test.value:+.1e} {op_text(test.value, test.threshold)} {test.threshold:.1e}{where}"
 
 
-def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
+def _units_advice(c: Comparison, face: str) -> str:
+    """What K would pass the output, when one would: none passes a NaN/Inf, nor an error where a correct kernel's
+    error scale is 0 (--max-units takes finite numbers only)."""
     from bnbwd_cli.render.brief import phrase
+
+    if c.nonfinite.mismatches:
+        return "; no K passes the NaN/Inf"
+    if math.isinf(c.min_units):
+        return "; no K passes it: a correct kernel's error scale is 0 where it fails"
+    return "; " + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", face)
+
+
+def _render_picture(console: Console, c: Comparison) -> None:
+    from bnbwd_cli.render.picture import render_picture
+
+    names = c.axis_names or tuple(f"dim{a}" for a in range(len(c.shape)))
+    axis = c.channel_axis
+    render_picture(console, c.details.picture, names[axis], ", ".join(n for a, n in enumerate(names) if a != axis))
+
+
+def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
+    from bnbwd_cli.render.brief import nonfinite_text, phrase, where_text
 
     c = output.comparison
     verbose = style.verbose
     console.rule(Text(f"{literal(output.name)}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
+    nonfinite = nonfinite_text(c)
+    if nonfinite is not None:  # before any units: no K or tolerance passes a NaN
+        console.print(Text(f"NaN/Inf: {nonfinite}", style="bold red"), soft_wrap=True)
     console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
                   f"allowed {c.allowed_mismatches}", highlight=False)
     where = c.axis_names
+    finite = "on the finite elements: " if nonfinite is not None else ""
     if c.scaled is not None:
-        console.print(f"max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} (K {c.scaled.max_units:g}); "
-                      + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", style.face), highlight=False)
-    console.print(f"max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
+        console.print(f"{finite}max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} "
+                      f"(K {c.scaled.max_units:g}){_units_advice(c, style.face)}", highlight=False)
+    console.print(f"{finite}max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
                   f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
     if c.tolerance is not None:
         _render_fixed_details(console, c)
@@ -247,6 +271,11 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
         _render_channels(console, c, len(c.worst) or 10)
     for hint in c.hints:
         console.print(Text(f"hint: {literal_line(phrase(hint, style.face))}", style="yellow"), soft_wrap=True)
+    located = where_text(c)
+    if located is not None:
+        console.print(Text(f"where: {located}", style="yellow"), soft_wrap=True)
+    if not c.passed and c.details.picture is not None:
+        _render_picture(console, c)
     if verbose and c.elements:
         _render_histogram(console, c.histogram)
     console.print()
@@ -293,7 +322,8 @@ def _render_nonfinite(console: Console, c: Comparison) -> None:
 
 def _render_worst(console: Console, c: Comparison) -> None:
     count = len(c.worst)
-    table = _table(f"Worst {count} element{'s' if count != 1 else ''} by error / allowance")
+    finite = " finite" if c.nonfinite.mismatches else ""
+    table = _table(f"Worst {count}{finite} element{'s' if count != 1 else ''} by error / allowance")
     headers = ["where", "actual", "expected", "abs err", "ULP"] + (["units"] if c.scaled else ["rel err"]) + ["err/allowed", ""]
     for header in headers:
         table.add_column(header, justify="left" if header == "where" else "right", no_wrap=True)
