@@ -207,6 +207,7 @@ def test_stray_failures_do_not_hide_a_box(seed, layout):
     where = localize(mask, _coordinates(shape, layout))
     assert where.kind == "axes" and where.axes == (("c", ((lo, lo + 2),)),), where
     assert where.covered >= 0.9 * where.failing and not where.exact
+    assert where.text.endswith(f" ({where.failing - where.covered} of the {where.failing} elsewhere)")
 
 
 def test_nothing_simple_says_so_with_the_densest_channel():

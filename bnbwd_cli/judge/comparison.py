@@ -71,6 +71,12 @@ class ElementErrors:
     units: np.ndarray | None
 
 
+def errors_arrays(errors: ElementErrors) -> dict[str, np.ndarray]:
+    """The arrays --save-error writes and Report.errors returns, by name ("units" under the scaled rule only)."""
+    arrays = {"failing": errors.failing, "nonfinite": errors.nonfinite, "ratio": errors.ratio}
+    return arrays if errors.units is None else {**arrays, "units": errors.units}
+
+
 @dataclass(frozen=True)
 class Details:
     """The statistics that explain a comparison but do not decide it. ``where``: where the finite failing elements

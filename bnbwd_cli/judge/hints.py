@@ -11,6 +11,9 @@ import numpy as np
 from bnbwd_cli.dtypes import exact_narrower
 from bnbwd_cli.judge.comparison import Comparison, Hint
 
+# the diagnosis' answers that name no cause: shown after every cause or note
+UNEXPLAINED = ("unexplained", "not-diagnosed")
+
 
 def precision_hints(comparison: Comparison, actual: np.ndarray) -> tuple[Hint, ...]:
     """A failing f32/f64 output whose every element is exactly a bf16 (or f16) value: it was made in that

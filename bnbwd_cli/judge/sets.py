@@ -150,6 +150,8 @@ def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[s
     if c is None:
         return output
     hints = hints + hint_rules.precision_hints(c, actual[output.actual_key])
+    # the precise ones lead: "no tested hypothesis explains" after any cause or note (check's line shows the first)
+    hints = tuple(sorted(hints, key=lambda h: h.cause in hint_rules.UNEXPLAINED))
     return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))
 
 

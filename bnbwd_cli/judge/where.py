@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -388,7 +388,7 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     counts = [failures.per_axis(a) for a in range(mask.ndim)]
     axes = _axes(failures, where, counts, stray=False)
     found = [axes, _flat_range(failures, where)]
-    if axes.covered < axes.region * MOSTLY:  # stray failures widen the sets: those holding many
+    if not axes.tight:  # stray failures widen the sets: those holding many
         found.append(_axes(failures, where, counts, stray=True))
     if failing <= FEW_ELEMENTS:
         found.append(_elements(failures, where))
@@ -399,7 +399,10 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     accepted = [w for w in found if w is not None and w.covered >= NEARLY_ALL * failing and w.covered >= MOSTLY * w.region]
     if not accepted:
         return _scattered(failing, where, counts)
-    return min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
+    best = min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
+    if best.covered < failing:  # say that some are elsewhere
+        best = replace(best, text=f"{best.text} ({failing - best.covered} of the {failing} elsewhere)")
+    return best
 
 
 # --------------------------------------------------------------------------- the picture's data

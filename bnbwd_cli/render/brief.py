@@ -6,6 +6,7 @@ uses (phrase).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -64,6 +65,30 @@ def nonfinite_text(c: Comparison) -> str | None:
     return text
 
 
+def hints_once(output: OutputResult, said: dict[str, str]) -> list[str]:
+    """The output's hints, each said once per report: one an earlier output carries (a cause found for the whole
+    run names every output it explains) is "as for NAME". ``said``: hint text -> the first output with it, kept
+    across the report's outputs."""
+    texts = []
+    for hint in output.comparison.hints:
+        if hint in said:
+            texts.append(f"as for {said[hint]}")
+        else:
+            said[hint] = output.name
+            texts.append(hint)
+    return texts
+
+
+def units_advice(c: Comparison, face: str) -> str:
+    """What K would pass the output, when one would: none passes a NaN/Inf, nor an error where a correct kernel's
+    error scale is 0 (--max-units takes finite numbers only)."""
+    if c.nonfinite.mismatches:
+        return "; no K passes the NaN/Inf"
+    if math.isinf(c.min_units):
+        return "; no K passes it: a correct kernel's error scale is 0 where it fails"
+    return "; " + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", face)
+
+
 def where_text(c: Comparison) -> str | None:
     """Where a failing output's finite failures sit (judge/where.py), one line; None for an output that passes."""
     if c.passed or not c.finite_mismatches:
@@ -120,12 +145,13 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
     output (the pytest failure message, --brief)."""
     render_verdict(console, result, where="below" if style.problems_inline else "each named on stderr")
     console.print(Text(f"actual {literal(labels.actual)} vs reference {literal(labels.reference)}"), soft_wrap=True)
+    said: dict[str, str] = {}
     for output in result.outputs:
         console.print(Text(literal_line(brief_line(output))), soft_wrap=True)
         c = output.comparison
         if c is None:
             continue
-        for hint in c.hints:
+        for hint in hints_once(output, said):
             console.print(Text(f"  hint: {literal_line(phrase(hint, style.face))}"), soft_wrap=True)
         where = where_text(c)
         if where is not None:

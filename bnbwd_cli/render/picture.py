@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from bnbwd_cli.judge.comparison import Comparison
     from bnbwd_cli.judge.where import HeatMap
 
 # the failing share of a cell: none, then up to a quarter, a half, three quarters, more
@@ -43,6 +44,13 @@ def picture_lines(picture: HeatMap, channel: str, others: str) -> list[str]:
         lines.append(f"{label:>{width}}  " + "".join(shade(f / e) for f, e in zip(failing, elements)))
     lines.append(f"{'':{width}}  {LEGEND}")
     return lines
+
+
+def render_output_picture(console: Console, c: Comparison) -> None:
+    """A failing output's map, its axes named as the report names them."""
+    names = c.axis_names or tuple(f"dim{a}" for a in range(len(c.shape)))
+    axis = c.channel_axis
+    render_picture(console, c.details.picture, names[axis], ", ".join(n for a, n in enumerate(names) if a != axis))
 
 
 def render_picture(console: Console, picture: HeatMap, channel: str, others: str) -> None:

@@ -129,9 +129,10 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
     _render_rules(console, result)
     _render_summary(console, result)
     # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
+    said: dict[str, str] = {}  # each hint once: hint -> the output that showed it
     for output in result.outputs:
         if output.comparison is not None and (style.verbose or not output.comparison.passed):
-            _render_details(console, output, style)
+            _render_details(console, output, style, said)
     if style.problems_inline:
         for problem in result.all_problems:
             console.print(Text(f"error: {literal_line(problem.message)}"), soft_wrap=True)
@@ -222,28 +223,9 @@ def _bias_cell(c: Comparison) -> str:
     return f"{test.value:+.1e} {op_text(test.value, test.threshold)} {test.threshold:.1e}{where}"
 
 
-def _units_advice(c: Comparison, face: str) -> str:
-    """What K would pass the output, when one would: none passes a NaN/Inf, nor an error where a correct kernel's
-    error scale is 0 (--max-units takes finite numbers only)."""
-    from bnbwd_cli.render.brief import phrase
-
-    if c.nonfinite.mismatches:
-        return "; no K passes the NaN/Inf"
-    if math.isinf(c.min_units):
-        return "; no K passes it: a correct kernel's error scale is 0 where it fails"
-    return "; " + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", face)
-
-
-def _render_picture(console: Console, c: Comparison) -> None:
-    from bnbwd_cli.render.picture import render_picture
-
-    names = c.axis_names or tuple(f"dim{a}" for a in range(len(c.shape)))
-    axis = c.channel_axis
-    render_picture(console, c.details.picture, names[axis], ", ".join(n for a, n in enumerate(names) if a != axis))
-
-
-def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
-    from bnbwd_cli.render.brief import nonfinite_text, phrase, where_text
+def _render_details(console: Console, output: OutputResult, style: ReportStyle, said: dict[str, str]) -> None:
+    from bnbwd_cli.render.brief import hints_once, nonfinite_text, phrase, units_advice, where_text
+    from bnbwd_cli.render.picture import render_output_picture
 
     c = output.comparison
     verbose = style.verbose
@@ -257,7 +239,7 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
     finite = "on the finite elements: " if nonfinite is not None else ""
     if c.scaled is not None:
         console.print(f"{finite}max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} "
-                      f"(K {c.scaled.max_units:g}){_units_advice(c, style.face)}", highlight=False)
+                      f"(K {c.scaled.max_units:g}){units_advice(c, style.face)}", highlight=False)
     console.print(f"{finite}max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
                   f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
     if c.tolerance is not None:
@@ -269,13 +251,13 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
         _render_worst(console, c)
     if c.channels is not None and (verbose or c.mismatches):
         _render_channels(console, c, len(c.worst) or 10)
-    for hint in c.hints:
+    for hint in hints_once(output, said):
         console.print(Text(f"hint: {literal_line(phrase(hint, style.face))}", style="yellow"), soft_wrap=True)
     located = where_text(c)
     if located is not None:
         console.print(Text(f"where: {located}", style="yellow"), soft_wrap=True)
     if not c.passed and c.details.picture is not None:
-        _render_picture(console, c)
+        render_output_picture(console, c)
     if verbose and c.elements:
         _render_histogram(console, c.histogram)
     console.print()
