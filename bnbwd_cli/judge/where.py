@@ -36,7 +36,7 @@ MAX_RANGES = 6  # index ranges listed before "and N more"
 FEW_ELEMENTS = 3  # this many failing elements or fewer may be named one by one
 SAMPLE = 1 << 16  # failing positions read to find a period
 PREFIX = 1 << 20  # with many failures, a period is tried on the buffer's first elements before all of them
-SPARSE = 16  # failures at most 1/SPARSE of the elements: counted from their positions, not the mask
+SPARSE = 64  # failures at most 1/SPARSE of the elements: counted from their positions, not the mask
 
 _UNIT = {"n": "samples", "c": "channels", "h": "rows", "w": "columns", "d": "planes"}
 
@@ -147,25 +147,43 @@ def _count_text(count: int, total: int, axis_name: str) -> str:
 # --------------------------------------------------------------------------- the descriptions
 
 
+def _counts_dtype(bound: int) -> np.dtype:
+    """The narrowest unsigned integer that holds counts up to ``bound``: NumPy adds rows of bytes fastest unwidened."""
+    return np.dtype(np.uint8 if bound < 1 << 8 else np.uint16 if bound < 1 << 16 else np.uint32 if bound < 1 << 32
+                    else np.uint64)
+
+
 class _Failures:
     """The failing elements, read the cheaper way: from their flat positions when they are few (a bincount per
-    question), from the mask when they are many (a reduction per question)."""
+    question), from the mask when they are many (a reduction per question, rows of bytes added unwidened)."""
 
     def __init__(self, mask: np.ndarray) -> None:
         self.mask, self.flat = mask, mask.reshape(-1)
         self.count = int(np.count_nonzero(self.flat))
         self.positions = np.flatnonzero(self.flat) if self.count * SPARSE <= self.flat.size else None
+        self._coordinates: dict[int, np.ndarray] = {}
 
     def coordinate(self, axis: int) -> np.ndarray:
-        shape = self.mask.shape
-        return self.positions // math.prod(shape[axis + 1:]) % shape[axis]
+        """Each failure's index on ``axis`` (computed once)."""
+        if axis not in self._coordinates:
+            shape = self.mask.shape
+            self._coordinates[axis] = self.positions // math.prod(shape[axis + 1:]) % shape[axis]
+        return self._coordinates[axis]
 
-    def per_axis(self, axis: int) -> np.ndarray:
-        """Failures at each index of ``axis``."""
+    def per_axis(self) -> list[np.ndarray]:
+        """Failures at each index of each axis."""
         shape = self.mask.shape
         if self.positions is not None:
-            return np.bincount(self.coordinate(axis), minlength=shape[axis])
-        return np.count_nonzero(self.mask, axis=tuple(b for b in range(len(shape)) if b != axis)).reshape(-1)
+            return [np.bincount(self.coordinate(axis), minlength=shape[axis]) for axis in range(len(shape))]
+        # Dense: the leading axis's counts row by row, then the mask summed over that axis (adding whole rows, as
+        # fast as a copy) and the rest counted on that far smaller array, and so on down.
+        counts, rest = [], self.mask.view(np.uint8)
+        for axis in range(len(shape)):
+            rows = rest.reshape(shape[axis], -1)
+            counts.append(np.count_nonzero(rows, axis=1) if axis == 0 else rows.sum(axis=1, dtype=np.int64))
+            if axis + 1 < len(shape):
+                rest = rest.sum(axis=0, dtype=_counts_dtype(int(rest.max(initial=0)) * shape[axis]))
+        return [np.asarray(c, dtype=np.int64).reshape(-1) for c in counts]
 
     def inside(self, sets: list[np.ndarray]) -> int:
         """Failures inside the product of these index sets (one per axis)."""
@@ -182,10 +200,13 @@ class _Failures:
         """Failures at each residue of the flat index modulo ``period`` (among the first ``prefix`` elements)."""
         if self.positions is not None:
             return np.bincount(self.positions % period, minlength=period)
-        flat = self.flat[:prefix]
-        whole = flat.size // period * period
-        lanes = np.count_nonzero(flat[:whole].reshape(-1, period), axis=0)
-        return lanes + np.bincount(np.arange(flat.size - whole), weights=flat[whole:], minlength=period).astype(np.int64)
+        flat = self.flat[:prefix].view(np.uint8)
+        groups = flat.size // period
+        stacked = groups // 255 * 255  # groups of 255 rows added as bytes (no widening: 3x faster), then the rest
+        lanes = flat[:stacked * period].reshape(-1, 255, period).sum(axis=1, dtype=np.uint8).sum(axis=0, dtype=np.int64)
+        lanes += flat[stacked * period:groups * period].reshape(-1, period).sum(axis=0, dtype=np.int64)
+        return lanes + np.bincount(np.arange(flat.size - groups * period), weights=flat[groups * period:],
+                                   minlength=period).astype(np.int64)
 
     def per_position_of(self, axis: int) -> np.ndarray:
         """Each failure's position in its channel's reduction order (the axes other than ``axis`` flattened)."""
@@ -199,7 +220,8 @@ class _Failures:
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
         if self.positions is not None:
             return np.bincount(self.per_position_of(axis), minlength=outer * inner)
-        return np.count_nonzero(self.mask.reshape(outer, shape[axis], inner), axis=1).reshape(-1)
+        by_channel = self.mask.reshape(outer, shape[axis], inner).view(np.uint8)
+        return by_channel.sum(axis=1, dtype=_counts_dtype(shape[axis])).reshape(-1)
 
     def bounds(self) -> tuple[int, int]:
         """[first, last + 1) of the failing flat positions."""
@@ -385,7 +407,7 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
         return None
     if failing == size:
         return Where("all", "every element", failing, failing, size)
-    counts = [failures.per_axis(a) for a in range(mask.ndim)]
+    counts = failures.per_axis()
     axes = _axes(failures, where, counts, stray=False)
     found = [axes, _flat_range(failures, where)]
     if not axes.tight:  # stray failures widen the sets: those holding many
@@ -439,20 +461,34 @@ def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, c
     shape = mask.shape
     count, inner = shape[channel_axis], math.prod(shape[channel_axis + 1:])
     span = mask.size // count
-    row_edges, column_edges = _edges(count, rows), _edges(span, columns)
-    if failures.positions is not None:
+    group = next((g for g in range(max(1, -(-count // rows)), count + 1) if count % g == 0), count)
+    equal = count // group >= min(rows, count) // 2  # channel groups of one size (else, for a prime C, unequal ones)
+    row_edges = np.arange(0, count + 1, group) if equal else _edges(count, rows)
+    column_edges = _edges(span, columns)
+    elements = np.outer(np.diff(row_edges), np.diff(column_edges))
+    if failures.count == mask.size:
+        failing = elements
+    elif failures.positions is not None:
         channel = failures.positions // inner % count
         row = np.searchsorted(row_edges, channel, side="right") - 1
         column = np.searchsorted(column_edges, failures.per_position_of(channel_axis), side="right") - 1
         cells = np.bincount(row * (column_edges.size - 1) + column,
                             minlength=(row_edges.size - 1) * (column_edges.size - 1))
         failing = cells.reshape(row_edges.size - 1, column_edges.size - 1)
+    elif inner == 1:  # channels last: each block of positions is a block of rows, added row by row
+        rows_of = mask.reshape(span, count).view(np.uint8)
+        widest = _counts_dtype(int(np.diff(column_edges).max()))
+        blocks = np.stack([rows_of[a:b].sum(axis=0, dtype=widest) for a, b in zip(column_edges[:-1], column_edges[1:])])
+        failing = np.add.reduceat(blocks.astype(np.int64), row_edges[:-1], axis=1).T
     else:
-        # channel groups first (a pass over the mask), then blocks of the far smaller (groups, positions) counts
-        grouped = np.add.reduceat(mask.reshape(-1, count, inner).view(np.uint8), row_edges[:-1], axis=1, dtype=np.int32)
+        # channel groups first (one pass adding rows of bytes), then blocks of the far smaller (groups, positions)
+        by_channel = mask.reshape(-1, count, inner).view(np.uint8)
+        if equal:
+            grouped = by_channel.reshape(-1, count // group, group, inner).sum(axis=2, dtype=_counts_dtype(group))
+        else:
+            grouped = np.add.reduceat(by_channel, row_edges[:-1], axis=1, dtype=np.int32)
         by_group = np.moveaxis(grouped, 1, 0).reshape(row_edges.size - 1, span)
         failing = np.add.reduceat(by_group, column_edges[:-1], axis=1, dtype=np.int64)
-    elements = np.outer(np.diff(row_edges), np.diff(column_edges))
     return HeatMap(tuple((int(a), int(b) - 1) for a, b in zip(row_edges[:-1], row_edges[1:])),
                    tuple((int(a), int(b) - 1) for a, b in zip(column_edges[:-1], column_edges[1:])),
                    tuple(tuple(int(v) for v in line) for line in failing),
