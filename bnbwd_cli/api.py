@@ -320,7 +320,128 @@ def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
     AssertionError: FAIL (exit 1): numerical mismatch in diff_beta
     ...
     """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this frame
     report = check(actual, **inputs)
     if not report:
         raise AssertionError(report.summary + FULL_REPORT)
     return report
+
+
+class Case:
+    """One case of `bnbwd cases`' suite, in memory: the arrays its NAME.npz holds, and its judge.
+
+    ``str(case)`` is its name (NAME of NAME.npz); ``inputs`` maps src, diff_dst, mean, variance, gamma to NumPy
+    arrays (read-only; src and diff_dst in the suite's dtype and ``data_format``, bfloat16 as ml_dtypes'),
+    ``epsilon`` a float, ``is_training`` True; ``shape`` is (N, C, spatial...), ``targets`` the bug classes it
+    targets and ``why`` why its data exposes them. The arrays are drawn on first use, the same bytes as the file.
+    """
+
+    def __init__(self, spec: Any, settings: Any) -> None:
+        self._spec, self._settings, self._arrays = spec, settings, None
+
+    def __str__(self) -> str:
+        return self._spec.name
+
+    def __repr__(self) -> str:
+        return f"<bnbwd Case {self._spec.name} {'x'.join(map(str, self.shape))} {self._settings.dtype} {self.data_format}>"
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        from bnbwd_cli.app import cases as app_cases
+
+        return app_cases.targets_for(self._spec, self._settings.dtype)
+
+    @property
+    def why(self) -> str:
+        return self._spec.why
+
+    def _bundle(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            from bnbwd_cli.app import cases as app_cases
+
+            arrays = app_cases.case_arrays(self._spec, self._settings)
+            for array in arrays.values():
+                array.flags.writeable = False  # shared by every caller of this case: a kernel must not change them
+            self._arrays = arrays
+        return self._arrays
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        from bnbwd_cli.app.cases import INPUT_NAMES
+
+        return {name: self._bundle()[name] for name in INPUT_NAMES}
+
+    @property
+    def epsilon(self) -> float:
+        return float(self._spec.recipe.epsilon)
+
+    @property
+    def data_format(self) -> str:
+        return str(self._bundle()["data_format"])
+
+    @property
+    def is_training(self) -> bool:
+        return True
+
+    def check(self, actual: Any, **options: Any) -> Report:
+        """check(actual, ...) on this case's inputs and settings: a Report, truthy iff the outputs pass; options
+        are check()'s key_map, max_units and spec."""
+        return check(actual, **self.inputs, epsilon=self.epsilon, data_format=self.data_format,
+                     training=self.is_training, **options)
+
+    def assert_close(self, actual: Any, **options: Any) -> Report:
+        """assert_backward_close(actual, ...) on this case: AssertionError with the verdict when it fails."""
+        __tracebackhide__ = True  # pytest shows the caller's line, not this frame
+        return assert_backward_close(actual, **self.inputs, epsilon=self.epsilon, data_format=self.data_format,
+                                     training=self.is_training, **options)
+
+
+def cases(preset: str = "default", dtype: str = "f32", *, data_format: str = "NCX", seed: int = 0, count: int = 0,
+          max_elements: int | None = None) -> list[Case]:
+    """The suite `bnbwd cases` writes, as Case objects in the same order and with the same values as its
+    NAME.npz files (`bnbwd cases --preset P --dtype D --format F --seed S --count K -o DIR`): the preset's cases
+    (default, tiny or resnet50), then `count` generated from `seed` (at most `max_elements` elements each).
+    A layout name that fixes a rank (NCHW) keeps that rank's cases. For pytest:
+    ``@pytest.mark.parametrize("case", bnbwd_cli.cases(), ids=str)``.
+
+    >>> suite = cases(preset="tiny")
+    >>> case = suite[0]
+    >>> str(case), sorted(case.inputs), case.epsilon, case.data_format
+    ('baseline', ['diff_dst', 'gamma', 'mean', 'src', 'variance'], 1e-05, 'NCX')
+    >>> bool(case.check(backward(**case.inputs, epsilon=case.epsilon, data_format=case.data_format)))
+    True
+    """
+    from bnbwd_cli.app import cases as app_cases
+
+    settings = app_cases.SuiteSettings(
+        dtype=_choice("dtype", dtype, tuple(app_cases.DTYPES)), data_format=_text("data_format", data_format),
+        preset=_choice("preset", preset, app_cases.PRESETS), seed=_count("seed", seed), count=_count("count", count),
+        max_elements=app_cases.GENERATED_ELEMENTS if max_elements is None else _count("max_elements", max_elements))
+    specs = app_cases.suite_specs(settings)  # InputError for a layout name that is none
+    return [Case(spec, settings) for spec in specs if app_cases.left_out_by_rank(spec, settings) is None]
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in options:
+        raise InputError(f"{name} is {short_repr(value)}, expected one of {', '.join(options)}")
+    return value.lower()
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"{name} is {short_repr(value)}, expected a layout name such as NCX, NXC, NCHW or NHWC")
+    return value.upper()
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InputError(f"{name} is {short_repr(value)}, expected an integer >= 0")
+    return int(value)

@@ -20,9 +20,10 @@ from bnbwd_cli.files.mapped import file_mappings
 from bnbwd_cli.op import Op
 
 CORES = ("auto", "numpy", "numba")
-# core="auto" picks numba for inputs this big only: below it, importing numba and loading its cached kernels
-# costs more than the compiled core saves in one call (the break-even measured: bench/RESULTS.md, "core=auto").
-AUTO_NUMBA_MIN_BYTES = 256 << 20
+# core="auto" picks numba for src of this many elements or more: below it, importing numba and loading its cached
+# kernels (a fixed cost a fresh process pays once) costs more than the compiled core saves in one call, which
+# saves a fixed time an element whatever its dtype (the break-even measured: bench/RESULTS.md, "core=auto").
+AUTO_NUMBA_MIN_ELEMENTS = 100_000_000
 
 DEFAULT_CACHE_BYTES = 1 << 20  # 1 MiB: a typical per-core L2 when the OS will not say
 MIN_BLOCK_BYTES = 4 << 20  # tile budgets measured best on 8 and 32 MiB L3s: see default_block_bytes
@@ -38,13 +39,13 @@ def numba_available() -> bool:
 
 
 def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
-    """"numpy" or "numba". auto: numba for in-memory src of AUTO_NUMBA_MIN_BYTES or more (its start-up costs more
-    below), when installed and supporting the dtype, unless $BNBWD_CORE is "numpy"; memory-mapped data stays
-    on the NumPy core (it keeps RSS bounded)."""
+    """"numpy" or "numba". auto: numba for in-memory src of AUTO_NUMBA_MIN_ELEMENTS elements or more (its start-up
+    costs more below), when installed and supporting the dtype, unless $BNBWD_CORE is "numpy"; memory-mapped data
+    stays on the NumPy core (it keeps RSS bounded)."""
     if core == "numpy" or op.src.size == 0:
         return "numpy"
     if core == "auto":
-        if os.environ.get("BNBWD_CORE", "").lower() == "numpy" or op.src.nbytes < AUTO_NUMBA_MIN_BYTES:
+        if os.environ.get("BNBWD_CORE", "").lower() == "numpy" or op.src.size < AUTO_NUMBA_MIN_ELEMENTS:
             return "numpy"
         if file_mappings(op.src, op.diff_dst, diff_src) or not numba_available():
             return "numpy"

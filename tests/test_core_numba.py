@@ -131,14 +131,17 @@ def _op(src):
               data_format="NCX")
 
 
-def test_auto_core_choice_depends_on_size_alone(tmp_path, monkeypatch):
+def test_auto_core_choice_depends_on_element_count_alone(tmp_path, monkeypatch):
     src = np.ones((2, 3, 4), np.float32)
     assert choose_core("numba", _op(src.astype(np.float16)), None) == "numba"
     # Small inputs stay on NumPy whether or not numba is loaded already (numba's start-up costs more).
     assert "bnbwd_cli.core.numba_core" in sys.modules
     assert choose_core("auto", _op(src), None) == "numpy"
-    monkeypatch.setattr(runtime, "AUTO_NUMBA_MIN_BYTES", 8)
+    monkeypatch.setattr(runtime, "AUTO_NUMBA_MIN_ELEMENTS", 24)
     assert choose_core("auto", _op(src), None) == "numba"
+    # Elements decide, not bytes: numba saves a time an element whatever the dtype.
+    assert choose_core("auto", _op(src.astype(np.float16)), None) == "numba"  # 24 elements in 48 bytes
+    assert choose_core("auto", _op(np.ones((1, 3, 4))), None) == "numpy"  # 12 elements in 96 bytes
     path = tmp_path / "src.npy"
     np.save(path, src)
     assert choose_core("auto", _op(np.load(path, mmap_mode="r")), None) == "numpy"  # mapped: bounded RSS

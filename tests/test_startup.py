@@ -19,7 +19,7 @@ EXAMPLE = ROOT / "fixtures" / "example.npz"
 
 # Imported by no `run` without --reference, quiet or not. Why each one stays out:
 NEVER_ON_PLAIN_RUN = {
-    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 256 MiB in memory)",
+    "numba": "the optional compiled core (~0.5 s): only when chosen (--core numba, or auto from 100M elements in memory)",
     "llvmlite": "numba's backend, same reason",
     "bnbwd_cli.core.numba_core": "loads numba",
     "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bnbwd_cli._version import __version__
-from bnbwd_cli.app.case_values import Recipe, draw
+from bnbwd_cli.app.case_values import Recipe, draw, stream_key, uniform
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import suite as suite_files
@@ -58,8 +58,11 @@ PRESETS = ("default", "tiny", "resnet50")
 TINY_ELEMENTS = 4096  # the tiny preset: the default cases of at most this many elements per tensor
 RESNET50_BATCH = 4
 STATS_DTYPE = np.float32
+INPUT_NAMES = ("src", "diff_dst", "mean", "variance", "gamma")  # a case's arrays; its bundle adds epsilon, data_format
 MANIFEST_TEXT = "manifest.txt"
 MANIFEST_JSON = "manifest.json"
+GENERATED_ELEMENTS = 20_000  # --count's cases: at most this many elements per tensor unless --max-elements says
+MIN_GENERATED_ELEMENTS = 64  # a smaller cap leaves too few shapes to draw from
 
 
 @dataclass(frozen=True)
@@ -173,15 +176,67 @@ def _resnet50_cases() -> tuple[CaseSpec, ...]:
     return tuple(cases)
 
 
+# A generated case's recipe: each field drawn from its list, the first entries likelier (plain data is the
+# common case; the others are the data that exposes the bug classes their targets name).
+_CENTRES = (("plain", ""), ("plain", ""), ("offset", "cancellation other_statistics x_for_xhat"),
+            ("tiny", "epsilon variance_invstd"))
+_DIFF_DSTS = (("plain", "mean_dy_not_subtracted"), ("relu", "mean_dy_not_subtracted x_for_xhat"),
+              ("pool", "mean_dy_not_subtracted"), ("rising", ""))
+_GAMMAS = (("varied", GAMMA), ("varied", GAMMA), ("ones", ""), ("near_one", "gamma_twice gamma_ignored"),
+           ("some_zero", GAMMA))
+
+
+def _pick(options: tuple, u: float):
+    return options[min(int(u * len(options)), len(options) - 1)]
+
+
+def generated_case(seed: int, index: int, max_elements: int, rank: int | None = None) -> CaseSpec:
+    """Case `index` of seed `seed`: a shape (rank 2..5 unless `rank` is fixed, N 1..8, C 1..96, spatial sizes up
+    to 64, at most `max_elements` elements, M >= 2) and a recipe drawn from a counter-based stream keyed by
+    (seed, index) alone, so --count 10 is the first 10 cases of --count 500 and any machine draws the same."""
+    u = uniform(stream_key("generated", str(seed), str(index)), 16).tolist()
+    rank = rank or _pick((2, 3, 4, 4, 4, 5), u[0])
+    n = 1 + int(u[1] * 8)
+    c = 1 + int(96 ** u[2])  # log-uniform: few channels as likely as many
+    spatial = [1 + int(64 ** u[3 + axis]) for axis in range(rank - 2)]
+    while n * c * math.prod(spatial) > max_elements:  # shrink the largest extent until the case fits
+        sizes = [n, c, *spatial]
+        largest = sizes.index(max(sizes))
+        sizes[largest] = max(1, sizes[largest] * 3 // 4)
+        n, c, *spatial = sizes
+    if n * math.prod(spatial) < 2:  # M = 1 has no variance to normalise by
+        n = 2
+    centre, centre_targets = _pick(_CENTRES, u[8])
+    diff_dst, dy_targets = _pick(_DIFF_DSTS, u[9])
+    gamma, gamma_targets = _pick(_GAMMAS, u[10])
+    stats = "shifted" if u[11] < 0.15 else "batch"
+    coarse = u[12] < 0.1 and centre == "plain"
+    epsilon = 1e-4 if centre == "tiny" else _pick((1e-5, 1e-5, 1e-3), u[13])
+    shape = (n, c, *spatial)
+    m = n * math.prod(spatial)
+    targets = " ".join(dict.fromkeys(
+        f"formula {SUMS if m % 8 else ''} {centre_targets} {dy_targets} {gamma_targets} "
+        f"{'other_statistics' if stats == 'shifted' else ''} {'truncation' if coarse else ''} "
+        f"{'sum16' if diff_dst == 'rising' and m >= 4096 else ''}".split()))  # running sums past 16-bit steps
+    why = (f"generated (seed {seed}): M = {m}, C = {c}; centre {centre}, diff_dst {diff_dst}, gamma {gamma}, "
+           f"stats {stats}{', coarse' if coarse else ''}, epsilon {epsilon:g}")
+    return _case(f"seed{seed}_{index:04d}", shape, targets, why, centre=centre, diff_dst=diff_dst, gamma=gamma,
+                 stats=stats, coarse=coarse, epsilon=epsilon)
+
+
 @dataclass(frozen=True)
 class SuiteSettings:
     """What `bnbwd cases` was asked for: data dtype (f32, bf16, f16), layout (NCX, NXC or an alias; one that
-    fixes a rank, such as NCHW, keeps only the cases of that rank), preset, a cap on the suite's bytes."""
+    fixes a rank, such as NCHW, keeps only the cases of that rank), preset, a cap on the suite's bytes; and
+    `count` cases generated from `seed` after the preset's, of at most `max_elements` elements each."""
 
     dtype: str = "f32"
     data_format: str = "NCX"
     preset: str = "default"
     max_bytes: int | None = None
+    seed: int = 0
+    count: int = 0
+    max_elements: int = GENERATED_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -215,6 +270,35 @@ def catalogue(preset: str) -> tuple[CaseSpec, ...]:
     if preset == "resnet50":
         return _resnet50_cases()
     raise BnbwdError(f"preset {preset!r}: expected one of {', '.join(PRESETS)}")
+
+
+def suite_specs(settings: SuiteSettings) -> tuple[CaseSpec, ...]:
+    """The suite's cases in order: the preset's, then `count` generated ones (at the layout's rank if it fixes
+    one). What `bnbwd cases` writes and the Python API's cases() yields."""
+    if settings.dtype not in DTYPES:
+        raise BnbwdError(f"dtype {settings.dtype!r}: expected one of {', '.join(DTYPES)}")
+    canonical_format(settings.data_format)  # an unknown name fails before any work
+    if settings.count < 0 or settings.seed < 0:
+        raise BnbwdError(f"count {settings.count}, seed {settings.seed}: expected numbers >= 0")
+    if settings.count and settings.max_elements < MIN_GENERATED_ELEMENTS:
+        raise BnbwdError(f"max_elements {settings.max_elements}: expected at least {MIN_GENERATED_ELEMENTS}")
+    rank = _rank(settings.data_format)
+    generated = tuple(generated_case(settings.seed, index, settings.max_elements, rank)
+                      for index in range(settings.count))
+    return catalogue(settings.preset) + generated
+
+
+def _rank(data_format: str) -> int | None:
+    """The rank a layout's name fixes (NCHW: 4), or None (NCX, NXC)."""
+    return FORMAT_ALIASES.get(data_format.upper(), (None, None))[1]
+
+
+def left_out_by_rank(spec: CaseSpec, settings: SuiteSettings) -> str | None:
+    """Why a layout that fixes a rank leaves this case out, or None."""
+    rank = _rank(settings.data_format)
+    if rank is not None and len(spec.shape) != rank:
+        return f"rank {len(spec.shape)}: --format {settings.data_format} is rank {rank}"
+    return None
 
 
 def targets_for(spec: CaseSpec, dtype: str) -> tuple[str, ...]:
@@ -260,14 +344,13 @@ Progress = Callable[[str, int, int], None]
 def write_suite(settings: SuiteSettings, directory: Path, progress: Progress | None = None) -> Suite:
     """Write the suite to `directory` (absent or empty) all at once: it is built in a temporary sibling and
     renamed into place, so a failure or Ctrl-C leaves nothing. progress(name, done, total) after each case."""
-    specs = catalogue(settings.preset)
-    rank = FORMAT_ALIASES.get(settings.data_format.upper(), (None, None))[1]
-    canonical_format(settings.data_format)  # an unknown name fails before any work
+    specs = suite_specs(settings)
     with suite_files.new_directory(directory) as building:
         written, left_out, total = [], [], 0
         for index, spec in enumerate(specs):
-            if rank is not None and len(spec.shape) != rank:
-                left_out.append((spec.name, f"rank {len(spec.shape)}: --format {settings.data_format} is rank {rank}"))
+            wrong_rank = left_out_by_rank(spec, settings)
+            if wrong_rank is not None:
+                left_out.append((spec.name, wrong_rank))
                 continue
             size = suite_files.npz_size(case_members(spec, settings))
             if settings.max_bytes is not None and total + size > settings.max_bytes:
@@ -293,7 +376,8 @@ def manifest_text(suite: Suite) -> str:
     """One line per case: name, shape and M, the targets, why this data exposes them; then the left-out cases."""
     s = suite.settings
     lines = [f"# bnbwd {__version__} cases --preset {s.preset} --dtype {s.dtype} --format {s.data_format}"
-             + (f" --max-bytes {s.max_bytes}" if s.max_bytes is not None else ""),
+             + (f" --max-bytes {s.max_bytes}" if s.max_bytes is not None else "")
+             + (f" --seed {s.seed} --count {s.count} --max-elements {s.max_elements}" if s.count else ""),
              f"# {len(suite.cases)} cases, {suite.nbytes} bytes. Each NAME.npz holds src, diff_dst, mean, variance, "
              "gamma, epsilon, data_format; your kernel writes NAME.out.npz (diff_src, diff_gamma, diff_beta) beside it.",
              "# name | shape (stored), M | targets | why this data exposes them"]
@@ -315,7 +399,7 @@ def manifest_json(suite: Suite) -> str:
         "tool": "bnbwd cases",
         "bnbwd_version": __version__,
         "settings": {"preset": s.preset, "dtype": s.dtype, "data_format": canonical_format(s.data_format),
-                     "max_bytes": s.max_bytes},
+                     "max_bytes": s.max_bytes, "seed": s.seed, "count": s.count, "max_elements": s.max_elements},
         "bug_classes": BUG_CLASSES,
         "cases": [{"name": c.spec.name, "file": c.file, "shape": list(c.stored_shape), "m": c.spec.m,
                    "channels": c.spec.shape[1], "epsilon": c.spec.recipe.epsilon, "targets": list(c.targets),

@@ -6,6 +6,7 @@ destination, with one line).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -34,6 +35,13 @@ DIR must be new or empty; the suite appears there complete or not at all.
 --dtype sets src and diff_dst (mean, variance, gamma are float32; bfloat16 is
 stored as np.save stores it, raw 2-byte void). A --format that fixes a rank (NCHW,
 NHWC, ...) keeps only the cases of that rank.
+
+\b
+--count K adds K generated cases after the preset's (seedS_0000, ...): shapes
+of rank 2..5 and the data recipes above drawn from --seed S, each of at most
+--max-elements elements per tensor; a nightly grows its suite with them, and
+the same --seed and --count write the same bytes (--count 10 writes the first
+10 of --count 500). bnbwd_cli.cases(...) holds the same cases in Python.
 """
 
 _EPILOG = """\b
@@ -41,6 +49,7 @@ Examples:
   bnbwd cases -o suite
   bnbwd cases --dtype bf16 --format NHWC -o suite_bf16
   bnbwd cases --preset resnet50 --max-bytes 8M -o suite_resnet50
+  bnbwd cases --seed 7 --count 500 --max-elements 4096 -o nightly
 """
 
 
@@ -58,9 +67,16 @@ Examples:
 @click.option("--max-bytes", type=ByteSize(), default=None, metavar="SIZE",
               help="Cap on the suite's size (e.g. 8M): the cases are taken in order, each one that would pass the "
                    "cap is left out, and the manifest names it.")
-def cases(out_dir: Path, dtype: str, data_format: str, preset: str, max_bytes: int | None) -> None:
-    settings = app_cases.SuiteSettings(dtype=dtype.lower(), data_format=data_format.upper(), preset=preset,
-                                       max_bytes=max_bytes)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which generated cases --count adds (any integer >= 0; a nightly may use the date).")
+@click.option("--count", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Generated cases to add after the preset's.")
+@click.option("--max-elements", type=click.IntRange(min=app_cases.MIN_GENERATED_ELEMENTS),
+              default=app_cases.GENERATED_ELEMENTS, show_default=True,
+              help="Largest tensor of a generated case, in elements.")
+def cases(out_dir: Path, dtype: str, data_format: str, **suite_options) -> None:
+    # the other options (preset, max_bytes, seed, count, max_elements) are SuiteSettings' fields by name
+    settings = app_cases.SuiteSettings(dtype=dtype.lower(), data_format=data_format.upper(), **suite_options)
     suite = app_cases.write_suite(settings, out_dir)
     click.echo(f"wrote {len(suite.cases)} cases ({_size(suite.nbytes)}) to {literal(out_dir)}; "
                f"{literal(out_dir / app_cases.MANIFEST_TEXT)} says what each one targets")
@@ -68,7 +84,8 @@ def cases(out_dir: Path, dtype: str, data_format: str, preset: str, max_bytes: i
         click.echo(f"left out {len(suite.left_out)} (the manifest says why): "
                    + ", ".join(name for name, _ in suite.left_out))
     click.echo("next: your kernel reads each NAME.npz and writes NAME.out.npz (diff_src, diff_gamma, diff_beta) "
-               "beside it; README's 'Test suites for your kernel' shows how to judge them")
+               "beside it (or, in Python: bnbwd_cli.cases(...)); then judge them all:")
+    click.echo(f"  bnbwd check {shlex.quote(str(out_dir))}")
 
 
 def _size(nbytes: int) -> str:

@@ -137,7 +137,7 @@ class RunOptions:
 @click.option("--core", type=click.Choice(["auto", "numpy", "numba"]), default="auto", show_default=True,
               help="Compute core: numba (optional compiled core, pip install 'bnbwd[fast]'; a faster kernel, "
               "a longer start-up), numpy, or auto (numba when installed and src is in memory "
-              "and >= 256 MiB, unless $BNBWD_CORE=numpy).")
+              "and has >= 100M elements, unless $BNBWD_CORE=numpy).")
 @click.option("--json", "json_target", metavar="PATH|-", help="Also write the run's facts as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary, warnings or progress bar.")
 @click.option("--stream/--no-stream", default=None, help="Out-of-core: read src and diff_dst (.npy files) by blocks "

@@ -7,8 +7,6 @@ Pure NumPy, shared by the NumPy core (its write pass), backward (diff_gamma, dif
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from bnbwd_cli.dtypes import is_bfloat16
@@ -108,9 +106,8 @@ def store(values: np.ndarray, out: np.ndarray, scratch: Scratch | None = None) -
     return out
 
 
-# The low 16 bits of each float32 in a uint16 view: the even elements on a little-endian machine.
-_LOW_HALF = 0 if sys.byteorder == "little" else 1
-_BF16_TIE = np.uint16(0x8000)  # a float32 whose low 16 bits are this lies halfway between two bfloat16s
+_LOW_BITS = np.uint32(0xFFFF)  # a float32's low 16 bits: the ones a bfloat16 drops
+_BF16_TIE = np.uint32(0x8000)  # a float32 whose low 16 bits are this lies halfway between two bfloat16s
 
 
 def _store_bfloat16(values: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
@@ -125,8 +122,10 @@ def _store_bfloat16(values: np.ndarray, out: np.ndarray, scratch: Scratch) -> np
     narrow = scratch.get("narrow32", values.shape, np.dtype(np.float32))
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(narrow, values, casting="same_kind")
-    halves = narrow.view(np.uint16)[..., _LOW_HALF::2]
-    ties = np.equal(halves, _BF16_TIE, out=scratch.get("ties", values.shape, np.dtype(np.bool_)))
+    # The low 16 bits of each float32, masked in a contiguous uint32 copy: a strided uint16 view of them (every
+    # other half) cost 0.64 ns an element, the costliest pass of a bf16 write; the mask and compare ~0.2.
+    low = np.bitwise_and(narrow.view(np.uint32), _LOW_BITS, out=scratch.get("u32a", values.shape, np.dtype(np.uint32)))
+    ties = np.equal(low, _BF16_TIE, out=scratch.get("ties", values.shape, np.dtype(np.bool_)))
     if ties.any():
         odd = np.empty(int(np.count_nonzero(ties)), np.float32)
         round_to_odd_float32(values[ties], odd)
