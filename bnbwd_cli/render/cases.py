@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.literal import literal
 from bnbwd_cli.render.decision import deciding
-from bnbwd_cli.render.brief import criterion_text
+from bnbwd_cli.render.brief import criterion_text, where_text
 from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli.status import Status, exit_code, suite_status
 
@@ -29,13 +29,15 @@ class CaseOutcome(Protocol):
 
 
 def _output_cell(output: OutputResult) -> str:
-    """An output in a few words: its largest error in units; failing, the test that failed against its threshold."""
+    """An output in a few words: its largest error in units; failing, the test that failed against its threshold
+    (NaN/Inf first) and where its failures sit."""
     c = output.comparison
     if c is None:
         return f"{output.name} {output.status.upper()}"
     if c.passed:
         return f"{output.name} {decisive_number(c)}"
-    return f"{output.name} FAIL {criterion_text(deciding(c), c)}"
+    where = where_text(c)
+    return f"{output.name} FAIL {criterion_text(deciding(c), c)}" + (f" (where: {where})" if where else "")
 
 
 def _hints(result: SetComparison) -> list[str]:
