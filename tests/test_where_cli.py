@@ -78,3 +78,62 @@ def test_a_nan_leads_run_reference_verify_and_check(cli, problem, tmp_path):
     case = save_bundle(tmp_path / "case.npz", {**inputs, **dict(np.load(kernel))}, epsilon=1e-3, data_format="NCHW")
     checked = cli("check", case)
     assert checked.exit_code == 1 and f"diff_src FAIL {lead}; on the finite elements: " in checked.stdout
+
+
+PATTERNS = ("rows", "channels", "sample", "tile", "stride", "tail")
+
+
+def _plant(pattern: str, d: np.ndarray, layout: str, rng) -> str:
+    """Spoil one pattern of diff_src (every element in it off by 1.0) and return the words `where` must say."""
+    n, c, h, w = d.shape if layout == "NCHW" else (d.shape[0], d.shape[3], d.shape[1], d.shape[2])
+    axes = {"n": 0, "c": 1 if layout == "NCHW" else 3, "h": 2 if layout == "NCHW" else 1, "w": 3 if layout == "NCHW" else 2}
+    others = ", ".join(a for a in (("n", "c", "h", "w") if layout == "NCHW" else ("n", "h", "w", "c")))
+
+    def spoil(**ranges):
+        index = [slice(None)] * 4
+        for axis, (lo, hi) in ranges.items():
+            index[axes[axis]] = slice(lo, hi + 1)
+        d[tuple(index)] += 1.0
+
+    if pattern in ("rows", "channels", "sample"):
+        axis, size, unit = {"rows": ("h", h, "rows"), "channels": ("c", c, "channels"), "sample": ("n", n, "samples")}[pattern]
+        lo = int(rng.integers(1, size - 1))
+        hi = int(rng.integers(lo, size - 1))
+        spoil(**{axis: (lo, hi)})
+        rest = ", ".join(a for a in others.split(", ") if a != axis)
+        return f"{axis}={lo if lo == hi else f'{lo}..{hi}'} only ({hi - lo + 1} of {size} {unit}); all {rest}"
+    if pattern == "tile":
+        h0, w0 = int(rng.integers(1, h - 3)), int(rng.integers(1, w - 3))
+        spoil(h=(h0, h0 + 2), w=(w0, w0 + 2))
+        return f"h={h0}..{h0 + 2}, w={w0}..{w0 + 2}; all n, c"
+    flat = d.reshape(-1)
+    if pattern == "stride":
+        offset = int(rng.integers(0, 32))
+        flat[offset::32] += 1.0
+        return f"every 32nd element in storage order, offset {offset}"
+    count = int(rng.integers(20, 200))
+    flat[-count:] += 1.0
+    return f"the last {count} elements of the buffer: "
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bf16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_planted_patterns_are_placed_through_the_api(dtype, layout, pattern):
+    from bnbwd_cli.dtypes import dtype_from_name
+
+    kind = dtype_from_name(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    rng = np.random.default_rng(PATTERNS.index(pattern) * 7 + len(layout))
+    shape = (5, 9, 7, 11) if layout == "NCHW" else (5, 7, 11, 9)  # no trailing block a multiple of 32
+    inputs = dict(make_inputs(rng, shape, "NCX" if layout == "NCHW" else "NXC", dtype=kind), epsilon=1e-3,
+                  data_format=layout)
+    grads = {k: np.array(v) for k, v in bnbwd_cli.backward(**inputs).items()}
+    d = grads["diff_src"].astype(np.float64)
+    words = _plant(pattern, d, layout, rng)
+    report = bnbwd_cli.check(dict(grads, diff_src=d.astype(kind)), **inputs)
+    c = next(o for o in report.result.outputs if o.name == "diff_src").comparison
+    assert c.details.where is not None and c.details.where.text.startswith(words), (c.details.where, words)
+    assert f"  where: {words}" in report.summary
+    document = json.loads(report.to_json())
+    where = next(o for o in document["outputs"] if o["name"] == "diff_src")["comparison"]["where"]
+    assert where["text"].startswith(words) and where["covered"] == where["failing"] == c.finite_mismatches
