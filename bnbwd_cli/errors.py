@@ -15,6 +15,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # click's own usage errors
     INPUT = 3  # unreadable, malformed or inconsistent input; structural mismatch
     INTERNAL = 4  # a bug in bnbwd (the traceback is shown with --traceback)
+    HANGUP = 129  # SIGHUP (a closed terminal, a lost session): 128 + 1, handled as SIGTERM is
     INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + 2, as shells report it; no partial output is left
     TERMINATED = 143  # SIGTERM: 128 + 15; no partial output is left
 

@@ -122,6 +122,31 @@ def test_stdin_is_checked_at_the_magic_and_read_only_as_far_as_declared(ws: Work
         assert [p.name for p in ws.out.iterdir()] == ["grads.npz"]
 
 
+def _memory_limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))  # guards the host
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(...)")
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("route", ["stdin", "pipe-path"])
+def test_a_huge_declared_header_length_is_refused_before_it_is_read(ws: Workspace, version: int, route: str) -> None:
+    """A 2.0/3.0 .npy header may declare up to 4 GiB: NumPy read all of it into memory before its own check (500 MB
+    of stream peaked at 1 GB). The length is bounded first, from any source; the endless tail is never read."""
+    header = ws.out.parent / "header.bin"
+    header.write_bytes(b"\x93NUMPY" + bytes([version, 0]) + (0xFFFFFFF0).to_bytes(4, "little"))
+    feed = '(cat "$2"; yes "")'
+    script = (f'{feed} | "$0" -m bnbwd_cli run -q "$1" --src - -o "$3"' if route == "stdin" else
+              f'"$0" -m bnbwd_cli run -q "$1" --src <({feed}) -o "$3"')
+    completed = subprocess.run(["bash", "-c", script, sys.executable, ws.bundle(), str(header),
+                                str(ws.out / "grads.npz")], capture_output=True, timeout=60, preexec_fn=_memory_limit)
+    assert completed.returncode == 3, completed.stderr
+    error_line(completed.stderr, r"src \((stdin|/dev/fd/\d+)\): .*not a valid \.npy file \(its header declares "
+                                 r"4294967280 bytes; a \.npy header holds at most 10000\)")
+    assert list(ws.out.iterdir()) == []
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(...)")
 @pytest.mark.parametrize("command", ["verify", "reference"])
 def test_pipe_paths_work_in_verify_and_reference(ws: Workspace, command: str) -> None:

@@ -45,8 +45,9 @@ def one_error_line(stderr: str) -> str:
 
 
 def test_exit_codes_are_the_documented_numbers():
-    assert [int(code) for code in ExitCode] == [0, 1, 2, 3, 4, 130, 143]
+    assert [int(code) for code in ExitCode] == [0, 1, 2, 3, 4, 129, 130, 143]
     assert ExitCode.TERMINATED == 128 + signal.SIGTERM and ExitCode.INTERRUPTED == 128 + signal.SIGINT
+    assert ExitCode.HANGUP == 128 + signal.SIGHUP
 
 
 def test_exit_0_when_the_outputs_match(case):
@@ -107,10 +108,10 @@ def test_traceback_flag_shows_the_traceback_and_still_exits_4(cli, case, planted
 # Signals need a real process.
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.TERMINATED)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.TERMINATED),
+                                           (signal.SIGHUP, ExitCode.HANGUP)], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_signal_while_reading_a_fifo_exits_with_its_code_and_leaves_nothing(case, tmp_path, sig, code):
-    """`kill -INT/-TERM` from outside while `run` waits for its input (a FIFO half written): no output left."""
+    """`kill -INT/-TERM/-HUP` from outside while `run` waits for its input (a FIFO half written): no output left."""
     fifo, out = tmp_path / "inputs.npz", tmp_path / "out"
     os.mkfifo(fifo)
     out.mkdir()

@@ -120,30 +120,33 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
 
 
 def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
-                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int = 1) -> tuple[CaseOutcome, ...]:
+                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int = 1,
+                on_note: Callable[[str], None] | None = None) -> tuple[CaseOutcome, ...]:
     """Every case, in order; on_case sees each outcome as soon as it and those before it are known (a line per
-    case as they go). jobs > 1: that many worker processes, one core thread each; the outcomes are the same."""
+    case as they go). jobs > 1: that many worker processes, one core thread each, or as many as the machine's
+    limits let start (on_note hears which limit stopped the others); the outcomes are the same."""
     outcomes = []
-    for outcome in _outcomes(cases, request, jobs):
+    for outcome in _outcomes(cases, request, jobs, on_note or (lambda note: None)):
         outcomes.append(outcome)
         if on_case is not None:
             on_case(outcome)
     return tuple(outcomes)
 
 
-def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int) -> Iterator[CaseOutcome]:
-    workers = min(jobs, len(cases))
-    if workers <= 1:
+def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int,
+              on_note: Callable[[str], None]) -> Iterator[CaseOutcome]:
+    pool = None
+    if min(jobs, len(cases)) > 1:  # a plain check never starts a pool
+        from bnbwd_cli.app import workers
+
+        pool = workers.start_pool(min(jobs, len(cases)), f"--jobs {jobs}")
+        if pool.note is not None:
+            on_note(pool.note)
+    if pool is None or pool.executor is None:
         yield from (judge_file(case, request) for case in cases)
         return
-    import multiprocessing  # only for --jobs: a plain check never starts a pool
-    from concurrent.futures import ProcessPoolExecutor
-
-    # fork where there is one: a worker starts in milliseconds with bnbwd already imported
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     one_thread = replace(request, threads=1)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-        yield from pool.map(_judge_in_worker, cases, [one_thread] * len(cases))
+    yield from workers.results(pool, _judge_in_worker, cases, [one_thread] * len(cases))
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,8 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
         if errors_on_stderr:
             _echo_case_errors(outcome)
 
-    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores())
+    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores(),
+                                      on_note=lambda note: echo_error(f"note: {note}"))
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)
     writer.write(lambda: console.print(literal(report_cases.summary_line(outcomes), None), highlight=False, soft_wrap=True))

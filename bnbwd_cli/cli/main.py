@@ -33,25 +33,38 @@ class InputFailed(click.ClickException):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so that the same cleanup as for Ctrl-C runs."""
+    """SIGTERM or SIGHUP, raised where the program is, so that the same cleanup as for Ctrl-C runs."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
 
 
 def _on_sigterm(signum, frame) -> None:  # signal's signature
-    raise Terminated()
+    raise Terminated(signum)
+
+
+# SIGHUP (the terminal closed, the ssh session lost) ends a command as SIGTERM does: its temp files removed.
+TERMINATING = ("SIGTERM", "SIGHUP")
 
 
 @contextlib.contextmanager
 def _sigterm_as_exception():
-    """SIGTERM -> Terminated for the duration (main thread only; elsewhere the default stays)."""
+    """SIGTERM and SIGHUP -> Terminated for the duration (main thread only; elsewhere the defaults stay). A
+    signal the caller ignores (`nohup` ignores SIGHUP) stays ignored."""
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for name in TERMINATING:
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+                previous[number] = signal.signal(number, _on_sigterm)
     except (ValueError, OSError):  # not the main thread
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 class _Verdict:
@@ -192,6 +205,9 @@ def _escape_unencodable_output() -> None:
 
 
 def _interrupted(exc: BaseException | None) -> ExitCode:
+    if isinstance(exc, Terminated) and exc.signum == getattr(signal, "SIGHUP", None):
+        echo_error("error: hung up (SIGHUP); no partial output file is left")
+        return ExitCode.HANGUP
     if isinstance(exc, Terminated):
         echo_error("error: terminated (SIGTERM); no partial output file is left")
         return ExitCode.TERMINATED
@@ -254,7 +270,8 @@ def main(traceback: bool) -> None:
                 3 input error (unreadable, malformed or inconsistent input,
                   or an output that cannot be written),
                 4 internal error (a bug: rerun with --traceback),
-                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+                129 hung up (SIGHUP), 130 interrupted (Ctrl-C),
+                143 terminated (SIGTERM).
 
     \b
     Start with:  bnbwd run --help,  bnbwd verify --help  and  bnbwd check --help

@@ -6,6 +6,7 @@ is read back as bfloat16, big-endian data converted once to native order.
 
 from __future__ import annotations
 
+import io
 import math
 import warnings
 from collections.abc import Callable
@@ -121,10 +122,11 @@ def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) ->
         with warnings.catch_warnings():  # NumPy warns (several lines) about Python-2-style headers; we vet them anyway
             warnings.simplefilter("ignore")
             version = npy_format.read_magic(stream)
+            header = _bounded_header(stream, version)
             if version == (1, 0):
-                shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
+                shape, fortran_order, dtype = npy_format.read_array_header_1_0(header)
             else:  # 2.0 and 3.0 share the 4-byte header length
-                shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
+                shape, fortran_order, dtype = npy_format.read_array_header_2_0(header)
     except READ_ERRORS as exc:
         raise BnbwdError(f"{what}: not a valid .npy file ({reason(exc)})") from None
     if not isinstance(shape, tuple) or not all(type(dim) is int for dim in shape):
@@ -145,6 +147,23 @@ def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) ->
             f"but the file holds {max(available_bytes - offset, 0)} bytes of data"
         )
     return NpyHeader(tuple(shape), bool(fortran_order), dtype, offset, needed)
+
+
+# NumPy's own bound on a header it parses without allow_pickle (max_header_size): np.save never writes more.
+HEADER_LIMIT = 10_000
+
+
+def _bounded_header(stream: BinaryIO, version: tuple[int, int]) -> io.BytesIO:
+    """The header's length field and text, its length bounded before they are read: a 2.0/3.0 header may declare
+    up to 4 GiB, which NumPy reads into memory before its own check (a pipe of 500 MB peaked at 1 GB)."""
+    width = 2 if version == (1, 0) else 4
+    field = read_exactly(stream, width)
+    if len(field) != width:
+        raise EOFError("the header's length is cut short")
+    length = int.from_bytes(field, "little")
+    if length > HEADER_LIMIT:
+        raise ValueError(f"its header declares {length} bytes; a .npy header holds at most {HEADER_LIMIT}")
+    return io.BytesIO(field + read_exactly(stream, length))
 
 
 def _tell(stream: BinaryIO) -> int | None:
