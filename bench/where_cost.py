@@ -1,6 +1,5 @@
 """What the localization of a failing output costs (judge/where.py): localize and heat_map on planted failing
-masks of a (32,128,56,56) output (12.8M elements) in both layouts, best of a few rounds; and the details' pass of a
-failing diff_src with and without them (the masks' fill and the localization included).
+masks of a (32,128,56,56) output (12.8M elements) in both layouts: the best CPU time of a few rounds.
 
     python -m bench.where_cost [--rounds 5] [--small]
 """
@@ -12,11 +11,12 @@ import time
 
 
 def _best(function, rounds: int) -> float:
+    """The best CPU time of a few calls (process time: what a busy machine's other processes do not add)."""
     best = float("inf")
     for _ in range(rounds):
-        started = time.perf_counter()
+        started = time.process_time()
         function()
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.process_time() - started)
     return best
 
 
