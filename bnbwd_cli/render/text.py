@@ -241,9 +241,10 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle, 
     finite = "on the finite elements: " if nonfinite is not None else ""
     if c.scaled is not None:
         console.print(f"{finite}max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} "
-                      f"(K {c.scaled.max_units:g}){units_advice(c, style.face)}", highlight=False)
+                      f"(K {c.scaled.max_units:g}){units_advice(c, style.face)}", highlight=False, soft_wrap=True)
     console.print(f"{finite}max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
-                  f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
+                  f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False,
+                  soft_wrap=True)
     if c.tolerance is not None:
         _render_fixed_details(console, c)
     if c.bias is not None:
