@@ -37,7 +37,8 @@ def _output_cell(output: OutputResult) -> str:
     if c.passed:
         return f"{output.name} {decisive_number(c)}"
     where = where_text(c)
-    return f"{output.name} FAIL {criterion_text(deciding(c), c)}" + (f" (where: {where})" if where else "")
+    placed = where is not None and c.details.where.kind != "all"  # (a line per case: "every element" says little)
+    return f"{output.name} FAIL {criterion_text(deciding(c), c)}" + (f" (where: {where})" if placed else "")
 
 
 def _hints(result: SetComparison) -> list[str]:
