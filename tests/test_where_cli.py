@@ -138,3 +138,49 @@ def test_planted_patterns_are_placed_through_the_api(dtype, layout, pattern):
     document = json.loads(report.to_json())
     where = next(o for o in document["outputs"] if o["name"] == "diff_src")["comparison"]["where"]
     assert where["text"].startswith(words) and where["covered"] == where["failing"] == c.finite_mismatches
+
+
+def test_save_error_writes_every_element_s_judgement_in_the_output_s_shape(cli, problem, tmp_path):
+    directory, bundle, _, grads = problem
+    kernel = _kernel(directory, "nan_rows", grads, lambda o: (_rows(o), _nan(o)))
+    target = tmp_path / "errors.npz"
+    result = cli("run", bundle, "-q", "--reference", kernel, "--save-error", target, "--brief")
+    assert result.exit_code == 1, result.output
+    report = bnbwd_cli.check(dict(np.load(kernel)), **problem[2], epsilon=1e-3, data_format="NCHW")
+    with np.load(target) as saved:
+        assert sorted(saved) == sorted(f"{o}.{k}" for o in ("diff_src", "diff_gamma", "diff_beta")
+                                       for k in ("failing", "nonfinite", "ratio", "units"))
+        for output in report.result.outputs:
+            c = output.comparison
+            failing, nonfinite = saved[f"{output.name}.failing"], saved[f"{output.name}.nonfinite"]
+            assert failing.shape == nonfinite.shape == c.shape and failing.sum() == c.mismatches
+            assert nonfinite.sum() == c.nonfinite.mismatches
+            units, ratio = saved[f"{output.name}.units"], saved[f"{output.name}.ratio"]
+            assert units.dtype == np.float32 and np.isnan(units[nonfinite]).all()
+            assert np.array_equal(ratio[~nonfinite] > 1, failing[~nonfinite])
+            np.testing.assert_array_equal(report.errors(output.name)["failing"], failing)  # the API's own
+            if c.max_units is not None and c.max_units.index is not None:
+                assert units[c.max_units.index] == np.float32(c.max_units.value)
+    fixed = cli("verify", kernel, _kernel(directory, "reference", grads, lambda o: None), "--save-error",
+                tmp_path / "fixed.npz", "--brief")
+    assert fixed.exit_code == 1
+    with np.load(tmp_path / "fixed.npz") as saved:
+        assert "diff_src.units" not in saved and saved["diff_src.failing"].shape == grads["diff_src"].shape
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--save-error", "-"], 2, r"--save-error -: the arrays go to a file; give --save-error FILE.npz"),
+    (["--save-error", "{bundle}"], 3, r"--save-error .*inputs\.npz: is also an input"),
+    (["--save-error", "{tmp}/missing/e.npz"], 3, r"--save-error .*/missing/e\.npz: directory .*missing does not exist"),
+    (["--save-error", "{tmp}/o.npz", "-o", "{tmp}/o.npz"], 2, r"--save-error .*/o\.npz is also another output"),
+])
+def test_save_error_bad_destinations(cli, problem, tmp_path, args, code, message):
+    from tests.conftest import assert_one_error
+
+    directory, bundle, _, grads = problem
+    kernel = _kernel(directory, "rows", grads, _rows)
+    args = [a.format(bundle=bundle, tmp=tmp_path) for a in args]
+    assert_one_error(cli("run", bundle, "-q", "--reference", kernel, *args), message, code)
+    assert_one_error(cli("run", bundle, "-q", "--save-error", tmp_path / "e.npz"), r"--save-error saves a judgement: "
+                     r"give --reference KERNEL_OUT", 2)
+    assert cli("check", bundle, "--save-error", tmp_path / "e.npz").exit_code == 2  # check judges many: no such option

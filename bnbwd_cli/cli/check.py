@@ -74,7 +74,7 @@ Examples:
               help="Judge only shard K of N: a contiguous block of the cases (in argument order, DIRs sorted); the N "
               "shards are disjoint and their lines, concatenated in order, are the unsharded run's.")
 @fsync_option
-@comparison_options(with_format=False)
+@comparison_options(with_format=False, with_save_error=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
           **op_options) -> None:
     from bnbwd_cli.render import cases as report_cases
