@@ -252,3 +252,13 @@ def test_heat_map_counts_every_failure_in_its_cell_both_ways(seed, layout):
 
 def test_heat_map_needs_a_channel_axis():
     assert heat_map(np.ones(8, dtype=bool), None) is None
+
+
+@pytest.mark.parametrize("offset", [0, 7, 31])
+def test_a_stride_across_channels_last_says_both(offset):
+    mask = np.zeros((2, 3, 5, 128), dtype=bool)
+    mask.reshape(-1)[offset::32] = True
+    where = localize(mask, _coordinates(mask.shape, "NXC"))
+    assert where.kind == "axes" and where.axes == (("c", tuple((c, c) for c in range(offset, 128, 32))),)
+    assert where.text == (f"c={offset}, {offset + 32}, ..., {offset + 96} (every 32nd) only (4 of 128 channels); "
+                          f"all n, h, w; also every 32nd element in storage order, offset {offset}")

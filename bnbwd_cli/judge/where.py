@@ -416,12 +416,16 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
         found.append(_elements(failures, where))
     if where.channel_axis is not None and mask.ndim >= 2:
         found.append(_reduction(failures, where, counts[where.channel_axis] > 0))
-    if not axes.tight or axes.complexity > 1:
+    strided = any(len(ranges) > 2 for _, ranges in axes.axes)  # indices at a stride: storage order may say it too
+    if not axes.tight or axes.complexity > 1 or strided:
         found += [_period(failures, p, where) for p in _periods(failures)]
     accepted = [w for w in found if w is not None and w.covered >= NEARLY_ALL * failing and w.covered >= MOSTLY * w.region]
     if not accepted:
         return _scattered(failing, where, counts)
     best = min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
+    period = next((w for w in accepted if w.kind == "period" and w.exact and w.complexity == 1), None)
+    if best.kind == "axes" and period is not None:  # a stride across the channels: both are true, say both
+        best = replace(best, text=f"{best.text}; also {period.text}")
     if best.covered < failing:  # say that some are elsewhere
         best = replace(best, text=f"{best.text} ({failing - best.covered} of the {failing} elsewhere)")
     return best
