@@ -184,3 +184,24 @@ def test_save_error_bad_destinations(cli, problem, tmp_path, args, code, message
     assert_one_error(cli("run", bundle, "-q", "--save-error", tmp_path / "e.npz"), r"--save-error saves a judgement: "
                      r"give --reference KERNEL_OUT", 2)
     assert cli("check", bundle, "--save-error", tmp_path / "e.npz").exit_code == 2  # check judges many: no such option
+
+
+def test_the_precise_hint_leads_and_a_shared_hint_is_said_once(cli, problem, tmp_path):
+    from bnbwd_cli.dtypes import dtype_from_name
+
+    directory, bundle, inputs, grads = problem
+    bf16 = dtype_from_name("bf16")
+    narrow = {k: v.astype(bf16).astype(np.float32) for k, v in grads.items()}  # computed in bf16, stored as f32
+    case = save_bundle(tmp_path / "narrow.npz", {**inputs, **narrow}, epsilon=1e-3, data_format="NCHW")
+    line = cli("check", case).stdout.splitlines()[0]
+    assert line.startswith(f"FAIL  {case}: hint: every element of actual is exactly a bfloat16 value"), line
+    report = bnbwd_cli.check(narrow, **inputs, epsilon=1e-3, data_format="NCHW")
+    failing = [o for o in report.result.outputs if o.status == "fail"]
+    assert len(failing) >= 2 and all(o.comparison.hints[0].startswith("every element of actual") for o in failing)
+    # the same note on every output: said under the first, "as for" under the others
+    from bnbwd_cli.render.brief import phrase
+
+    summary = report.summary
+    note = phrase(failing[0].comparison.hints[0], "api")
+    assert all(o.comparison.hints[0] == failing[0].comparison.hints[0] for o in failing)
+    assert summary.count(note) == 1 and summary.count(f"hint: as for {failing[0].name}") >= len(failing) - 1
