@@ -78,7 +78,7 @@ def test_a_nan_leads_run_reference_verify_and_check(cli, problem, tmp_path):
     # check: the case's line
     case = save_bundle(tmp_path / "case.npz", {**inputs, **dict(np.load(kernel))}, epsilon=1e-3, data_format="NCHW")
     checked = cli("check", case)
-    assert checked.exit_code == 1 and f"diff_src FAIL {lead}; on the finite elements: " in checked.stdout
+    assert checked.exit_code == 1 and f"diff_src FAIL {lead}" in checked.stdout
 
 
 PATTERNS = ("rows", "channels", "sample", "tile", "stride", "tail")
