@@ -196,7 +196,7 @@ def test_the_precise_hint_leads_and_a_shared_hint_is_said_once(cli, problem, tmp
     line = cli("check", case).stdout.splitlines()[0]
     assert line.startswith(f"FAIL  {case}: hint: every element of actual is exactly a bfloat16 value"), line
     report = bnbwd_cli.check(narrow, **inputs, epsilon=1e-3, data_format="NCHW")
-    failing = [o for o in report.result.outputs if o.status == "fail"]
+    failing = [o for o in report.result.outputs if o.status == "mismatch"]
     assert len(failing) >= 2 and all(o.comparison.hints[0].startswith("every element of actual") for o in failing)
     # the same note on every output: said under the first, "as for" under the others
     from bnbwd_cli.render.brief import phrase

@@ -56,7 +56,7 @@ def nonfinite_text(c: Comparison) -> str | None:
     text = f"{kinds} {side}"
     if n.first:
         shown = n.first[:FIRST_SHOWN]
-        more = "; ..." if n.mismatches > len(shown) else ""
+        more = "; ..." if n.mismatches != len(shown) else ""  # (shown are the first of them)
         text += f" (first at {'; '.join(coordinates(i, c.axis_names) for i in shown)}{more})"
     if n.nan_channels:
         text += f"; c={indices_text(n.nan_channels)} all NaN"
@@ -126,9 +126,8 @@ def brief_line(output: OutputResult) -> str:
     if c is None:
         # The problem's message starts with the output's name, which the line already gives.
         return f"{output.name}: {status_word(output)} ({output.problem.message.removeprefix(output.name + ': ')})"
-    texts = [criterion_text(t, c) for t in c.criteria]
-    if c.tolerance is not None:
-        texts[0] += f", max abs {fmt(c.max_abs.value)}"
+    texts = [criterion_text(t, c) + (f", max abs {fmt(c.max_abs.value)}" if t.statistic == "mismatches"
+                                     and c.tolerance is not None else "") for t in c.criteria]
     return f"{output.name}: {status_word(output)} " + "; ".join(texts)
 
 
