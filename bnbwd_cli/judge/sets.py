@@ -45,11 +45,12 @@ class OutputResult:
     problem: KeyProblem | None
 
     @property
-    def status(self) -> str:
-        """"pass", "fail", or the problem's kind ("missing", "extra", "shape", "dtype")."""
+    def status(self) -> Status:
+        """PASS, MISMATCH (its comparison failed) or STRUCTURAL (``problem`` says what kept it from being compared:
+        its kind is "missing", "extra", "shape" or "dtype")."""
         if self.problem is not None:
-            return self.problem.kind
-        return "pass" if self.comparison.passed else "fail"
+            return Status.STRUCTURAL
+        return Status.PASS if self.comparison.passed else Status.MISMATCH
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class SetComparison:
         """Structural beats mismatch beats pass."""
         if self.all_problems:
             return Status.STRUCTURAL
-        return Status.MISMATCH if any(o.status == "fail" for o in self.outputs) else Status.PASS
+        return Status.MISMATCH if any(o.status == Status.MISMATCH for o in self.outputs) else Status.PASS
 
     @property
     def exit_code(self) -> ExitCode:
