@@ -95,7 +95,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
                     variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=json_target == "-")
     # The JSON document holds the details of failing outputs only: gathered on first use, as the lines' are.
-    request = app_check.CaseRequest(op, comparison.judging, bf16=op_options["bf16_inputs"])
+    request = app_check.CaseRequest(op, comparison.judging, bf16_keys=op_options["bf16_keys"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
     errors_on_stderr = json_target != "-"  # with --json -, the lines are on stderr already
 
