@@ -50,7 +50,7 @@ class Compute:
     """How to run, never what comes out: the core's settings, and stream (None: decided from the inputs)."""
 
     threads: int | None = None
-    block_size: int | None = None
+    block_bytes: int | None = None  # the core's tile budget (--block-size), None: the machine's caches
     core: str = "auto"
     stream: bool | None = None
 
@@ -134,7 +134,7 @@ def compute(request: RunRequest, prepared: Prepared, progress: Progress | None =
     else:
         settings = request.compute
         result = compute_core.backward(prepared.op, compute_core.Settings(
-            outputs=request.outputs, block_bytes=settings.block_size, threads=settings.threads, progress=progress,
+            outputs=request.outputs, block_bytes=settings.block_bytes, threads=settings.threads, progress=progress,
             core=settings.core))
         arrays, ran = {name: getattr(result, name) for name in request.outputs}, result.core
         stats = {name: result.stats[name] for name in request.outputs if name in result.stats}  # from the write pass
@@ -185,8 +185,8 @@ def _run_streamed(request: RunRequest, prepared: Prepared, progress: Progress | 
 
     op, settings, outputs = prepared.op, request.compute, request.outputs
     src = op.src
-    run_options = streaming.StreamedRun(op.epsilon, op.data_format, op.training, op.variance_is_invstd, outputs,
-                                        settings.block_size, settings.threads, settings.core)
+    core_settings = compute_core.Settings(outputs=outputs, block_bytes=settings.block_bytes, threads=settings.threads,
+                                          progress=progress, core=settings.core)
     out_dir, fsync = request.destination.out_dir, request.destination.fsync
     with contextlib.ExitStack() as stack:
         if out_dir is not None:
@@ -198,7 +198,7 @@ def _run_streamed(request: RunRequest, prepared: Prepared, progress: Progress | 
             directory = Path(tempfile.gettempdir()) if files_write.is_write_through(destination) else destination.parent
             staged_path = directory / f"{destination.name}.diff_src.npy"
         writer = outset.new_npy(staged_path, src.shape, src.dtype) if "diff_src" in outputs else None
-        result = streaming.run_streamed(prepared.inputs, run_options, writer, progress)
+        result = streaming.run_streamed(op, core_settings, writer)
         arrays = {name: getattr(result, name) for name in outputs if name != "diff_src"}
         stats = {}
         if writer is not None:
