@@ -46,8 +46,9 @@ def test_run_without_the_map_a_required_input_is_still_missing(cli, dump):
     result = cli("run", path)
     assert result.exit_code == 3
     assert result.stderr.strip().splitlines()[-1] == \
-        ("error: missing input diff_dst (spec generic): no array named 'diff_dst' or a spec's name for it; "
-         "--map dy=diff_dst reads dy as it")  # a name people give it: suggested, never read unasked
+        ("error: missing inputs diff_dst, variance (spec generic): no arrays by these names or a spec's names for "
+         "them; --map dy=diff_dst --map var=variance reads them (guessed by shape and name)")  # every missing input
+    # at once, by names people give them: suggested, never read unasked
 
 
 def test_verify_inputs_file_holding_outputs_and_either_side_holding_inputs(cli, dump, tmp_path):

@@ -83,7 +83,7 @@ def _show_error(exc: click.ClickException) -> None:
 # Each command's module, imported when the command is looked up: a `bnbwd run` never imports verify's and
 # check's modules (the comparison, case files), which it does not use (tests/test_startup.py).
 COMMANDS = {"run": "bnbwd_cli.cli.run", "verify": "bnbwd_cli.cli.verify", "check": "bnbwd_cli.cli.check",
-            "cases": "bnbwd_cli.cli.cases"}
+            "cases": "bnbwd_cli.cli.cases", "report": "bnbwd_cli.cli.merge"}
 
 
 class BnbwdGroup(click.Group):

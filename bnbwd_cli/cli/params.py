@@ -255,6 +255,48 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
     return decorate(func) if func is not None else decorate
 
 
+@dataclass(frozen=True)
+class ReportTargets:
+    """Where a suite's reports go (check and report): --json, --junit, --markdown (a path, '-' for stdout, or
+    None), and -q (only the lines of cases that did not pass, and the summary)."""
+
+    json: str | None = None
+    junit: str | None = None
+    markdown: str | None = None
+    quiet: bool = False
+
+    @property
+    def named(self) -> dict[str, str]:
+        """{option: target} for the reports asked for."""
+        return {option: target for option, target in (("--json", self.json), ("--junit", self.junit),
+                                                       ("--markdown", self.markdown)) if target is not None}
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.named)
+
+    @property
+    def stdout_taken(self) -> bool:
+        """A report goes to stdout: the lines go to stderr."""
+        return "-" in self.named.values()
+
+
+def report_options(f: Callable) -> Callable:
+    """--junit, --markdown and -q of a suite's report (--json is comparison_options'); the command receives
+    junit_target, markdown_target and quiet."""
+    for option in reversed((
+        click.option("--junit", "junit_target", metavar="PATH|-", default=None,
+                     help="Also write JUnit XML to PATH (one testcase per case: a mismatch is a failure, a case that "
+                     "cannot be judged an error); '-' writes it to stdout. Exit code unchanged."),
+        click.option("--markdown", "markdown_target", metavar="PATH|-", default=None,
+                     help="Also write a markdown summary to PATH (the failing cases with verdict and hint, then the "
+                     "counts; e.g. $GITHUB_STEP_SUMMARY or a pull request's comment); '-' writes it to stdout."),
+        click.option("-q", "--quiet", is_flag=True, help="Print only the FAIL and ERROR lines and the summary."),
+    )):
+        f = option(f)
+    return f
+
+
 fsync_option = click.option(
     "--fsync", is_flag=True,
     help="fsync each output file and its directory before the command ends (survives a power loss; slower). "
