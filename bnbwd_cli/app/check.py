@@ -232,7 +232,8 @@ def _judge_in_worker(case: Case | str, request: CaseRequest) -> CaseOutcome:
         c = output.comparison
         if c is not None:
             keep = request.judging.details_up_front or not c.passed
-            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered())
+            # (every element's judgement stays in the worker: a pass of its own that --save-error asks for up front)
+            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered(), errors_of=None)
         outputs.append(replace(output, comparison=c))
     return replace(outcome, result=replace(outcome.result, outputs=tuple(outputs)))
 

@@ -82,7 +82,7 @@ Examples:
               "merges their --json documents).")
 @report_options
 @fsync_option
-@comparison_options(with_format=False)
+@comparison_options(with_format=False, with_save_error=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
           **op_options) -> None:
     from bnbwd_cli.render import text as report_text

@@ -17,7 +17,7 @@ from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
                                   comparison_options, epsilon_option, format_option, fsync_option, inference_option,
-                                  invstd_option, spec_option)
+                                  invstd_option, spec_option, vet_save_error)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files
@@ -235,6 +235,9 @@ def _vet_paths(options: RunOptions) -> list[Path]:
         json_path = files_write.vet_destination(json_target, input_paths, "--json")
         if any(json_path.resolve() == path.resolve() for path in destinations):
             raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
+    if options.comparison.save_error is not None and options.reference is None:
+        raise click.UsageError("--save-error saves a judgement: give --reference KERNEL_OUT")
+    vet_save_error(options.comparison.save_error, input_paths, [*map(str, destinations), json_target])
     if options.reference is not None and not Path(options.reference).exists():
         raise InputError(f"reference {options.reference}: no such file or directory")
     return destinations
