@@ -72,7 +72,7 @@ class CaseRequest:
 
     op: OpSettings
     judging: Judging
-    bf16: tuple[str, ...] = ()
+    bf16_keys: tuple[str, ...] = ()
     threads: int | None = None  # the core's threads per case (None: the machine's)
 
 
@@ -149,7 +149,7 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
     """Read one case (inputs and kernel outputs in one .npz or directory, or NAME.npz and NAME.out.npz) and judge
     it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
     case = Case(case) if isinstance(case, str) else case
-    path, bf16 = case.path, request.bf16
+    path, bf16 = case.path, request.bf16_keys
     started, problem = time.perf_counter(), None
     try:
         arrays = _read_case(case)

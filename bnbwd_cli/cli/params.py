@@ -343,7 +343,7 @@ inference_option = click.option("--inference", is_flag=True,
                                 help="TF is_training=False: diff_src = gamma*invstd*diff_dst.")
 invstd_option = click.option("--variance-is-invstd", is_flag=True,
                              help="variance holds 1/sqrt(var+eps) (cuDNN reserve space); epsilon unused.")
-bf16_option = click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
+bf16_option = click.option("--bf16", "bf16_keys", multiple=True, metavar="KEY",
                            help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, "
                            "...) or, with --reference, a key of KERNEL_OUT. Repeatable.")
 

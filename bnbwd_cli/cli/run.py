@@ -80,7 +80,7 @@ class RunOptions:
     outputs: tuple[str, ...]
     output: str | None
     out_dir: Path | None
-    bf16_inputs: tuple[str, ...]
+    bf16_keys: tuple[str, ...]
     threads: int | None
     block_size: int | None
     core: str
@@ -100,7 +100,7 @@ class RunOptions:
     @property
     def bf16_outputs(self) -> list[str]:
         """--bf16 keys that are not inputs: keys of the kernel's outputs (--reference)."""
-        return [key for key in self.bf16_inputs if key not in INPUT_NAMES]
+        return [key for key in self.bf16_keys if key not in INPUT_NAMES]
 
     @property
     def has_file_output(self) -> bool:
@@ -113,7 +113,7 @@ class RunOptions:
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
