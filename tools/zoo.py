@@ -122,6 +122,10 @@ HOOKS = {
     "truncate": "16-bit outputs converted by truncation (round toward zero)",
     "unwritten": "channel -> None (left zero) or another channel (stale: that channel's values)",
     "sum_as_mean": "diff_beta and diff_gamma divided by M",
+    "read_at": "(param, index): gamma, mean or invstd of channel c read at index[c] ((C,) ints)",
+    "param_axis": "(param, axis): gamma or mean indexed by that axis of a channel's (N, *spatial) elements",
+    "subset": "(mask, twice, channels): the (M,) bool mask of each channel's elements in storage order left out of "
+              "the sums (twice: counted twice), in those channels (None: all)",
 }
 
 
@@ -155,7 +159,20 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if "gamma" in h:
         gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
                  "previous": np.roll(gamma, 1)}[h["gamma"]]
-    xhat = (x - mean[:, None]) * invstd[:, None]
+    if "read_at" in h:
+        param, index = h["read_at"]
+        gamma, mean, invstd = (v[index] if name == param else v for name, v in
+                               (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
+    mean_at, k = mean[:, None], (gamma * invstd)[:, None]
+    if "param_axis" in h:  # a per-channel value taken element by element along another axis
+        param, axis = h["param_axis"]
+        cshape = (src.shape[0], *src.shape[2:]) if read_fmt == "NCX" else (src.shape[0], *src.shape[1:-1])
+        along = np.indices(cshape)[axis].reshape(1, -1)
+        if param == "gamma":
+            k = gamma[along] * invstd[:, None]
+        else:
+            mean_at = mean[along]
+    xhat = (x - mean_at) * invstd[:, None]
     terms_g = {"xhat": g * xhat, "x": g * x, "x - mean": g * (x - mean[:, None])}[h.get("gamma_terms", "xhat")]
     order = "blocked" if "block" in h else order
     beta, gam = _sums(g, order, h), _sums(terms_g, order, h)
@@ -165,7 +182,7 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
         gam = (sxdy - mean * beta) * invstd
     gam_src = gam if h.get("gamma_terms_in_src", True) or h.get("gamma_terms", "xhat") == "xhat" else \
         _sums(g * xhat, order, dict(h, lost=None))
-    diff_src = _diff_src((g, xhat, beta, gam_src), (gamma * invstd)[:, None], src.shape[0], h)
+    diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
     written = _convert(diff_src, src.dtype, h.get("truncate", False))
@@ -209,6 +226,13 @@ def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.n
 def _sums(terms: np.ndarray, order: str, h: dict) -> np.ndarray:
     if h.get("accumulate16") is not None:
         return running16(terms, h["accumulate16"])
+    if "subset" in h:
+        mask, twice, channels = h["subset"]
+        terms = terms.copy()
+        rows = slice(None) if channels is None else list(channels)
+        part = terms[rows]
+        part[:, mask] *= F32(2) if twice else F32(0)
+        terms[rows] = part
     kept = terms[:, : terms.shape[1] - h.get("skip_tail", 0)]
     return channel_sums(kept, order, h.get("block", 256), h.get("lost"))
 

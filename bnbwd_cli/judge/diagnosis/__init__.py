@@ -10,7 +10,9 @@ specific first), names the cause; when none is accepted the hint says so and poi
 Families: writes.py (unwritten channels, sign flips, swapped spatial axes, the other layout, truncation),
 reductions.py (missing 1/M, inference-style, mean(dy) not subtracted, part of a reduction missing,
 diff_gamma from x, 16-bit sums, a mean for a sum), statistics.py (variance/invstd confused, unbiased
-variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled).
+variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled), subsets.py (a
+subset of the reduction missing or counted twice, found by search), params.py (gamma, mean or invstd read at
+another channel or along another axis).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import reductions, statistics, writes
+from bnbwd_cli.judge.diagnosis import params, reductions, statistics, subsets, writes
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.case import Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
@@ -35,7 +37,9 @@ MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (~10
 def _candidates(case: Case) -> Iterator[Candidate]:
     yield from writes.candidates(case)
     yield from reductions.candidates(case)
+    yield from subsets.candidates(case)
     yield from statistics.candidates(case)
+    yield from params.candidates(case)
 
 
 def diagnose(inputs, facts: ChannelFacts,
