@@ -14,8 +14,8 @@ import click
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
 from bnbwd_cli.app.inputs import Naming, OpSettings
-from bnbwd_cli.cli.main import CONTEXT, ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
                                   comparison_options, epsilon_option, format_option, fsync_option, inference_option,
                                   invstd_option, spec_option)
 from bnbwd_cli.errors import InputError

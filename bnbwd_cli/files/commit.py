@@ -4,17 +4,24 @@ while the renames run. Output sets themselves are files/write.OutputSet; this mo
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 from click.exceptions import Exit
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import reason
 
-if TYPE_CHECKING:
-    from bnbwd_cli.files.write import OutputSet
 
-_PENDING_GROUPS: list[list[OutputSet]] = []  # the open one_commit() blocks, innermost last
+class Committable(Protocol):
+    """What a commit needs of files/write.OutputSet (named here by what it does, so this module imports no writer):
+    its renames, done when its group ends, and its temp files' removal."""
+
+    def _rename(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+_PENDING_GROUPS: list[list[Committable]] = []  # the open one_commit() blocks, innermost last
 
 
 @contextlib.contextmanager
@@ -22,7 +29,7 @@ def one_commit() -> Iterator[None]:
     """Every OutputSet committed inside the block is renamed at its end, together: a command's outputs and its
     --json report appear as one set or not at all. The block ending normally or in click's Exit (a code chosen
     after the work) commits; any other exception (an error, Ctrl-C, SIGTERM) removes every temp file."""
-    group: list[OutputSet] = []
+    group: list[Committable] = []
     _PENDING_GROUPS.append(group)
     try:
         yield
@@ -38,7 +45,7 @@ def one_commit() -> Iterator[None]:
     _commit_group(group)
 
 
-def _commit_group(group: list[OutputSet]) -> None:
+def _commit_group(group: list[Committable]) -> None:
     try:
         with signals_deferred():
             for outputs in group:

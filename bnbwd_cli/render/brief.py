@@ -1,6 +1,6 @@
 """The few lines a failure is told in: the verdict first, then per output each criterion it was held to (the
 statistic against its threshold), its hints and its worst element. `--brief`, `check`'s line per case and the
-Python API's AssertionError; the full report is render/text.py's. Advice is phrased for the face the reader
+Python API's AssertionError; the full report is render/text.py's (what both share: render/common.py). Advice is phrased for the face the reader
 uses (phrase).
 """
 
@@ -14,7 +14,7 @@ from rich.text import Text
 from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.decision import Criterion, criteria_of
-from bnbwd_cli.render.text import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
+from bnbwd_cli.render.common import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.sets import OutputResult, SetComparison

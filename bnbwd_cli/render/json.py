@@ -11,6 +11,9 @@ counts under "nan" and "inf" say how many elements are non-finite. An error in u
 correct kernel's error scale is 0 (gamma = 0): then "units_unbounded" is true. min_atol, min_rtol and
 min_units are null when no tolerance would pass or that rule was not used.
 
+check's version 4 (from 3): "bnbwd_version", "counts" (cases and each verdict), "shard" ({index, count} or null),
+per case "line" (check's line), "brief" (a failure's brief report, an error's message), "problem" ({shape, dtype,
+layout, epsilon, M, is_training} or null) and "seconds"; the summary names at most 3 cases of a kind.
 Version 3 (from 2; check's from 1): "tool" names the command that ran; per output "criteria" (each statistic
 against its threshold, as the text report shows it: render/decision.py) and "hints" as {cause, evidence,
 channels}; "units_unbounded"; "default_max_units" per output; no "inf" strings; check's document compact.
@@ -40,7 +43,7 @@ if TYPE_CHECKING:  # annotations only: `run --json` writes its document without 
 
 SCHEMA_VERSION = 3  # the comparison report (verify, run --reference, the API) and check's document
 RUN_SCHEMA_VERSION = 1  # run --json
-CHECK_SCHEMA_VERSION = SCHEMA_VERSION  # check --json: its outputs are the comparison report's
+CHECK_SCHEMA_VERSION = 4  # check --json and bnbwd report's merge: its outputs are the comparison report's
 
 
 @dataclass(frozen=True)

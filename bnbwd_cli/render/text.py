@@ -16,7 +16,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from rich import box
@@ -26,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bnbwd_cli.layout import coordinates
+from bnbwd_cli.render.common import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict
 from bnbwd_cli.render.decision import criteria_of
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES
 from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_TOLERANCES, default_max_units, tolerance_text
@@ -41,31 +41,6 @@ _SUMS = ("diff_gamma", "diff_beta")
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def fmt(value: float | None) -> str:
-    """A statistic in 2 significant digits; "-" when undefined (None, NaN)."""
-    if value is None or math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"
-    return f"{value:.1e}"
-
-
-def fmt_value(value: float) -> str:
-    """A tensor element: enough digits to tell float32 neighbours apart."""
-    return f"{value:.9g}"
-
-
-def fmt_ulp(value: float | None) -> str:
-    """ULPs and units: plain below 1e4, scientific above."""
-    if value is None or math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.3g}" if value < 1e4 else f"{value:.0e}"
 
 
 def _status_text(status: str) -> Text:
@@ -93,27 +68,6 @@ def _print_table(console: Console, table: Table) -> None:
 
 
 # --------------------------------------------------------------------------- the report
-
-
-@dataclass(frozen=True)
-class Labels:
-    """What the report calls the two sides (file names, or the API's names)."""
-
-    actual: str
-    reference: str
-
-
-@dataclass(frozen=True)
-class ReportStyle:
-    """How much the report says. verbose: every output's details; brief: one line per output;
-    problems_inline: the structural problems are printed in the report (the Python API's text has no stderr);
-    face: "cli" or "api", whose words advice uses (--variance-is-invstd or variance_is_invstd=True)."""
-
-    verbose: bool = False
-    brief: bool = False
-    problems_inline: bool = False
-    face: str = "cli"
-
 
 
 def render_report(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
@@ -344,18 +298,6 @@ def _render_histogram(console: Console, bins: Sequence[HistogramBin]) -> None:
             label = f"[{b.low:.0e}, {b.high:.0e})"
         table.add_row(label, str(b.count), "#" * math.ceil(_BAR_WIDTH * b.count / peak))
     _print_table(console, table)
-
-
-def render_verdict(console: Console, result: SetComparison, where: str) -> None:
-    status = result.status
-    if status == "pass":
-        console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
-    elif status == "mismatch":
-        failed = ", ".join(literal(o.name) for o in result.outputs if o.status == "fail")
-        console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
-    else:
-        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), {where}",
-                           style="bold red"))
 
 
 def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
