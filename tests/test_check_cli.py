@@ -141,7 +141,7 @@ def test_json_same_facts_and_exit_code(cli, case, tmp_path):
     passing, failing = document["cases"][0]["outputs"], document["cases"][1]["outputs"]
     assert all(o["comparison"] is None and o["max_units"] is not None for o in passing)  # compact: no details
     gamma = failing[1]
-    assert gamma["name"] == "diff_gamma" and gamma["status"] == "fail" and gamma["comparison"]["worst"]
+    assert gamma["name"] == "diff_gamma" and gamma["status"] == "mismatch" and gamma["comparison"]["worst"]
     assert any(not t["passed"] for t in gamma["criteria"])
     assert all((o["comparison"] is None) == (o["status"] == "pass") for o in failing)  # details for failures only
     assert document["cases"][1]["hint"] == (gamma["hints"][0]["evidence"] if gamma["hints"] else None)

@@ -33,8 +33,15 @@ def test_an_element_keeps_enough_digits_to_tell_float32_neighbours_apart():
     assert np.float32(fmt_value(float(b))) == b  # 9 digits: a float32 reads back as itself
 
 
-def test_a_statistic_against_its_threshold():
-    assert op_text(2.0, 1.0) == ">" and op_text(-2.0, 1.0) == ">" and op_text(1.0, 1.0) == "<="
+def test_a_statistic_against_its_threshold_as_judge_decided():
+    """">" or "<=" is the criterion's own ``beyond`` (judge/criteria.py), never a comparison made here."""
+    from dataclasses import replace
+
+    from bnbwd_cli.judge.criteria import Criterion
+
+    beyond = Criterion("max_units", 2.0, 1.0, passed=True, beyond=True)  # beyond K, within its ulp: it passes
+    assert op_text(beyond) == ">" and op_text(replace(beyond, value=0.5)) == ">"
+    assert op_text(replace(beyond, beyond=False)) == "<="
 
 
 def test_advice_is_phrased_for_the_api_and_left_alone_for_the_cli():

@@ -138,8 +138,8 @@ def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
     result = cli("verify", actual, reference, "--json", "-")
     assert result.exit_code == 1
     document = json.loads(result.stdout)
-    assert document["schema_version"] == 3 and document["status"] == "mismatch"
-    assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "fail"]
+    assert document["schema_version"] == 4 and document["status"] == "mismatch"
+    assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "mismatch"]  # one vocabulary, no "fail"
 
 
 def test_json_to_file_alongside_report(cli, tmp_path, outputs):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.literal import literal
-from bnbwd_cli.render.decision import deciding
 from bnbwd_cli.render.brief import criterion_text
+from bnbwd_cli.render.common import status_word
 from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli._version import __version__
 from bnbwd_cli.status import Status, exit_code, suite_status
@@ -53,15 +53,15 @@ def _output_cell(output: OutputResult) -> str:
     """An output in a few words: its largest error in units; failing, the test that failed against its threshold."""
     c = output.comparison
     if c is None:
-        return f"{output.name} {output.status.upper()}"
+        return f"{output.name} {status_word(output)}"
     if c.passed:
         return f"{output.name} {decisive_number(c)}"
-    return f"{output.name} FAIL {criterion_text(deciding(c), c)}"
+    return f"{output.name} FAIL {criterion_text(c.deciding, c)}"
 
 
 def _hints(result: SetComparison) -> list[str]:
     """The distinct hints of the failing outputs, in output order (one diagnosis often names every output)."""
-    return list(dict.fromkeys(h for o in result.outputs if o.status == "fail" for h in o.comparison.hints))
+    return list(dict.fromkeys(h for o in result.outputs if o.status == Status.MISMATCH for h in o.comparison.hints))
 
 
 def case_line(outcome: CaseOutcome) -> str:
@@ -122,7 +122,8 @@ def counts_of(statuses: Sequence[str]) -> dict[str, int]:
 def _output_json(output: OutputResult) -> dict[str, Any]:
     """One output of a case, compact: its verdict, worst units, tests and hints; its comparison only when it fails."""
     c = output.comparison
-    compact: dict[str, Any] = {"name": output.name, "actual_key": output.actual_key, "status": output.status}
+    compact: dict[str, Any] = {"name": output.name, "actual_key": output.actual_key, "status": output.status,
+                               "problem": output.problem.kind if output.problem is not None else None}
     if c is None:
         return compact | {"max_units": None, "units_unbounded": False, "criteria": [], "hints": [], "comparison": None}
     return compact | {

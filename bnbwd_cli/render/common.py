@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.text import Text
 
 from bnbwd_cli.literal import literal
+from bnbwd_cli.status import Status
 
 if TYPE_CHECKING:
-    from bnbwd_cli.judge.sets import SetComparison
+    from bnbwd_cli.judge.sets import OutputResult, SetComparison
 
 
 def fmt(value: float | None) -> str:
@@ -61,13 +62,21 @@ class ReportStyle:
     face: str = "cli"
 
 
-def render_verdict(console: Console, result: SetComparison, where: str) -> None:
+def status_word(output: OutputResult) -> str:
+    """How an output's verdict reads: PASS, FAIL, or what kept it from being compared (MISSING, EXTRA, SHAPE, DTYPE)."""
+    if output.problem is not None:
+        return output.problem.kind.upper()
+    return "PASS" if output.status == Status.PASS else "FAIL"
+
+
+def render_verdict(console: Console, result: SetComparison, where: str, face: str = "cli") -> None:
+    """The verdict's line; the CLI's says its exit code ("FAIL (exit 1): ..."), the Python API's does not."""
     status = result.status
-    if status == "pass":
+    code = f" (exit {int(result.exit_code)})" if face == "cli" else ""
+    if status == Status.PASS:
         console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
-    elif status == "mismatch":
-        failed = ", ".join(literal(o.name) for o in result.outputs if o.status == "fail")
-        console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
+    elif status == Status.MISMATCH:
+        failed = ", ".join(literal(o.name) for o in result.outputs if o.status == Status.MISMATCH)
+        console.print(Text(f"FAIL{code}: numerical mismatch in {failed}", style="bold red"))
     else:
-        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), {where}",
-                           style="bold red"))
+        console.print(Text(f"FAIL{code}: {len(result.all_problems)} structural problem(s), {where}", style="bold red"))

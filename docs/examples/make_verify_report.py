@@ -104,12 +104,14 @@ against its threshold), its hints and worst element:
 
 ## The same facts as JSON
 
-`--json -` prints only the JSON document to stdout (schema_version 3); `--json PATH`
+`--json -` prints only the JSON document to stdout (schema_version 4); `--json PATH`
 writes it next to the report. The exit code is the same either way. `tool` names the command that ran
 (`bnbwd run`, `bnbwd verify`; `bnbwd check`'s document and the API's `Report.to_json()` use the same
 schema). Numbers are numbers or null, never strings: null is undefined or unbounded (a relative error
 against a zero reference); an error in units is unbounded where a correct kernel's error scale is 0
-(gamma = 0), and then `units_unbounded` is true. Per output, `criteria` lists each statistic it was held
+(gamma = 0), and then `units_unbounded` is true. Per output, `status` is the verdict in the document's
+own words (`pass`, `mismatch`, `structural`) and `problem` what kept it from being compared (`missing`,
+`extra`, `shape`, `dtype`; null when compared); `criteria` lists each statistic it was held
 to against its threshold (`max_units` vs K, `mismatches` vs allowed, `rel_l2` vs its bound, the deciding
 `systematic_scale`, overall or in one `channel`), as the text report and `--brief` show them, and `hints`
 the diagnosis as `{{cause, evidence, channels}}`. `default_max_units` is K per output. `bnbwd check
