@@ -13,7 +13,7 @@ import click
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, spec_option
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, spec_option, vet_save_error
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
@@ -127,10 +127,11 @@ def verify(**kwargs) -> None:
         raise click.UsageError("--epsilon, --inference, --variance-is-invstd and --spec describe --inputs; give --inputs "
                                "BUNDLE")
     json_target = options.json_target
+    bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
+    read = _input_files(options.actual) + _input_files(options.reference) + bundle
     if json_target is not None and json_target != "-":
-        bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
-        files_write.vet_destination(json_target, _input_files(options.actual) + _input_files(options.reference) + bundle,
-                                    "--json")
+        files_write.vet_destination(json_target, read, "--json")
+    vet_save_error(options.comparison.save_error, read, [json_target])
     from bnbwd_cli.cli.show import ReportTarget, check_override_names, judging_for, show_comparison
     from bnbwd_cli.render.text import make_console
 
