@@ -63,7 +63,7 @@ def test_rows_counted_twice_in_some_channels():
     outputs = bugs.kernel(problem, {"subset": ((h >= 3) & (h <= 4), True, (1, 4))})
     hint = _hints(_judge(problem, outputs))[0]
     assert hint.cause == "partial-reduction-doubled" and hint.channels == (1, 4), hint
-    assert "count twice h=3..4 (2 of 9) (120 of 540 elements" in hint.text and "c=1, c=4" in hint.text, hint.text
+    assert "count twice h=3..4 (2 of 9) (120 of 540 elements" in hint.text and "(c=1, 4)" in hint.text, hint.text
 
 
 def test_gamma_reversed_is_named_with_its_map():
