@@ -12,7 +12,8 @@ import click
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
 from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options
+from bnbwd_cli.cli.params import (ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options,
+                                  vet_outputs)
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.runtime import usable_cores
@@ -82,12 +83,12 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     found = app_check.find_cases(cases)
     if shard is not None:
         found = app_check.shard(found, *shard)
-    if json_target is not None and json_target != "-":
+    if json_target is not None:
         from bnbwd_cli.files.read import source_files
 
         read = [path for case in found for source in (case.path, case.outputs_path) if source is not None
                 for path in source_files(str(source))]
-        files_write.vet_destination(json_target, read, "--json")
+        json_target = vet_outputs([], json_target, read).json_target
     op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
                     training=False if op_options["inference"] else None,
                     variance_is_invstd=op_options["variance_is_invstd"])

@@ -12,8 +12,7 @@ import click
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, read_sets
 from bnbwd_cli.cli.main import echo_error
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option
-from bnbwd_cli.files import write as files_write
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, vet_outputs
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/report.py).
@@ -119,11 +118,9 @@ def verify(**kwargs) -> None:
     options = VerifyOptions(**kwargs)
     if options.inputs_bundle is None and (options.epsilon is not None or options.inference or options.variance_is_invstd):
         raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
-    json_target = options.json_target
-    if json_target is not None and json_target != "-":
-        bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
-        files_write.vet_destination(json_target, _input_files(options.actual) + _input_files(options.reference) + bundle,
-                                    "--json")
+    bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
+    json_target = vet_outputs([], options.json_target,
+                              _input_files(options.actual) + _input_files(options.reference) + bundle).json_target
     from bnbwd_cli.cli.report import report_comparison
     from bnbwd_cli.render.text import make_console
 
