@@ -5,9 +5,9 @@ judge/ must keep them all).
     cd /tmp && PYTHONPATH=BASE_TREE:REPO python -m bench.judge_bits   # BASE_TREE's bnbwd_cli, this repo's bench/
 
 For each problem (dtype x shape x layout) and each kernel output (bnbwd's own; scaled by 1+3e-6; some elements
-NaN and some doubled) it judges with ``judge_outputs`` and hashes the repr of every row (the verdict, the summary
-numbers, the bias fit, the diagnosis), the details (worst elements, per-channel table, histogram), and the
-channel facts' arrays. ``--large`` adds f32 (32,128,56,56) in both layouts. Prints one line a case, then one
+NaN and some doubled) it judges with ``judge_kernel`` (``judge_outputs`` in older trees) and hashes the repr of
+every row (the verdict, the summary numbers, the bias fit, the diagnosis), the details (worst elements,
+per-channel table, histogram), and the channel facts' arrays. ``--large`` adds f32 (32,128,56,56) in both layouts. Prints one line a case, then one
 hash over all of them.
 """
 
@@ -49,7 +49,7 @@ def main() -> None:
     import numpy as np
 
     import bnbwd_cli
-    from bnbwd_cli.app.judge import judge_outputs
+    from bnbwd_cli.app import judge as app_judge
     from bnbwd_cli.dtypes import dtype_from_name
     from bnbwd_cli.judge.model import channel_facts
     from bnbwd_cli.judge.tolerance import Judging
@@ -91,10 +91,12 @@ def main() -> None:
         kernels["nan_doubled"] = broken
         for kernel, actual in kernels.items():
             for up_front in (False, True):
-                if args.threads == 1:  # (as older trees take it: their Judging has no threads)
-                    result = judge_outputs(op, actual, Judging(details_up_front=up_front), threads=1)
+                if hasattr(app_judge, "judge_kernel"):  # one judgement for every face (issue 33)
+                    result = app_judge.judge_kernel(op, actual, Judging(details_up_front=up_front, threads=args.threads))
+                elif args.threads == 1:  # (as older trees take it: their Judging has no threads)
+                    result = app_judge.judge_outputs(op, actual, Judging(details_up_front=up_front), threads=1)
                 else:
-                    result = judge_outputs(op, actual, Judging(details_up_front=up_front, threads=args.threads))
+                    result = app_judge.judge_outputs(op, actual, Judging(details_up_front=up_front, threads=args.threads))
                 if verbose:
                     print(label, kernel, up_front, [(row.name, row.status) for row in result.outputs], file=sys.stderr)
                 for row in result.outputs:

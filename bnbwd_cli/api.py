@@ -216,6 +216,18 @@ def _key_map(key_map: Any) -> dict[str, str]:
     return dict(key_map)
 
 
+def _only(only: Any) -> tuple[str, ...]:
+    """The outputs to judge, as the CLI's --only takes them: a name, names joined by commas, or a sequence of names
+    (None: every one)."""
+    if only is None:
+        return ()
+    names = tuple(name.strip() for name in only.split(",") if name.strip()) if isinstance(only, str) else only
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(name, str) for name in names):
+        raise InputError(f"only is {short_repr(only)}, expected an output's name or a sequence of them "
+                         "(('diff_src', 'diff_beta'))")
+    return tuple(names)
+
+
 @contextlib.contextmanager
 def _quiet_numerics():
     """NumPy's RuntimeWarnings silenced: inf, NaN and zero variance are inputs the core and the judge handle (and
@@ -258,14 +270,16 @@ def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, e
 def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
           epsilon: float | None = None, data_format: str | None = None, training: bool = True,
           variance_is_invstd: bool = False, spec: str = "generic", key_map: Mapping[str, str] | None = None,
-          max_units: float | None = None, **named: Any) -> Report:
+          max_units: float | None = None, only: Any = None, **named: Any) -> Report:
     """Judge a kernel's outputs as `bnbwd run --reference` does: truthy iff they pass.
 
     actual maps names to arrays: diff_src, diff_gamma, diff_beta, a spec's or PyTorch's names for them
     (x_backprop, grad_input...), or your own through key_map {THEIRS: OURS}; or it is a tuple or list in
-    (diff_src, diff_gamma, diff_beta) order (None where an output was not made). The ones present are judged,
-    each element by the error a correct float32 kernel could make on this problem (max_units K, default 16).
-    The other arguments are the inputs the kernel saw, as for backward(). The caller's arrays are never changed.
+    (diff_src, diff_gamma, diff_beta) order (None where an output was not made). Each element is judged by the
+    error a correct float32 kernel could make on this problem (max_units K, default 16 for diff_src). Every output
+    must be there: one missing makes the report "structural" (falsy, the CLI's exit 3), naming it; only= (an
+    output's name, names joined by commas or a sequence of them: the CLI's --only) judges fewer. The other arguments are the inputs the
+    kernel saw, as for backward(). The caller's arrays are never changed.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
@@ -273,24 +287,25 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     >>> dy = rng.normal(size=x.shape).astype(np.float32)
     >>> inputs = dict(src=x, diff_dst=dy, mean=x.mean(0), variance=x.var(0), epsilon=1e-5, data_format="NXC")
     >>> mine = backward(**inputs)
-    >>> check({"dx": mine["diff_src"]}, key_map={"dx": "diff_src"}, **inputs).status
+    >>> check({"dx": mine["diff_src"]}, key_map={"dx": "diff_src"}, only="diff_src", **inputs).status
     'pass'
-    >>> check((mine["diff_src"], None, mine["diff_beta"]), **inputs).status
+    >>> check((mine["diff_src"], None, mine["diff_beta"]), **inputs).status      # diff_gamma missing
+    'structural'
+    >>> check((mine["diff_src"], None, mine["diff_beta"]), only=("diff_src", "diff_beta"), **inputs).status
     'pass'
-    >>> wrong = {"diff_beta": mine["diff_beta"] / 64}        # a mean where the sum belongs: off by M
+    >>> wrong = dict(mine, diff_beta=mine["diff_beta"] / 64)   # a mean where the sum belongs: off by M
     >>> report = check(wrong, **inputs)
     >>> bool(report), report.status
     (False, 'mismatch')
     >>> "FAIL (exit 1): numerical mismatch in diff_beta" in report.text
     True
     """
-    key_map, max_units = _key_map(key_map), _max_units(max_units)
+    key_map, max_units, only = _key_map(key_map), _max_units(max_units), _only(only)
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
-    judging = Judging(key_map=key_map) if max_units is None else Judging(max_units=PerOutput(max_units, {}),
-                                                                         key_map=key_map)
+    judging = Judging(max_units=PerOutput(max_units, {}), key_map=key_map, only=only)
     with _quiet_numerics():
-        return Report(app_judge.judge_outputs(op, _outputs(actual), judging))
+        return Report(app_judge.judge_kernel(op, _outputs(actual), judging))
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
@@ -304,7 +319,7 @@ def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
     >>> inputs = dict(src=x, diff_dst=dy, mean=x.mean(0), variance=x.var(0), epsilon=1e-5, data_format="NC")
     >>> assert_backward_close(backward(**inputs), **inputs).status
     'pass'
-    >>> assert_backward_close({"diff_beta": np.zeros(4)}, **inputs)  # doctest: +ELLIPSIS
+    >>> assert_backward_close({"diff_beta": np.zeros(4)}, only="diff_beta", **inputs)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     AssertionError: FAIL (exit 1): numerical mismatch in diff_beta
     ...
@@ -382,7 +397,7 @@ class Case:
 
     def check(self, actual: Any, **options: Any) -> Report:
         """check(actual, ...) on this case's inputs and settings: a Report, truthy iff the outputs pass; options
-        are check()'s key_map, max_units and spec."""
+        are check()'s key_map, max_units, only and spec."""
         return check(actual, **self.inputs, epsilon=self.epsilon, data_format=self.data_format,
                      training=self.is_training, **options)
 

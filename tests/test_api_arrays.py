@@ -85,12 +85,16 @@ def test_outputs_as_a_tuple_a_list_or_a_named_tuple_in_order(problem):
     inputs, grads = problem
     ordered = (grads["diff_src"], grads["diff_gamma"], grads["diff_beta"])
     Grads = namedtuple("Grads", "grad_input grad_weight grad_bias")
-    for actual in (ordered, list(ordered), Grads(*ordered), (grads["diff_src"], None, None)):
+    for actual in (ordered, list(ordered), Grads(*ordered)):
         report = bnbwd_cli.check(actual, **inputs, epsilon=EPS, data_format="NCHW")
         assert report, report.text
-    assert [o.name for o in bnbwd_cli.check(ordered[:2], **inputs, epsilon=EPS, data_format="NCHW").result.outputs] == \
-        ["diff_src", "diff_gamma"]
-    wrong = bnbwd_cli.check((grads["diff_src"], grads["diff_gamma"] * 2), **inputs, epsilon=EPS, data_format="NCHW")
+    alone = bnbwd_cli.check((grads["diff_src"], None, None), **inputs, epsilon=EPS, data_format="NCHW")
+    assert alone.status == "structural" and [p.name for p in alone.result.all_problems] == ["diff_gamma", "diff_beta"]
+    assert bnbwd_cli.check((grads["diff_src"], None, None), **inputs, epsilon=EPS, data_format="NCHW", only="diff_src")
+    two = bnbwd_cli.check(ordered[:2], **inputs, epsilon=EPS, data_format="NCHW", only="diff_src,diff_gamma")
+    assert two and [o.name for o in two.result.outputs] == ["diff_src", "diff_gamma"]
+    wrong = bnbwd_cli.check((grads["diff_src"], grads["diff_gamma"] * 2), **inputs, epsilon=EPS, data_format="NCHW",
+                            only=("diff_src", "diff_gamma"))
     assert not wrong and wrong.status == "mismatch"
 
 
@@ -101,7 +105,7 @@ def test_pytorch_names_and_profile(problem):
                        save_mean=inputs["mean"], save_invstd=invstd.astype(np.float32))
     again = bnbwd_cli.backward(**torch_named, data_format="NCHW", spec="pytorch")  # no epsilon: save_invstd
     report = bnbwd_cli.check({"grad_input": again["diff_src"], "grad_weight": again["diff_gamma"]}, **torch_named,
-                             data_format="NCHW")
+                             data_format="NCHW", only=("grad_input", "grad_weight"))
     assert report, report.text
     assert bnbwd_cli.check(grads, **torch_named, data_format="NCHW")  # bnbwd's own from the variance: within K
     with pytest.raises(bnbwd_cli.InputError, match=r"^spec is 'caffe', expected one of generic"):

@@ -53,6 +53,10 @@ BAD_CHECK_ONLY = {
     "key-map-string": ("key_map", "abc", "key_map is 'abc', expected a mapping of names to names"),
     "key-map-pairs": ("key_map", [("dx", "diff_src")], "key_map is [("),
     "key-map-values": ("key_map", {"dx": 3}, "key_map is {'dx': 3}"),
+    "only-int": ("only", 3, "only is 3, expected an output's name or a sequence of them"),
+    "only-empty": ("only", (), "only is ()"),
+    "only-set": ("only", {"diff_src"}, "only is {'diff_src'}"),
+    "only-mixed": ("only", ["diff_src", 1], "only is ['diff_src', 1]"),
 }
 
 
@@ -105,8 +109,12 @@ def test_check_refuses_actuals_of_the_wrong_kind_with_an_input_error(inputs, act
 def test_check_takes_outputs_as_a_list_tuple_or_mapping_and_numpy_scalars_as_settings(inputs):
     grads = bnbwd_cli.backward(**inputs)
     ordered = [grads["diff_src"], grads["diff_gamma"], grads["diff_beta"]]
-    for actual in (ordered, tuple(ordered), grads, ordered[:1]):
+    for actual in (ordered, tuple(ordered), grads):
         assert bnbwd_cli.check(actual, **inputs, max_units=np.float32(16)).status == "pass"
+    # fewer outputs: each one missing is structural, unless only= (the CLI's --only) leaves it out
+    assert bnbwd_cli.check(ordered[:1], **inputs).status == "structural"
+    assert bnbwd_cli.check(ordered[:1], **inputs, only="diff_src").status == "pass"
+    assert bnbwd_cli.check((ordered[0], None, ordered[2]), **inputs, only=["diff_src", "diff_beta"]).status == "pass"
     settings = dict(inputs, epsilon=np.float32(1e-5), training=np.bool_(True), variance_is_invstd=0)
     assert bnbwd_cli.check(grads, **settings, key_map={}).status == "pass"
 

@@ -48,13 +48,13 @@ def test_exit_0_one_line_per_case_and_summary(cli, case, tmp_path):
     path, inputs, grads = case
     tf = {"x": inputs["src"], "y_backprop": inputs["diff_dst"], "reserve_space_1": inputs["mean"],
           "reserve_space_2": inputs["variance"], "scale": inputs["gamma"]}
-    other = write_case(tmp_path / "tf.npz", tf, {"x_backprop": grads["diff_src"], "offset_backprop": grads["diff_beta"]},
-                       epsilon=1e-3, data_format="NHWC")
+    other = write_case(tmp_path / "tf.npz", tf, {"x_backprop": grads["diff_src"], "scale_backprop": grads["diff_gamma"],
+                                                 "offset_backprop": grads["diff_beta"]}, epsilon=1e-3, data_format="NHWC")
     result = cli("check", path, other)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         f"PASS  {path}: diff_src 0 units, diff_gamma 0 units, diff_beta 0 units",
-        f"PASS  {other}: x_backprop=diff_src 0 units, offset_backprop=diff_beta 0 units",
+        f"PASS  {other}: x_backprop=diff_src 0 units, scale_backprop=diff_gamma 0 units, offset_backprop=diff_beta 0 units",
         "PASS: 2 case(s), every output within tolerance",
     ]
 
@@ -96,7 +96,7 @@ def test_exit_3_for_an_output_of_the_wrong_shape(cli, case, tmp_path):
     path, inputs, grads = case
     bad = write_case(tmp_path / "t.npz", inputs, {"diff_src": grads["diff_src"].transpose(0, 3, 1, 2)}, epsilon=1e-3,
                      data_format="NHWC")
-    result = cli("check", bad)
+    result = cli("check", bad, "--only", "diff_src")
     assert result.exit_code == 3
     assert "diff_src SHAPE; error: diff_src: actual has shape (2, 3, 5, 4)" in result.stdout
 
@@ -182,7 +182,7 @@ def test_bf16_keys_read_as_bfloat16_in_a_case(cli, rng, tmp_path):
     path = write_case(tmp_path / "bits.npz", bits, {"dx": grads["diff_src"].view(np.int16)}, epsilon=1e-3,
                       data_format="NHWC")
     passed = cli("check", path, "--map", "dy=diff_dst", "--map", "dx=diff_src", "--bf16", "dx", "--bf16", "src",
-                 "--bf16", "diff_dst")
+                 "--bf16", "diff_dst", "--only", "dx")
     assert passed.exit_code == 0, passed.output
     assert passed.stdout.splitlines()[0] == f"PASS  {path}: dx=diff_src 0 units"
     unread = cli("check", path, "--map", "dy=diff_dst", "--map", "dx=diff_src", "--bf16", "src", "--bf16", "dy")

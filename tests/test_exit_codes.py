@@ -89,7 +89,7 @@ def planted_bug(monkeypatch):
         raise ZeroDivisionError("planted")
 
     monkeypatch.delenv("BNBWD_TRACEBACK", raising=False)
-    monkeypatch.setattr(judge_sets, "compare_sets", boom)  # report_comparison imports it when it runs
+    monkeypatch.setattr(judge_sets, "compare_sets", boom)  # app/judge imports it when it judges
 
 
 def test_exit_4_on_an_internal_error_with_one_line(cli, case, planted_bug):

@@ -82,12 +82,11 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
     assert finished == [None] and threading.active_count() == before
 
 
-@pytest.mark.parametrize("judging_threads, call_threads, beside", [(1, None, False), (2, None, True), (2, 1, False)])
-def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_threads, beside,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """judge_outputs (run --reference, check and the API): its threads argument, else the Judging's own; with one
-    thread the judging pass regresses its own pieces (no pass of the regression's own)."""
-    from bnbwd_cli.app.judge import judge_outputs
+@pytest.mark.parametrize("judging_threads, beside", [(1, False), (2, True)])
+def test_judge_kernel_keeps_a_judgings_threads(judging_threads, beside, monkeypatch: pytest.MonkeyPatch) -> None:
+    """judge_kernel (run --reference, verify --inputs, check and the API): the Judging's threads (check's workers
+    set 1); with one thread the judging pass regresses its own pieces (no pass of the regression's own)."""
+    from bnbwd_cli.app.judge import judge_kernel
 
     inputs, actual, _ = _outputs("NCX", 34)
     where = []
@@ -98,7 +97,7 @@ def test_the_api_keeps_a_judgings_threads_unless_told(judging_threads, call_thre
         return regression_pass(*args, stop=stop)
 
     monkeypatch.setattr(diff_src, "_regression_pass", recording)
-    result = judge_outputs(inputs, actual, Judging(threads=judging_threads), threads=call_threads)
+    result = judge_kernel(inputs, actual, Judging(threads=judging_threads), required=("diff_src",))
     assert where == ([True] if beside else [])
     assert result.outputs[0].comparison.bias is not None
 

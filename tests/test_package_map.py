@@ -143,13 +143,13 @@ def test_imports_flow_down():
             elif rank(target) == rank(name) == 3 and _is_cli(name) != _is_cli(target):
                 sideways.append(f"{name} -> {target}")  # cli/ and api.py: two faces of app/, neither uses the other
             elif name in COMMANDS and target in COMMANDS and name != target:
-                sideways.append(f"{name} -> {target}")  # commands share through app/, cli/params.py, cli/report.py
+                sideways.append(f"{name} -> {target}")  # commands share through app/, cli/params.py, cli/show.py
     assert not upward and not sideways, (upward, sideways)
 
 
 def test_the_walker_sees_lazy_imports():
     """The guard above could pass by seeing nothing: run's lazy import of the report is found."""
-    assert "cli/report.py" in imported(modules()["cli/run.py"])
+    assert "cli/show.py" in imported(modules()["cli/run.py"])
     assert {"app/run.py", "app/inputs.py"} <= imported(modules()["cli/run.py"])
 
 

@@ -135,7 +135,8 @@ def test_a_missing_output_suggests_a_map_by_shape(cli, rng, tmp_path):
                                                    "grad_bias": outputs["grad_bias"]})
     result = cli("run", bundle, "--format", "NCHW", "-q", "--reference", kernel)
     assert result.exit_code == 3
-    assert "error: diff_src: in reference, missing from actual; --map result=diff_src reads result as it" in result.stderr
+    assert ("error: diff_src: missing from actual, the kernel's outputs; --map result=diff_src reads result as it; "
+            "to judge only the outputs the kernel gave: --only diff_gamma,diff_beta") in result.stderr
 
 
 def test_pytorch_profile_rules(cli, rng, tmp_path):

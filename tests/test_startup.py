@@ -31,7 +31,7 @@ NEVER_ON_PLAIN_RUN = {
     "bnbwd_cli.render.json": "the comparison's JSON report",
     "bnbwd_cli.cli.verify": "verify's command: loaded when looked up (cli/main.COMMANDS), or by run --reference",
     "bnbwd_cli.cli.check": "check's command, same reason",
-    "bnbwd_cli.cli.report": "the comparison's report: only run --reference and verify",
+    "bnbwd_cli.cli.show": "the comparison's report: only run --reference and verify",
     "bnbwd_cli.app.judge": "judging a kernel's outputs: only run --reference, verify, check and the API",
     "bnbwd_cli.app.check": "check's suites",
     "bnbwd_cli.cli.cases": "cases' command, same reason",

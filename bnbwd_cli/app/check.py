@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
-from bnbwd_cli.app.judge import judge_outputs
+from bnbwd_cli.app.judge import judge_kernel
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
@@ -112,7 +112,8 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
         op = split.build_op()
-        result = judge_outputs(op, split.outputs, request.judging, request.threads)
+        judging = request.judging if request.threads is None else replace(request.judging, threads=request.threads)
+        result = judge_kernel(op, split.outputs, judging)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
         return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")

@@ -1,11 +1,12 @@
-"""Judge a kernel's outputs: against bnbwd's own, computed from the op's inputs (run --reference, check, the
-API), or against a reference file's (verify: read_sets). The verdict is a judge.SetComparison; showing it is
-the caller's.
+"""Judge a kernel's outputs: judge_kernel, the one judgement of `run --reference`, `verify --inputs`, `check` and
+the API (against bnbwd's outputs, computed from the op's inputs or read from verify's REFERENCE), or two plain
+tensor sets key by key (`verify` without --inputs: compare). The verdict is a judge.SetComparison, decided
+here; showing it is the caller's (nothing here prints).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -89,17 +90,46 @@ def reference_outputs(op: Op, names: tuple[str, ...], threads: int | None = None
     return {name: getattr(result, name) for name in names}
 
 
-def judge_outputs(op: Op, actual: Mapping[str, np.ndarray], judging: Judging,
-                  threads: int | None = None) -> SetComparison:
-    """Judge a kernel's outputs (keys: canonical, spec aliases or mapped) against bnbwd's, by the problem's
-    own error scale: the judgement of `run --reference`, `check` and the API. threads: the core's and the
-    judging's (None: the machine's; check's worker processes use one each)."""
+def judge_kernel(op: Op, kernel_outputs: Mapping[str, np.ndarray], judging: Judging, *,
+                 required: Sequence[str] = OUTPUT_NAMES, reference: Mapping[str, np.ndarray] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> SetComparison:
+    """The one judgement of a kernel: `run --reference`, `verify --inputs`, every `check` case and the API call it.
+
+    kernel_outputs: the kernel's arrays by key (canonical, a spec's alias or renamed by judging.key_map); each
+    element is judged by the problem's own error scale (op: the inputs the kernel saw). required: the outputs the
+    kernel must give. Default every one, for every face: one the kernel lacks (of those --only/--ignore select) is
+    a structural problem naming it and how to judge fewer (exit 3, a falsy Report), never a silent pass; run's
+    --outputs and --no-param-grads narrow it. reference: bnbwd's outputs when known already (run computed them,
+    verify read them), else computed here for the outputs the kernel gave. A kernel that gave none of the outputs
+    is an InputError. Threads: judging.threads (0: the machine's), the core's and the judging's."""
     from bnbwd_cli.judge.keys import canonical_key
 
-    present = {canonical_key(key, judging.key_map) for key in actual}
-    names = tuple(name for name in OUTPUT_NAMES if name in present)
-    if not names:
-        raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta "
-                         "(or a spec's name for them)", hint="--map THEIRS=OURS names your own")
-    judging = replace(judging, threads=threads or judging.threads)  # (a Judging's own threads, unless given here)
-    return compare(TensorSets(actual, reference_outputs(op, names, threads), inputs=op), judging)
+    given = {canonical_key(key, judging.key_map) for key in kernel_outputs}
+    present = tuple(name for name in OUTPUT_NAMES if name in given)
+    if not present:
+        raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta (or a spec's name "
+                         "for them)", hint=_map_hint(op, kernel_outputs, judging.key_map))
+    if reference is None:
+        reference = reference_outputs(op, present, judging.threads or None)
+    judging = replace(judging, required=tuple(required))
+    return compare(TensorSets(kernel_outputs, reference, inputs=op), judging, progress=progress)
+
+
+def _map_hint(op: Op, kernel_outputs: Mapping[str, np.ndarray], key_map: Mapping[str, str]) -> str:
+    """--map KEY=OUTPUT for the kernel key whose shape and name fit an output best, else the general advice."""
+    from bnbwd_cli.spec import suggest_key
+
+    shapes = {key: tuple(np.shape(array)) for key, array in kernel_outputs.items() if key not in key_map}
+    for name in OUTPUT_NAMES:
+        key = suggest_key(name, shapes, tuple(op.src.shape if name == "diff_src" else op.mean.shape))
+        if key is not None:
+            return f"--map {key}={name} reads {key} as it"
+    return "--map THEIRS=OURS names your own"
+
+
+def judge_sets(sets: TensorSets, judging: Judging, data_format: str | None = None) -> SetComparison:
+    """verify's judgement: with the op's inputs, judge_kernel's (REFERENCE's arrays as bnbwd's outputs); without,
+    the fixed tolerances key by key (compare)."""
+    if sets.inputs is None:
+        return compare(sets, judging, data_format)
+    return judge_kernel(sets.inputs, sets.actual, judging, reference=sets.reference)

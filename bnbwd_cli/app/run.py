@@ -154,19 +154,15 @@ def facts(request: RunRequest, prepared: Prepared, computed: Computed, written: 
                     core=computed.core, stream=prepared.stream, stats=computed.stats)
 
 
-def reference_sets(request: RunRequest, prepared: Prepared, arrays: dict, kernel_path: str):
-    """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference (app.judge.TensorSets).
-    bf16 keys that are not inputs are keys of the kernel's file."""
-    from bnbwd_cli.app.judge import TensorSets
-
-    # The inputs give every element its error scale (streamed inputs are read whole here: the judge needs them).
+def kernel_under_test(request: RunRequest, prepared: Prepared, kernel_path: str) -> tuple[Op, dict]:
+    """--reference: the op with its inputs whole (streamed src and diff_dst are read here: every element's error
+    scale needs them) and the kernel's outputs read from kernel_path (bf16 keys that are not inputs are its keys)."""
     whole = {name: read_array(request.sources[name], name) for name in ("src", "diff_dst")
              if isinstance(getattr(prepared.op, name), files_blocks.NpyBlocks)}
-    op = replace(prepared.op, **whole)
     kernel = read_tensor_set(kernel_path)
     bf16_outputs = [key for key in request.bf16 if key not in INPUT_NAMES]
     check_found(bf16_outputs, reinterpret_bf16(bf16_outputs, {kernel_path: kernel}), kernel_path)
-    return TensorSets(kernel, arrays, actual_label=kernel_path, reference_label="bnbwd run", inputs=op)
+    return replace(prepared.op, **whole), kernel
 
 
 def _write_outputs(arrays: dict[str, np.ndarray], destination: Destination) -> None:

@@ -35,9 +35,11 @@ training, running_mean and running_var in inference); optional 0-d 'epsilon',
 a spec's or PyTorch's names (x_backprop, grad_input, grad_weight, ...). Your
 own names: --map THEIRS=OURS (e.g. --map dy=diff_dst --map dx=diff_src), for
 inputs and outputs alike. Other keys are named in a note (one named like
-gamma is an error unless --ignore names it). The outputs a case holds are
-judged as `bnbwd run --reference` judges them: each element by the error a
-correct float32 kernel could make on that problem (K = --max-units).
+gamma is an error unless --ignore names it). A case's outputs are judged as
+`bnbwd run --reference` judges them: each element by the error a correct
+float32 kernel could make on that problem (K = --max-units). A case must
+hold every output: one it lacks makes it fail with exit 3 (--only diff_src
+judges fewer).
 
 \b
 --epsilon, --format, --spec, --inference, --variance-is-invstd and --bf16 KEY

@@ -1,4 +1,5 @@
-"""`bnbwd run`: parse, call app/run.py (and app/judge.py with --reference), render, exit."""
+"""`bnbwd run`: parse, call app/run.py (and app/judge.judge_kernel with --reference: the verdict before any
+printing), render, exit."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import contextlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
 from bnbwd_cli.app.inputs import Naming, OpSettings
-from bnbwd_cli.cli.main import CONTEXT, echo_error
+from bnbwd_cli.cli.main import CONTEXT, ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations, OutputList,
                                   bf16_option, comparison_options, epsilon_option, format_option, fsync_option,
                                   inference_option, invstd_option, spec_option, vet_outputs)
@@ -20,6 +22,9 @@ from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files
 from bnbwd_cli.spec import INPUT_NAMES, OUTPUT_NAMES
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.sets import SetComparison
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a run takes well under a second: no bar
 
@@ -147,7 +152,7 @@ class RunOptions:
 @fsync_option
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
-              "on mismatch. The options below tune it (--map THEIRS=OURS also renames the bundle's inputs).")
+              "on mismatch, 3 when it lacks one of --outputs (--only judges fewer). The options below tune it (--map THEIRS=OURS also renames the bundle's inputs).")
 @comparison_options(with_format=False, with_json=False)
 def run(no_param_grads: bool, **kwargs) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
@@ -167,19 +172,31 @@ def run(no_param_grads: bool, **kwargs) -> None:
         computed = _compute(request, prepared, stack, stderr_console)
         written = [files_write.display(p) for p in destinations] or (["-"] if options.output == "-" else [])  # \xff: not UTF-8
         facts = app_run.facts(request, prepared, computed, written)
-        report_console = _console(stderr=vetted.stdout_busy) if not options.quiet or options.reference is not None else None
-        if options.json_target and options.reference is None:
+        # The verdict first, recorded before a word is printed: a stdout that fails (/dev/full, a reader gone)
+        # cuts the report short, never the judging nor its exit code.
+        result = None
+        if options.reference is not None:
+            result = _judge_reference(options, request, prepared, computed, stderr_console, stack)
+            record_verdict(result.exit_code)
+        report_console = _console(stderr=vetted.stdout_busy) if not options.quiet or result is not None else None
+        if options.json_target and result is None:
             from bnbwd_cli.render import json as report_json  # only --json writes JSON
 
             files_write.write_text(options.json_target, report_json.document_text(report_json.run_document(facts)),
                                    fsync=options.fsync)
+        writer = ReportWriter()
         if not options.quiet:
             from bnbwd_cli.render.run import render_run
 
-            render_run(report_console, stderr_console, facts)
-        if options.reference is not None:
-            code = _judge_reference(options, request, prepared, computed, (report_console, stderr_console), stack)
-            click.get_current_context().exit(code)
+            writer.write(render_run, report_console, stderr_console, facts)
+        if result is not None:
+            from bnbwd_cli.cli.show import ReportTarget, show_comparison
+
+            show_comparison(result, (options.reference, "bnbwd run"), options.comparison,
+                            ReportTarget(report_console, options.json_target, options.fsync), writer)
+        writer.finish()
+        if result is not None:
+            click.get_current_context().exit(result.exit_code)
 
 
 def _check_usage(options: RunOptions) -> None:
@@ -260,19 +277,20 @@ def _progress_bar(prepared: app_run.Prepared, stack: contextlib.ExitStack, stder
 
 
 def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared: app_run.Prepared,
-                     computed: app_run.Computed, consoles: tuple, stack: contextlib.ExitStack) -> int:
-    """--reference: the file is the kernel under test (actual), bnbwd's outputs the reference; exit code back.
-    consoles: the report's and the progress bar's (stderr; None under --quiet)."""
-    from bnbwd_cli.cli.report import report_comparison  # the comparison and its report: only when judging
+                     computed: app_run.Computed, stderr_console, stack: contextlib.ExitStack) -> SetComparison:
+    """--reference: the file is the kernel under test, judged against the outputs this run computed (app/judge's
+    judge_kernel, as check and the API judge); the run's --outputs are the ones the kernel must give. stderr_console:
+    the progress bar's (None under --quiet)."""
+    from bnbwd_cli.app.judge import judge_kernel  # the comparison: only when judging
+    from bnbwd_cli.cli.show import check_override_names, judging_for
 
-    console, stderr_console = consoles
-    sets = app_run.reference_sets(request, prepared, computed.arrays, options.reference)
-    # run's --format names the axes; --threads is the judging's too
-    comparison = replace(options.comparison, data_format=prepared.op.data_format,
-                         judging=replace(options.comparison.judging, threads=options.threads or 0))
+    op, kernel = app_run.kernel_under_test(request, prepared, options.reference)
+    check_override_names(options.comparison, [*kernel, *computed.arrays])
+    # --threads is the judging's too
+    judging = replace(judging_for(options.comparison, options.json_target), threads=options.threads or 0)
     progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "judging")
-    return report_comparison(sets, comparison, console, options.json_target, fsync=options.fsync,
-                             progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))
+    return judge_kernel(op, kernel, judging, required=request.outputs, reference=computed.arrays,
+                        progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))
 
 
 def _stopping_at_the_end(progress_bar, on_progress):

@@ -1,5 +1,6 @@
-"""`bnbwd verify ACTUAL REFERENCE`: parse, read both sets and --inputs (app/judge.read_sets), judge and show
-the comparison (cli/report.py), exit with its code.
+"""`bnbwd verify ACTUAL REFERENCE`: parse, read both sets and --inputs (app/judge.read_sets), judge them
+(app/judge.judge_sets: with --inputs, judge_kernel, the judgement of run --reference, check and the API), record
+the verdict, show the comparison (cli/show.py), exit with its code.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from pathlib import Path
 import click
 
 from bnbwd_cli.app.inputs import Naming, OpSettings
-from bnbwd_cli.app.judge import FileSets, read_sets
-from bnbwd_cli.cli.main import echo_error
+from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
+from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, vet_outputs
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
-# The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/report.py).
+# The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/show.py).
 
 # --------------------------------------------------------------------------- command
 
@@ -44,7 +45,9 @@ output dtype (K = --max-units, default {DEFAULT_MAX_UNITS:g} for diff_src and
 {SUM_MAX_UNITS:g} for diff_gamma and diff_beta). A systematic scale of
 actual vs reference far beyond rounding noise (a wrong epsilon, an unbiased
 variance) fails too, even when every element is within tolerance.
-`bnbwd run INPUTS --reference KERNEL_OUT` judges the same way.
+ACTUAL must hold all three (exit 3 names one it lacks; --only judges fewer).
+`bnbwd run INPUTS --reference KERNEL_OUT`, `bnbwd check` and the Python API
+judge the same way.
 
 Without --inputs, fixed tolerances apply: an element passes if |a-r| <=
 atol + rtol*|r| or it lies within --ulp ULPs of the output dtype, and each
@@ -121,7 +124,7 @@ def verify(**kwargs) -> None:
     bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
     json_target = vet_outputs([], options.json_target,
                               _input_files(options.actual) + _input_files(options.reference) + bundle).json_target
-    from bnbwd_cli.cli.report import report_comparison
+    from bnbwd_cli.cli.show import ReportTarget, check_override_names, judging_for, show_comparison
     from bnbwd_cli.render.text import make_console
 
     op = OpSettings(options.epsilon, options.comparison.data_format, "generic", False if options.inference else None,
@@ -130,5 +133,11 @@ def verify(**kwargs) -> None:
     files = FileSets(options.actual, options.reference, options.inputs_bundle, op,
                      Naming(judging.key_map, judging.ignore), options.bf16_keys)
     sets = read_sets(files, on_note=lambda note: echo_error(f"note: {note}"))
-    code = report_comparison(sets, options.comparison, make_console(), json_target, fsync=options.fsync)
-    click.get_current_context().exit(code)
+    check_override_names(options.comparison, [*sets.actual, *sets.reference])
+    result = judge_sets(sets, judging_for(options.comparison, json_target), options.comparison.data_format)
+    record_verdict(result.exit_code)  # decided before a word is printed: no report failure can change it
+    writer = ReportWriter()
+    show_comparison(result, (sets.actual_label, sets.reference_label), options.comparison,
+                    ReportTarget(make_console(), json_target, options.fsync), writer)
+    writer.finish()
+    click.get_current_context().exit(result.exit_code)

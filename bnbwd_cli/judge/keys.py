@@ -6,11 +6,15 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name
 from bnbwd_cli.spec import is_input_key, suggest_key
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.tolerance import Judging
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,38 @@ def _missing(name: str, r_key: str, extras: Sequence[str], key_map: Mapping[str,
         key = suggest_key(name, {k: shapes.get(k) for k in extras if k not in key_map}, shapes.get(r_key))
         message += f"; --map {key}={name} reads {key} as it" if key is not None else ""
     return KeyProblem("missing", r_key, message)
+
+
+def require_outputs(match: KeyMatch, judging: Judging, actual_shapes: Mapping[str, tuple[int, ...]],
+                    expected: Mapping[str, tuple[int, ...]]) -> KeyMatch:
+    """``match`` with every op output in judging.required (canonical names, those --only/--ignore select) that the
+    kernel's keys (actual_shapes: key -> shape) do not give made "missing", whether or not the reference holds it:
+    a kernel that stopped writing diff_gamma must not pass. Each such problem names the output, the kernel's key of
+    its expected shape that may hold it (--map) and how to judge fewer (--only, the outputs the kernel gave)."""
+    key_map, only, ignore = judging.key_map, set(judging.only), set(judging.ignore)
+    given = {canonical_key(key, key_map) for key in actual_shapes}
+
+    def selected(name: str) -> bool:
+        names = {name} | {k for k, v in key_map.items() if v == name} | {k for k, v in OUTPUT_ALIASES.items() if v == name}
+        return (not only or bool(names & only)) and not names & ignore
+
+    lacking = [name for name in dict.fromkeys(judging.required) if name not in given and selected(name)]
+    if not lacking:
+        return match
+    gave = [name for name in dict.fromkeys(OUTPUT_ALIASES.values()) if name in given and selected(name)]
+    advice = f"; to judge only the outputs the kernel gave: --only {','.join(gave)}" if gave else ""
+    others = {key: shape for key, shape in actual_shapes.items()
+              if key not in key_map and canonical_key(key, key_map) not in OUTPUT_ALIASES.values() and not is_input_key(key)}
+
+    def problem(name: str) -> KeyProblem:
+        key = suggest_key(name, others, expected.get(name))
+        suggestion = f"; --map {key}={name} reads {key} as it" if key is not None else ""
+        return KeyProblem("missing", name, f"{name}: missing from actual, the kernel's outputs{suggestion}{advice}")
+
+    kept = [p for p in match.problems  # the missing outputs say what there is to compare, each once
+            if p.kind != "empty" and not (p.kind == "missing" and canonical_key(p.name, key_map) in lacking
+                                          and not p.message.startswith("--"))]
+    return KeyMatch(match.pairs, tuple(kept) + tuple(problem(name) for name in lacking), match.notes)
 
 
 _LAYOUT_NAMES = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}

@@ -24,7 +24,7 @@ from bnbwd_cli.judge.comparison import Comparison, Hint
 from bnbwd_cli.judge.compare import Coordinates, compare_arrays
 from bnbwd_cli.judge.diff_src import judge_diff_src
 from bnbwd_cli.judge.job import Job
-from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyProblem, match_keys, structural_problem
+from bnbwd_cli.judge.keys import OUTPUT_ALIASES, KeyMatch, KeyProblem, match_keys, require_outputs, structural_problem
 from bnbwd_cli.judge.model import ChannelFacts, channel_facts
 from bnbwd_cli.judge.tolerance import Judging
 from bnbwd_cli.spec import ShapesOnDemand
@@ -163,6 +163,18 @@ def _explained(inputs: Op | None, facts: Callable[[], ChannelFacts],
     return diagnose(inputs, facts(), judged)
 
 
+def _match(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], judging: Judging,
+           inputs: Op | None) -> KeyMatch:
+    """The pairs to compare and the key problems; a kernel's outputs (inputs known) must include judging.required."""
+    shapes = ShapesOnDemand((reference, actual), [*reference, *actual])
+    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore, shapes)
+    if not judging.required or inputs is None:
+        return match
+    expected = {"diff_src": tuple(inputs.src.shape), "diff_gamma": tuple(inputs.mean.shape),
+                "diff_beta": tuple(inputs.mean.shape)}
+    return require_outputs(match, judging, ShapesOnDemand((actual,), list(actual)), expected)
+
+
 def compare_sets(
     actual: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
@@ -182,8 +194,7 @@ def compare_sets(
     if inputs is not None and data_format is None:
         data_format = inputs.data_format
     cache: dict[str, ChannelFacts] = {}
-    shapes = ShapesOnDemand((reference, actual), [*reference, *actual])
-    match = match_keys(list(actual), list(reference), judging.key_map, judging.only, judging.ignore, shapes)
+    match = _match(actual, reference, judging, inputs)
     pair_sizes = [_size(actual, pair.actual_key, progress) for pair in match.pairs]
     tracker = Progress(progress, sum(pair_sizes) + (int(inputs.src.size) if inputs is not None else 0))
 

@@ -147,6 +147,9 @@ class Judging:
     key_map: Mapping[str, str] = field(default_factory=dict)
     only: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    # The op's outputs (canonical names) the kernel must give, those --only/--ignore select: one it lacks is a
+    # structural problem (exit 3), never a silent skip. app/judge.judge_kernel sets it; a plain comparison has none.
+    required: tuple[str, ...] = ()
     top: int = 10
     # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
     # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).

@@ -29,6 +29,7 @@ API_ADVICE = (
     ("--format", "data_format"),
     ("--max-units ", "max_units="),
     ("--epsilon", "epsilon"),
+    ("--only ", "only="),
     ("--inference", "training=False"),
 )
 
@@ -97,4 +98,4 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
         console.print(Text(f"note: {literal_line(note)}"), soft_wrap=True)
     if style.problems_inline:
         for problem in result.all_problems:
-            console.print(Text(f"error: {literal_line(problem.message)}"), soft_wrap=True)
+            console.print(Text(f"error: {literal_line(phrase(problem.message, style.face))}"), soft_wrap=True)

@@ -128,13 +128,15 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
                   soft_wrap=True)
     _render_rules(console, result)
     _render_summary(console, result)
-    # The CLI prints structural problems once, as `error:` lines on stderr (report_comparison), not here.
+    # The CLI prints structural problems once, as `error:` lines on stderr (cli/show.py), not here.
     for output in result.outputs:
         if output.comparison is not None and (style.verbose or not output.comparison.passed):
             _render_details(console, output, style)
     if style.problems_inline:
+        from bnbwd_cli.render.brief import phrase
+
         for problem in result.all_problems:
-            console.print(Text(f"error: {literal_line(problem.message)}"), soft_wrap=True)
+            console.print(Text(f"error: {literal_line(phrase(problem.message, style.face))}"), soft_wrap=True)
     render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
 
 

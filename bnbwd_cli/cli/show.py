@@ -1,0 +1,70 @@
+"""A judged comparison shown: the rich report (or JSON) of `verify` and `run --reference`. Renders only.
+
+Not a command: run and verify both call it, so neither imports the other. The verdict is app/judge.py's and is
+recorded (cli/main.record_verdict) before anything is printed: a report that cannot be written (a full disk, a
+reader gone) cuts the report short and never changes the exit code. The report is render/'s; the JSON
+document goes to a file through files/write.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bnbwd_cli.cli.main import ReportWriter
+from bnbwd_cli.cli.params import ComparisonOptions
+from bnbwd_cli.files import write as files_write
+
+if TYPE_CHECKING:
+    from bnbwd_cli.judge.sets import SetComparison
+    from bnbwd_cli.judge.tolerance import Judging
+
+
+@dataclass(frozen=True)
+class ReportTarget:
+    """Where a report goes: the text report's console, and --json (None, a path, or "-": then JSON replaces the
+    text report on stdout), written with fsync or not."""
+
+    console: Any
+    json_target: str | None = None
+    fsync: bool = False
+
+
+def check_override_names(options: ComparisonOptions, keys: Iterable[str]) -> None:
+    """A per-output option (--atol NAME=...) naming no key of the files is a usage error, before any judging."""
+    known = set(keys)
+    for option, names in options.judging.output_names().items():
+        unknown = sorted(names - known)
+        if unknown:
+            flag = "--" + option.replace("_", "-")
+            raise click.UsageError(f"{flag} names {', '.join(unknown)}, which is not an output (outputs: {', '.join(sorted(known))})")
+
+
+def judging_for(options: ComparisonOptions, json_target: str | None) -> Judging:
+    """The judging the report wants: every output's details gathered in the judging pass when all will be shown."""
+    if json_target is not None or options.verbose:
+        return replace(options.judging, details_up_front=True)
+    return options.judging
+
+
+def show_comparison(result: SetComparison, labels: tuple[str, str], options: ComparisonOptions, target: ReportTarget,
+                    writer: ReportWriter) -> None:
+    """Print the report of a judged comparison (and write its JSON). labels: the actual and reference sides' names.
+    Writes go through ``writer`` (the caller calls finish() once everything is shown). Structural problems go to
+    stderr as ``error: ...`` lines, once (the report on stdout only counts them)."""
+    from bnbwd_cli.render import text as report
+
+    if target.json_target != "-":
+        writer.write(report.render_report, target.console, result, report.Labels(*labels),
+                     report.ReportStyle(verbose=options.verbose, brief=options.brief))
+    if target.json_target is not None:
+        from bnbwd_cli.render import json as report_json  # only --json writes JSON
+
+        tool = f"bnbwd {click.get_current_context().info_name}"  # the command that ran: run or verify
+        document = report_json.report_document(result, report_json.Source(tool, *labels))
+        text = report_json.document_text(document)
+        writer.write(lambda: files_write.write_text(target.json_target, text, fsync=target.fsync))
+    report.print_problems(result)
