@@ -323,7 +323,7 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     >>> report = check(wrong, **inputs)
     >>> bool(report), report.status
     (False, 'mismatch')
-    >>> "FAIL (exit 1): numerical mismatch in diff_beta" in report.text
+    >>> "FAIL: numerical mismatch in diff_beta" in report.text
     True
     """
     key_map, max_units, only = _key_map(key_map), _max_units(max_units), _only(only)
@@ -347,7 +347,7 @@ def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:
     'pass'
     >>> assert_backward_close({"diff_beta": np.zeros(4)}, only="diff_beta", **inputs)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    AssertionError: FAIL (exit 1): numerical mismatch in diff_beta
+    AssertionError: FAIL: numerical mismatch in diff_beta
     ...
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this frame

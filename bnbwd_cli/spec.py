@@ -37,6 +37,10 @@ MODE_STATISTICS: dict[bool, dict[str, str]] = {  # training? -> {key: canonical 
     False: {"running_mean": "mean", "running_var": "variance"},
 }
 INVSTD_KEYS = ("save_invstd", "invstd")
+# Names only channels-first frameworks use (PyTorch's native_batch_norm_backward, nGraph's input): a bundle that
+# names its tensors so, and says no layout, is logically NCX whatever the spec's default (a channels_last tensor
+# is still logically NCHW).
+CHANNELS_FIRST_KEYS = ("input", "grad_output", "save_mean", "save_invstd", "running_mean", "running_var")
 # Bundle entries that are not tensors of the op: attributes, and TF's unused reserve_space_3.
 ATTRIBUTE_KEYS = ("epsilon", "data_format", "is_training")
 IGNORED_KEYS = ("reserve_space_3",)

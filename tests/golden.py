@@ -24,12 +24,15 @@ GOLDEN_PATH = Path(__file__).resolve().parent.parent / "fixtures" / "golden_bits
 DTYPES = {"f64": np.dtype(np.float64), "f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f16": np.dtype(np.float16)}
 SIGNIFICAND_BITS = {"f64": 53, "f32": 24, "bf16": 8, "f16": 11}  # what each dtype holds exactly
-# name: (shape, data_format). Planes of several chunks, NXC rows of several chunks, a short odd shape, an (N, C) one.
+# name: (shape, data_format). Planes of several chunks, NXC rows of several chunks, a short odd shape, an (N, C) one,
+# and NCX rows whose spatial size (5) divides no lane group: the rows' lanes are grouped across samples, and that
+# grouping shows in float64's bits.
 PROBLEMS = {
     "ncx_planes": ((130, 3, 24, 24), "NCX"),
     "nxc_rows": ((16, 60, 60, 4), "NXC"),
     "ncx_odd": ((3, 5, 7, 9), "NCX"),
     "nxc_2d": ((3000, 3), "NXC"),
+    "ncx_lanes_odd": ((130, 3, 5), "NCX"),
 }
 OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
 

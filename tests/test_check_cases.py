@@ -48,7 +48,7 @@ def test_a_directory_means_its_npz_cases_and_out_files_are_outputs(cli, rng, tmp
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:3]] == [f"PASS  {suite / 'a.npz'}", f"PASS  {suite / 'b.npz'}",
                                                           f"FAIL  {suite / 'c.npz'}"]
-    assert lines[3] == f"FAIL (exit 1): 3 case(s), 1 failed ({suite / 'c.npz'})"
+    assert lines[3] == f"FAIL (exit 1): 3 case(s), 1 failed: {suite / 'c.npz'}"
     assert cli("check", *globbed).stdout == result.stdout
 
 

@@ -19,11 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_verify_captures_match_the_script(tmp_path):
+    """The report is regenerated in a temporary copy of the paths it names (--into): the checkout is never written,
+    even when the run fails half way."""
     committed = (ROOT / "docs" / "verify-report.md").read_text()
-    subprocess.run([sys.executable, "docs/examples/make_verify_report.py"], cwd=ROOT, check=True, capture_output=True)
-    regenerated = (ROOT / "docs" / "verify-report.md").read_text()
-    (ROOT / "docs" / "verify-report.md").write_text(committed)  # leave the tree as it was
+    before = {path: path.stat().st_mtime_ns for path in (ROOT / "docs").rglob("*") if path.is_file()}
+    subprocess.run([sys.executable, "docs/examples/make_verify_report.py", "--into", str(tmp_path)], cwd=ROOT,
+                   check=True, capture_output=True)
+    regenerated = (tmp_path / "docs" / "verify-report.md").read_text()
     assert regenerated == committed, "docs/verify-report.md is stale: rerun docs/examples/make_verify_report.py"
+    assert {path: path.stat().st_mtime_ns for path in (ROOT / "docs").rglob("*") if path.is_file()} == before
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Comparing with your kernel"):readme.index("## In pytest")]
     blocks = re.findall(r"```text\n.*?```\n", section, flags=re.S)

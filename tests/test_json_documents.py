@@ -107,7 +107,7 @@ def test_tool_names_the_command_that_ran(tmp_path, cli):
     }
     for tool, text in tools.items():
         document = strict(text)
-        assert (document["tool"], document["schema_version"]) == (tool, 3)
+        assert (document["tool"], document["schema_version"]) == (tool, 4)
         assert document["default_max_units"] == {"diff_src": 16.0, "diff_gamma": 5.0, "diff_beta": 5.0}
 
 

@@ -4,6 +4,7 @@ files that hold inputs and outputs together, and extra keys (one note, not an er
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,8 +46,9 @@ def test_run_without_the_map_a_required_input_is_still_missing(cli, dump):
     result = cli("run", path)
     assert result.exit_code == 3
     assert result.stderr.strip().splitlines()[-1] == \
-        ("error: missing input diff_dst (spec generic): no array named 'diff_dst' or a spec's name for it; "
-         "--map dy=diff_dst reads dy as it")  # a name people give it: suggested, never read unasked
+        ("error: missing inputs diff_dst, variance (spec generic): no arrays by these names or a spec's names for "
+         "them; --map dy=diff_dst --map var=variance reads them (guessed by shape and name)")  # every missing input
+    # at once, by names people give them: suggested, never read unasked
 
 
 def test_verify_inputs_file_holding_outputs_and_either_side_holding_inputs(cli, dump, tmp_path):
@@ -85,3 +87,47 @@ def test_a_map_that_matches_nothing_is_a_note_and_two_keys_for_one_input_an_erro
     np.savez(clash, **arrays, diff_dst=arrays["dy"], epsilon=np.array(1e-5))
     result = cli("run", str(clash), *MAP, "--format", "NCHW")
     assert result.exit_code == 3 and "both 'dy' and 'diff_dst' give diff_dst; keep one" in result.stderr
+
+
+# --------------------------------------------------------------------------- a key that holds "="
+
+
+@pytest.fixture
+def equals_key(dump, tmp_path):
+    """A kernel that named its diff_src `dx=0` (a framework's "name=index" key): bnbwd suggests --map dx=0=diff_src."""
+    path, arrays, grads = dump
+    kernel = tmp_path / "kernel.npz"
+    np.savez(kernel, **{"dx=0": grads["diff_src"], "diff_gamma": grads["diff_gamma"], "diff_beta": grads["diff_beta"]})
+    return path, str(kernel)
+
+
+def test_the_suggested_map_for_a_key_holding_equals_is_the_command_that_works(cli, equals_key):
+    """The missing output's message suggests `--map dx=0=diff_src`; that very flag reads dx=0 as diff_src (it was
+    split at the first "=", as dx -> 0=diff_src, and matched no key)."""
+    bundle, kernel = equals_key
+    missing = cli("run", bundle, *MAP[:4], "--reference", kernel, "-q")
+    assert missing.exit_code == 3, missing.output
+    suggested = re.search(r"--map (\S+) reads dx=0 as it", missing.stderr)
+    assert suggested and suggested.group(1) == "dx=0=diff_src", missing.stderr
+    fixed = cli("run", bundle, *MAP[:4], "--reference", kernel, "-q", "--map", suggested.group(1))
+    assert fixed.exit_code == 0, fixed.output
+    assert "PASS: 3 output(s)" in fixed.stdout and "matched no key" not in fixed.stdout
+
+
+def test_a_key_holding_equals_maps_the_same_in_verify_and_check(cli, equals_key, tmp_path):
+    bundle, kernel = equals_key
+    verified = cli("verify", kernel, bundle, "--inputs", bundle, *MAP[:4], "--map", "dx=0=diff_src", "--map", "dx=diff_src")
+    assert verified.exit_code == 0, verified.output
+    case = tmp_path / "case.npz"
+    np.savez(case, **dict(np.load(bundle)), **{"dx=0": np.load(kernel)["dx=0"]})
+    checked = cli("check", str(case), *MAP[:4], "--map", "dx=0=diff_src", "--ignore", "dx", "--json", "-")
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(checked.stdout)["exit_code"] == 0
+
+
+@pytest.mark.parametrize("value", ["=diff_src", "dx=", "dx"])
+def test_a_map_without_both_names_is_a_usage_error(cli, dump, value):
+    path, _, _ = dump
+    result = cli("run", path, "--reference", path, "--map", value)
+    assert result.exit_code == 2, result.output
+    assert "expected THEIRS=OURS" in result.stderr

@@ -103,7 +103,8 @@ def test_every_face_gives_one_verdict_exit_code_and_document(cli, tmp_path, name
         assert [p["message"] for p in documents["api"]["problems"]] == [
             "diff_gamma: missing from actual, the kernel's outputs; to judge only the outputs the kernel gave: "
             "--only diff_src,diff_beta"]
-        assert [o["status"] for o in documents["api"]["outputs"]] == ["pass", "pass", "missing"]
+        assert [(o["status"], o["problem"]) for o in documents["api"]["outputs"]] == [
+            ("pass", None), ("pass", None), ("structural", "missing")]
     if name == "extra-key":
         assert documents["api"]["notes"] == ["not compared: workspace (only in actual)"]
 

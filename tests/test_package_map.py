@@ -1,4 +1,4 @@
-"""The package map of DESIGN.md section 6 holds: one home for click types and for JSON, small modules.
+"""The package map of docs/architecture.md holds: one home for click types and for JSON, small modules.
 
 Read from the source (AST), not by importing: the checks see every module, loaded or not.
 """
@@ -6,6 +6,7 @@ Read from the source (AST), not by importing: the checks see every module, loade
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bnbwd_cli"
@@ -13,7 +14,9 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 
+@functools.cache
 def modules() -> dict[str, ast.Module]:
+    """Every module of the package, parsed once for all the tests of this file (the trees are only read)."""
     return {str(path.relative_to(PACKAGE)): ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -65,7 +68,7 @@ def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> li
 
 def test_no_function_outside_core_takes_more_than_six_parameters_or_sixty_lines():
     """Options that travel together go in a frozen dataclass, so a call names what it passes. core/ is exempt;
-    api.py's backward/check keep the keyword signatures DESIGN.md section 5 promises."""
+    api.py's backward/check keep the keyword signatures docs/usage.md promises."""
     too_wide, too_long = [], []
     for name, tree in modules().items():
         if name.startswith("core/"):
@@ -81,7 +84,7 @@ def test_no_function_outside_core_takes_more_than_six_parameters_or_sixty_lines(
     assert not too_wide and not too_long, (too_wide, too_long)
 
 
-# Calls flow down (DESIGN.md section 6): the faces (the package's __init__, then cli/ and api.py) -> app/ -> the
+# Calls flow down (docs/architecture.md): the faces (the package's __init__, then cli/ and api.py) -> app/ -> the
 # parts (render/, judge/, core/, files/, runtime.py, which may use one another) -> the leaves. Every import counts,
 # those inside functions and under TYPE_CHECKING too: a lazy import is still a dependency.
 LEAVES = {"spec.py", "layout.py", "dtypes.py", "errors.py", "literal.py", "op.py", "_version.py", "status.py", "scratch.py"}
@@ -124,6 +127,8 @@ def imported(tree: ast.Module) -> set[str]:
             # `from bnbwd_cli.app import run`: the module bnbwd_cli.app.run when there is one, else bnbwd_cli.app.
             names = [f"{node.module}.{alias.name}" if module_file(f"{node.module}.{alias.name}") else node.module
                      for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("bnbwd_cli."):
+            names = [node.value]  # a module imported by its name (cli/main.COMMANDS, importlib.import_module)
         else:
             continue
         found |= {module_file(name) for name in names if name.split(".")[0] == "bnbwd_cli"}
@@ -148,9 +153,56 @@ def test_imports_flow_down():
 
 
 def test_the_walker_sees_lazy_imports():
-    """The guard above could pass by seeing nothing: run's lazy import of the report is found."""
+    """The guard above could pass by seeing nothing: run's lazy import of the report is found, and so are the
+    commands the group imports by name."""
     assert "cli/show.py" in imported(modules()["cli/run.py"])
     assert {"app/run.py", "app/inputs.py"} <= imported(modules()["cli/run.py"])
+    assert {"cli/run.py", "cli/verify.py", "cli/check.py"} <= imported(modules()["cli/main.py"])
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import one another, directly or round a loop (Tarjan's strongly connected
+    components of more than one module, or one that imports itself), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in sorted(graph.get(name, ())):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            members = stack[stack.index(name):]
+            del stack[stack.index(name):]
+            if len(members) > 1 or name in graph.get(name, ()):
+                cycles.append(sorted(members))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(cycles)
+
+
+def test_no_import_cycle_even_inside_a_layer():
+    """Flowing down between layers is not enough: two modules of one layer that import each other (lazily or
+    for annotations only, counted as above) are one concern split in two, or a shared helper in the wrong home."""
+    graph = {name: imported(tree) for name, tree in modules().items()}
+    assert import_cycles(graph) == [], [
+        [f"{a} -> {b}" for a in cycle for b in sorted(graph[a]) if b in cycle] for cycle in import_cycles(graph)]
+
+
+def test_the_cycle_finder_finds_cycles():
+    """The guard above could pass by finding nothing: a loop of three, a pair and a self-import are found, a
+    diamond is not."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f", "g"}, "f": {"h"}, "g": {"h"},
+             "h": set(), "x": {"y"}, "y": {"x"}, "z": {"z"}}
+    assert import_cycles(graph) == [["a", "b", "c"], ["x", "y"], ["z"]]
 
 
 def test_app_and_core_never_print_nor_parse():

@@ -91,9 +91,10 @@ def test_only_the_other_modes_statistics_say_which_mode_reads_them(cli, rng, tmp
     bundle = save_bundle(tmp_path / "in.npz", running_only, epsilon=EPS)
     result = cli("run", bundle, "--format", "NCHW", "-q")
     assert result.exit_code == 3
-    assert result.stderr.strip() == ("error: missing input mean (spec generic): no array named 'mean' or a spec's "
-                                     "name for it; running_mean is PyTorch's statistic for inference; --inference if "
-                                     "the kernel ran in inference, or --map running_mean=mean to use it")
+    assert result.stderr.strip() == ("error: missing inputs mean, variance (spec generic): no arrays by these names or a "
+                                     "spec's names for them; running_mean, running_var are PyTorch's statistics for "
+                                     "inference; --inference if the kernel ran in inference, or --map running_mean=mean "
+                                     "--map running_var=variance to use them")
     assert cli("run", bundle, "--format", "NCHW", "-q", "--inference").exit_code == 0
 
 

@@ -173,13 +173,13 @@ def _types(value):
 def test_json_schema_pinned():
     document = report_document(mismatch_case(), Source("bnbwd verify", "a.npz", "r.npz"))
     json.dumps(document, allow_nan=False)
-    assert document["schema_version"] == SCHEMA_VERSION == 3
+    assert document["schema_version"] == SCHEMA_VERSION == 4
     assert (document["status"], document["exit_code"]) == ("mismatch", 1)
     schema = _types(document)
     assert schema["default_tolerances"]["bf16"] == {"atol": "float", "rtol": "float", "ulp": "float", "rel_l2": "float"}
     assert document["default_max_units"] == {"diff_src": 16.0, "diff_gamma": 5.0, "diff_beta": 5.0}
     output = schema["outputs"][0]
-    assert output.keys() == {"name", "actual_key", "reference_key", "status", "comparison"}
+    assert output.keys() == {"name", "actual_key", "reference_key", "status", "problem", "comparison"}
     comparison = output["comparison"]
     assert comparison == {
         "shape": ["int"],
@@ -242,9 +242,10 @@ def test_json_schema_pinned():
 def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     document = report_document(structural_case(), Source("bnbwd verify", "a", "r"))
     assert (document["status"], document["exit_code"]) == ("structural", 3)
-    assert [(o["name"], o["status"], o["comparison"]) for o in document["outputs"] if o["comparison"] is None] == [
-        ("diff_src", "shape", None),
-        ("diff_beta", "missing", None),
+    assert [(o["name"], o["status"], o["problem"], o["comparison"]) for o in document["outputs"]
+            if o["comparison"] is None] == [
+        ("diff_src", "structural", "shape", None),
+        ("diff_beta", "structural", "missing", None),
     ]
     assert [p["kind"] for p in document["problems"]] == ["shape", "missing"]
     assert document["notes"] == ["not compared: junk (only in actual)"]

@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import bnbwd_cli
 from tests.conftest import make_inputs, save_npy_flags

@@ -67,7 +67,7 @@ def test_run_reference_reads_every_specs_names(cli, rng, tmp_path, spec):
         wrong = save_bundle(tmp_path / "w.npz", {**outputs, name: outputs[name] * np.float32(1.01)})
         failed = cli("run", path, "--spec", spec, "-q", "--reference", wrong, "--json", "-")
         assert failed.exit_code == 1, failed.output
-        assert {k: v[2] for k, v in _by_output(failed).items()} == {o: "fail" if o == canonical else "pass" for o in OUTPUTS}
+        assert {k: v[2] for k, v in _by_output(failed).items()} == {o: "mismatch" if o == canonical else "pass" for o in OUTPUTS}
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -138,8 +138,8 @@ def test_json_to_stdout_parses_and_keeps_exit_code(cli, tmp_path, outputs):
     result = cli("verify", actual, reference, "--json", "-")
     assert result.exit_code == 1
     document = json.loads(result.stdout)
-    assert document["schema_version"] == 3 and document["status"] == "mismatch"
-    assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "fail"]
+    assert document["schema_version"] == 4 and document["status"] == "mismatch"
+    assert [o["status"] for o in document["outputs"]] == ["pass", "pass", "mismatch"]  # one vocabulary, no "fail"
 
 
 def test_json_to_file_alongside_report(cli, tmp_path, outputs):
@@ -256,7 +256,8 @@ def test_inputs_options_need_inputs_and_a_bad_bundle_is_exit_3(cli, tmp_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, src=np.zeros((2, 3), np.float32))
     result = cli("verify", kernel, ref, "--inputs", str(bad), "--epsilon", "1e-5")
-    assert result.exit_code == 3 and result.stderr.startswith("error: missing input diff_dst"), result.stderr
+    assert result.exit_code == 3 and result.stderr.startswith("error: missing inputs diff_dst, mean, variance"), \
+        result.stderr
     no_eps = tmp_path / "noeps.npz"
     with np.load(bundle) as z:
         np.savez(no_eps, **{k: z[k] for k in z.files if k != "epsilon"})

@@ -17,7 +17,7 @@ framework's outputs (`<name>.expected.npz`: diff_src, diff_gamma, diff_beta).
 `manifest.json` holds, per case: provenance (framework, version, op, arguments,
 seed), how to run bnbwd on it (spec profile and flags), the tolerance the tests
 apply, a SHA-256 of every array, and the max normalised difference between the
-framework and a float64 NumPy oracle of the formula in DESIGN.md.
+framework and a float64 NumPy oracle of the formula in docs/choices.md.
 
 Determinism: inputs come from numpy's default_rng(seed); frameworks run on one
 thread; npz files are written with a fixed zip timestamp. The manifest holds no

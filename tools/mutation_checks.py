@@ -51,6 +51,11 @@ TOL, MODEL, RULES = "bnbwd_cli/judge/tolerance.py", "bnbwd_cli/judge/model.py", 
 NPZ, SAFE, RAW = "bnbwd_cli/files/npz.py", "bnbwd_cli/files/safetensors_file.py", "bnbwd_cli/files/raw.py"
 WRITE, SPEC = "bnbwd_cli/files/write.py", "bnbwd_cli/spec.py"
 EDGES, GUARDS, NAMES = "tests/test_tolerance_edges.py", "tests/test_guard_edges.py", "tests/test_spec_names.py"
+ACCUMULATORS, CASE, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/case.py",
+                                 "bnbwd_cli/judge/diagnosis/__init__.py")
+BIAS_EDGES, HISTOGRAM, RULES_TESTS = ("tests/test_judge_bias_edges.py", "tests/test_judge_histogram.py",
+                                      "tests/test_judge_diagnosis_rules.py")
+STREAM_CAPS = "tests/test_files_stream_caps.py"
 
 MUTANTS = (
     # judge/: tolerances, error scales, rules, matching
@@ -100,14 +105,42 @@ MUTANTS = (
     Mutant("nGraph's gamma_delta unknown", "bnbwd_cli/judge/keys.py", '"gamma_delta": "diff_gamma", ', "",
            f"{NAMES} -k ngraph"),
     Mutant("a failing last output ignored", "bnbwd_cli/judge/sets.py",
-           'return Status.MISMATCH if any(o.status == "fail" for o in self.outputs) else Status.PASS',
-           'return Status.MISMATCH if any(o.status == "fail" for o in self.outputs[:-1]) else Status.PASS',
+           "return Status.MISMATCH if any(o.status == Status.MISMATCH for o in self.outputs) else Status.PASS",
+           "return Status.MISMATCH if any(o.status == Status.MISMATCH for o in self.outputs[:-1]) else Status.PASS",
            f"{NAMES} -k run_reference"),
+    # the one judgement of a kernel (app/judge.judge_kernel) and its criteria (judge/criteria.py)
+    Mutant("a kernel's missing output no longer required", "bnbwd_cli/app/judge.py",
+           "judging = replace(judging, required=tuple(required))", "judging = replace(judging, required=())",
+           "tests/test_one_judgement.py -k 'one-missing or fewer'"),
+    Mutant("an unchecked systematic scale fails", "bnbwd_cli/judge/criteria.py", "not (checked and beyond), beyond",
+           "not beyond, beyond", "tests/test_verify_cli.py -k bias"),
     Mutant("--max-mismatch allows one more", "bnbwd_cli/judge/compare.py",
            "self.allowed = setup.max_mismatch.allowed(math.prod(self.shape))",
            "self.allowed = setup.max_mismatch.allowed(math.prod(self.shape)) + 1", f"{EDGES} -k max_mismatch"),
     Mutant("--max-mismatch P% rounded up", TOL, "return int(math.floor(size * self.value / 100.0))",
            "return int(math.ceil(size * self.value / 100.0))", f"{EDGES} -k max_mismatch"),
+    Mutant("inference mode's diff_src scale loosened 2x", MODEL, "        return DiffSrcScale(zero, zero, per_dy, unit)",
+           "        return DiffSrcScale(zero, zero, 2 * per_dy, unit)", f"{EDGES} -k inference"),
+    Mutant("the bias floor halved", TOL, "BIAS_FLOOR_UNITS = 16.0", "BIAS_FLOOR_UNITS = 8.0", f"{BIAS_EDGES} -k floor"),
+    Mutant("the sums' systematic allowance doubled", TOL, "SYSTEMATIC_UNITS = 4.0", "SYSTEMATIC_UNITS = 8.0",
+           f"{BIAS_EDGES} -k systematic_allowance"),
+    Mutant("the histogram holds one decade more than max_bins", ACCUMULATORS,
+           "bottom = max(lowest, highest - max_bins + 1)", "bottom = max(lowest, highest - max_bins)",
+           f"{HISTOGRAM} -k max_bins"),
+    Mutant("the histogram's lowest bin leaves out its own decade", ACCUMULATORS, "if d <= k) if low_edge",
+           "if d < k) if low_edge", f"{HISTOGRAM} -k lowest_bin"),
+    Mutant("a cause explaining 80% of a failure named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
+           f"{RULES_TESTS} -k part_of"),
+    Mutant("a cause explaining 96% of a failure not named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.96",
+           f"{RULES_TESTS} -k part_of"),
+    Mutant("a rival leaving 3x as much still ambiguous", DIAGNOSIS, "AMBIGUOUS = 2.0", "AMBIGUOUS = 3.0",
+           f"{RULES_TESTS} -k ambiguous"),
+    Mutant("a rival leaving 1.8x as much not ambiguous", DIAGNOSIS, "AMBIGUOUS = 2.0", "AMBIGUOUS = 1.5",
+           f"{RULES_TESTS} -k ambiguous"),
+    Mutant("every channel said as N of N", DIAGNOSIS, "if 0 < len(channels) < case.channels:",
+           "if 0 < len(channels) <= case.channels:", f"{RULES_TESTS} -k every_channel"),
+    Mutant("a named cause's every channel said as N of N", "bnbwd_cli/judge/diagnosis/reductions.py",
+           "everywhere = len(channels) == case.channels", "everywhere = False", f"{RULES_TESTS} -k every_channel"),
     # core/
     Mutant("pair_sum drops its error term", "bnbwd_cli/core/plan.py", "return total, (lo_a + lo_b) + error",
            "return total, (lo_a + lo_b)", "tests -k 'golden_bits or core_matches'"),
@@ -122,6 +155,9 @@ MUTANTS = (
            "to_float64(op.mean.astype(np.float32)), invstd,", "tests -k float64_stats"),
     Mutant("the channel axis of NXC taken as axis 1", "bnbwd_cli/layout.py",
            'return 1 if canonical_format(data_format) == "NCX" else ndim - 1', "return 1", f"{NAMES} -k openvino"),
+    Mutant("rows per lane group rounded down", "bnbwd_cli/core/plan.py",
+           "rows_per_lane = 1 if row >= LANES else -(-LANES // row)", "rows_per_lane = 1 if row >= LANES else LANES // row",
+           "tests/test_golden_bits.py -k numpy_core_gives"),
     # files/
     Mutant("the compression ratio bound nudged", NPZ, "MAX_DEFLATE_RATIO = 1100", "MAX_DEFLATE_RATIO = 1101",
            f"{GUARDS} -k ratio"),
@@ -159,6 +195,11 @@ MUTANTS = (
     Mutant("temp files named like outputs", WRITE, 'TEMP_SUFFIX = ".tmp"', 'TEMP_SUFFIX = ".npy"', f"{GUARDS} -k stale"),
     Mutant("a failed command's output group committed", "bnbwd_cli/files/commit.py",
            "        if isinstance(exc, Exit):  # the command", "        if True:  # the command", f"{GUARDS} -k json_report"),
+    Mutant("a .npy on stdin declaring the memory cap refused", "bnbwd_cli/files/npy.py",
+           "if available_bytes is None and header.nbytes > common.memory_cap():",
+           "if available_bytes is None and header.nbytes >= common.memory_cap():", f"{STREAM_CAPS} -k npy_on_stdin"),
+    Mutant("an archive on stdin one byte past the memory cap accepted", NPZ, "            if total > cap:",
+           "            if total > cap + 1:", f"{STREAM_CAPS} -k archive_on_stdin"),
     # cli/, app/, status
     Mutant("a mismatch exits 0", "bnbwd_cli/status.py", "Status.MISMATCH: ExitCode.MISMATCH", "Status.MISMATCH: ExitCode.OK",
            "tests -k exit_1_on_a_mismatch"),
@@ -169,6 +210,8 @@ MUTANTS = (
            "training=self.training)", "tests -k is_training"),
     Mutant("a negative --atol/--rtol/--max-units accepted", "bnbwd_cli/cli/params.py",
            "if not math.isfinite(parsed) or parsed < 0:", "if not math.isfinite(parsed):", "tests -k exit_2_usage"),
+    Mutant("--map split at the first '='", "bnbwd_cli/cli/params.py", 'actual, sep, reference = value.rpartition("=")',
+           'actual, sep, reference = value.partition("=")', "tests/test_map_cli.py -k equals"),
     # spec.py
     Mutant("TensorFlow's default epsilon 1e-3", SPEC, "default_epsilon=1e-4", "default_epsilon=1e-3",
            f"{NAMES} -k tensorflow"),

@@ -122,6 +122,16 @@ HOOKS = {
     "truncate": "16-bit outputs converted by truncation (round toward zero)",
     "unwritten": "channel -> None (left zero) or another channel (stale: that channel's values)",
     "sum_as_mean": "diff_beta and diff_gamma divided by M",
+    "stats_used": "(mean, invstd), (C,) each: the statistics the kernel used instead of the given ones",
+    "own_stats32": "'two-pass' or 'single-pass': the kernel's own float32 batch statistics, summed in storage order "
+                   "(single-pass: the variance as E[x^2] - E[x]^2)",
+    "coefficients": "(a, b, c), scalars or (C,): diff_src = k*(a*dy - b*mean(dy) - c*xhat*mean(dy*xhat))",
+    "sum_factors": "output -> factor, scalar or (C,): diff_gamma or diff_beta written times it (diff_src uses the "
+                   "true sums)",
+    "sums_in_src": "True: diff_src computed from the sums as written (with sum_factors)",
+    "written_as": "output -> the other sum's name: that sum written in its place",
+    "dropped": "channel -> share: a random share of that channel's elements left out of both sums (diff_src uses "
+               "those sums)",
 }
 
 
@@ -165,6 +175,11 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
         gam = (sxdy - mean * beta) * invstd
     gam_src = gam if h.get("gamma_terms_in_src", True) or h.get("gamma_terms", "xhat") == "xhat" else \
         _sums(g * xhat, order, dict(h, lost=None))
+    factors = h.get("sum_factors", {})
+    written_beta = (beta * np.asarray(factors.get("diff_beta", 1.0), np.float64)).astype(F32)
+    written_gam = (gam * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
+    if h.get("sums_in_src"):
+        beta, gam_src = written_beta, written_gam
     diff_src = _diff_src((g, xhat, beta, gam_src), (gamma * invstd)[:, None], src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
@@ -174,12 +189,15 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     diff_src_out = _from_per_channel(written, src, read_fmt)
     if h.get("swap_write"):
         diff_src_out = _swap_write(diff_src_out, fmt)
+    beta, gam = written_beta, written_gam
     if h.get("sum_as_mean"):
         beta = beta / F32(x.shape[1])
     stats_dtype = problem["mean"].dtype
+    sums = {"diff_gamma": gam, "diff_beta": beta}
+    sums = {name: sums[h.get("written_as", {}).get(name, name)] for name in sums}
     return {"diff_src": diff_src_out,
-            "diff_gamma": _convert(gam, stats_dtype, h.get("truncate", False)),
-            "diff_beta": _convert(beta, stats_dtype, h.get("truncate", False))}
+            "diff_gamma": _convert(sums["diff_gamma"], stats_dtype, h.get("truncate", False)),
+            "diff_beta": _convert(sums["diff_beta"], stats_dtype, h.get("truncate", False))}
 
 
 def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -192,11 +210,21 @@ def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.n
         x64 = x.astype(np.float64)
         mean = x64.mean(axis=1).astype(F32)
         stat = x64.var(axis=1).astype(F32)
+    if h.get("own_stats32"):
+        count = F32(max(m, 1))
+        mean = np.cumsum(x, axis=1, dtype=F32)[:, -1] / count
+        if h["own_stats32"] == "single-pass":
+            stat = np.cumsum(x * x, axis=1, dtype=F32)[:, -1] / count - mean * mean
+        else:
+            centred = x - mean[:, None]
+            stat = np.cumsum(centred * centred, axis=1, dtype=F32)[:, -1] / count
     if h.get("invstd_given") or h.get("variance_as_invstd") or problem.get("variance_is_invstd"):
         invstd = stat
     else:
         variance = stat * F32(m / (m - 1)) if h.get("unbiased") and m > 1 else stat
         invstd = (F32(1) / np.sqrt(variance + eps)).astype(F32)
+    if "stats_used" in h:
+        mean, invstd = (np.asarray(v, np.float64).astype(F32) for v in h["stats_used"])
     if "stats16" in h:
         dtype, which = h["stats16"]
         if "mean" in which:
@@ -207,6 +235,10 @@ def _statistics(problem: dict, x: np.ndarray, h: dict) -> tuple[np.ndarray, np.n
 
 
 def _sums(terms: np.ndarray, order: str, h: dict) -> np.ndarray:
+    if h.get("dropped"):
+        terms = terms.copy()
+        for channel, share in h["dropped"].items():  # the same elements for every sum: seeded by the channel
+            terms[channel, np.random.default_rng(channel).random(terms.shape[1]) < share] = 0
     if h.get("accumulate16") is not None:
         return running16(terms, h["accumulate16"])
     kept = terms[:, : terms.shape[1] - h.get("skip_tail", 0)]
@@ -230,6 +262,9 @@ def _diff_src(sums: tuple, k: np.ndarray, batch: int, h: dict) -> np.ndarray:
     if "no_mean_dy" in h:
         mean_dy = mean_dy.copy()
         mean_dy[list(h["no_mean_dy"])] = 0
+    a, b, c_ = (np.asarray(v, np.float64).astype(F32).reshape(-1, 1) for v in h.get("coefficients", (1, 1, 1)))
+    if "coefficients" in h:
+        return k * (a * g - b * mean_dy[:, None] - c_ * xhat * (gam / divisor)[:, None])
     return k * (g - mean_dy[:, None] - xhat * (gam / divisor)[:, None])
 
 

@@ -7,6 +7,7 @@ app/judge.py, as `run --reference` and the API judge them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, split_arrays
 from bnbwd_cli.app.judge import judge_kernel
+from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files.read import read_tensor_set
 from bnbwd_cli.files.reinterpret import check_found, reinterpret_bf16
@@ -21,17 +23,41 @@ from bnbwd_cli.status import Status, suite_status
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.sets import SetComparison
+    from bnbwd_cli.op import Op
     from bnbwd_cli.judge.tolerance import Judging
 
 
 @dataclass(frozen=True)
+class Problem:
+    """What a case's op was, for reports: src's stored shape, its dtype's short name, the layout (NCX, NXC),
+    epsilon (None with variance as invstd), M (elements per channel), training or inference."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    epsilon: float | None
+    m: int
+    is_training: bool
+
+
+def problem_of(op: Op) -> Problem:
+    channels = op.mean.shape[0]
+    return Problem(tuple(op.src.shape), dtype_label(op.src.dtype), op.data_format,
+                   None if op.variance_is_invstd else float(op.epsilon),
+                   op.src.size // channels if channels else 0, op.training)
+
+
+@dataclass(frozen=True)
 class CaseOutcome:
-    """One case file's verdict: a comparison, or the one-line error that kept it from being judged."""
+    """One case file's verdict: a comparison, or the one-line error that kept it from being judged; the op's
+    problem when its inputs were read, and the seconds its reading and judging took."""
 
     path: str
     result: SetComparison | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
+    problem: Problem | None = None
+    seconds: float = 0.0
 
     @property
     def status(self) -> Status:
@@ -64,11 +90,17 @@ class Case:
 
 def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
     """The cases the command line names: a file is a case; a directory means its *.npz cases (not recursive),
-    or is one case when it holds .npy files and no .npz; NAME.out.npz is NAME.npz's outputs, never a case of its
-    own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its error)."""
+    or is one case when it holds .npy files and no .npz, or, holding neither, means its subdirectories as if each
+    were named (a folder of case folders: `check d` is `check d/*`); NAME.out.npz is NAME.npz's outputs, never a
+    case of its own when NAME.npz exists (a shell glob names both). A path that does not exist stays a case (its
+    error)."""
     cases: list[Case] = []
     for argument in arguments:
         path = Path(argument)
+        folders = _case_folders(path)
+        if folders:
+            cases += find_cases([str(folder) for folder in folders])
+            continue
         archives = sorted(p for p in path.glob("*.npz") if _is_case_entry(p)) if path.is_dir() else []
         for candidate in archives or [path]:
             candidate = _inputs_of(candidate) or candidate
@@ -83,6 +115,20 @@ def _is_case_entry(path: Path) -> bool:
     """A file, or a link that leads nowhere (broken or looping): a case whose error is reported, never skipped (a
     suite with a broken entry passed green). A directory named *.npz is not a case."""
     return path.is_file() or (path.is_symlink() and not path.exists())
+
+
+def _case_folders(path: Path) -> list[Path]:
+    """A directory's subdirectories, sorted, when it holds no tensor file itself (else none): one level down,
+    each then read as a named argument."""
+    if not path.is_dir():
+        return []
+    try:
+        entries = sorted(path.iterdir())
+    except OSError:
+        return []  # the case's own read says why
+    if any(entry.suffix.lower() in (".npy", ".npz", ".safetensors") and entry.is_file() for entry in entries):
+        return []
+    return [entry for entry in entries if entry.is_dir() and not entry.name.startswith(".")]
 
 
 def _inputs_of(path: Path) -> Path | None:
@@ -110,6 +156,7 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
     it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
     case = Case(case) if isinstance(case, str) else case
     path, bf16 = case.path, request.bf16
+    started, problem = time.perf_counter(), None
     try:
         arrays = _read_case(case)
         found = reinterpret_bf16(bf16, {path: arrays})
@@ -117,13 +164,20 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
         split = split_arrays(arrays, SplitRequest(naming, request.op, file_wins=True), path)
         found |= reinterpret_bf16([key for key in bf16 if key not in found], {path: split.inputs})
         check_found(bf16, found, path)
-        op = split.build_op()
+        if not split.outputs and case.outputs_path is None and path.endswith(".npz") and not split.output_guesses():
+            raise InputError(f"{path.removesuffix('.npz')}{OUTPUTS_SUFFIX} not found, and {path} holds no outputs "
+                             "(diff_src, diff_gamma, diff_beta or a spec's name for them)",
+                             hint="did the kernel write its outputs? --map THEIRS=OURS names your own")
+        op = split.build_op(judged=True)
+        problem = problem_of(op)
         judging = request.judging if request.threads is None else replace(request.judging, threads=request.threads)
         result = judge_kernel(op, split.outputs, judging)
     except InputError as exc:
         message = exc.format_message()  # every error names the case, once
-        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}")
-    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else ())
+        return CaseOutcome(path, error=message if message.startswith(path) else f"{path}: {message}",
+                           problem=problem, seconds=time.perf_counter() - started)
+    return CaseOutcome(path, result, notes=(split.note(),) if split.note() else (), problem=problem,
+                       seconds=time.perf_counter() - started)
 
 
 def judge_cases(cases: Sequence[Case | str], request: CaseRequest,

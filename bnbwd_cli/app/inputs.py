@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
 from bnbwd_cli.errors import InputError
-from bnbwd_cli.files.read import read_bundle
+from bnbwd_cli.files.read import read_bundle, read_tensor_set
 from bnbwd_cli.op import Op
 from bnbwd_cli.layout import channel_axis, resolve_format
-from bnbwd_cli.spec import (MODE_STATISTICS, OUTPUT_NAMES, PROFILES, ShapesOnDemand, input_keys, inputs_from_bundle, is_input_key,
+from bnbwd_cli.spec import (CHANNELS_FIRST_KEYS, MODE_STATISTICS, OUTPUT_NAMES, PROFILES, ShapesOnDemand, input_keys, inputs_from_bundle, is_input_key,
                             looks_like_gamma, read_attributes, resolve_epsilon, suggest_key, validate_inputs)
 
 
@@ -81,9 +82,18 @@ class Split:
         """One line naming the keys that were not used, or None."""
         return f"not used: {', '.join(self.unused)}" if self.unused else None
 
-    def build_op(self, outputs: tuple[str, ...] = OUTPUT_NAMES) -> Op:
-        """build_op on these inputs and settings; a missing input's error suggests an unused key by shape and name."""
-        return build_op(self.inputs, self.settings, outputs, self.candidates)
+    def output_guesses(self) -> dict[str, str]:
+        """{ours: theirs}: the unused keys that most likely hold the kernel's outputs (by shape and name), once the
+        missing inputs have taken theirs."""
+        missing = [name for name in _required(self.settings) if name not in self.inputs]
+        maps = _suggested_maps([*missing, *OUTPUT_NAMES], self.inputs, self.settings, self.candidates)
+        return {name: key for name, key in maps.items() if name in OUTPUT_NAMES}
+
+    def build_op(self, outputs: tuple[str, ...] = OUTPUT_NAMES, judged: bool = False) -> Op:
+        """build_op on these inputs and settings; a missing input's error suggests an unused key by shape and name.
+        judged: the file should also hold the kernel's outputs (check): holding none is part of the same error."""
+        return build_op(self.inputs, self.settings, outputs, self.candidates,
+                        OUTPUT_NAMES if judged and not self.outputs else ())
 
 
 def wanted_keys(key_map: Mapping[str, str]) -> frozenset[str]:
@@ -127,6 +137,8 @@ def split_arrays(arrays: Mapping[str, np.ndarray], request: SplitRequest, label:
     settings = request.op.overridden_by(attributes) if request.file_wins else request.op.filled_from(attributes)
     found = inputs_from_bundle(renamed, label, settings.is_training)
     settings = replace(settings, variance_is_invstd=settings.variance_is_invstd or found.variance_is_invstd)
+    if settings.data_format is None and any(key in CHANNELS_FIRST_KEYS for key in seen_as.values()):
+        settings = replace(settings, data_format="NCX")  # PyTorch's names: its tensors are logically channels-first
     unused += [seen_as[key] for key in found.other_mode] + [key for key in unread if key not in unused]
     _refuse_unused_gamma(unused, request.naming, label)
     candidates = ShapesOnDemand((arrays,), [key for key in unused if canonical_key(key, key_map) not in OUTPUT_ALIASES.values()])
@@ -148,7 +160,10 @@ def _refuse_unused_gamma(unused: Collection[str], naming: Naming, label: str) ->
 def read_inputs(source: str, request: SplitRequest, what: str = "bundle", declared: bool = False) -> Split:
     """The inputs and settings of a bundle (.npz path, pipe or '-'); members that can hold neither are never
     inflated (they may be a kernel's large outputs): they are only named in the Split's note.
-    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after)."""
+    `declared`: large inputs come as files.npy.Declared stand-ins (checked by their headers, read after).
+    A directory of .npy files (a PyTorch dump folder) is a bundle too, read as `check` reads one."""
+    if source != "-" and Path(source).is_dir():
+        return split_arrays(read_tensor_set(source), request, f"{what} ({source})")
     keys: list[str] = []
     arrays = read_bundle(source, what, check_keys=keys.extend, only=wanted_keys(request.naming.key_map),
                         declared=declared)
@@ -157,12 +172,13 @@ def read_inputs(source: str, request: SplitRequest, what: str = "bundle", declar
 
 
 def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[str, ...] = OUTPUT_NAMES,
-             others: Mapping[str, tuple[int, ...] | None] | None = None) -> Op:
+             others: Mapping[str, tuple[int, ...] | None] | None = None, outputs_missing: tuple[str, ...] = ()) -> Op:
     """Check the inputs (names, shapes, dtypes, the spec's rules, an epsilon) and bundle them: the one way
     from named arrays to an Op. src and diff_dst may be files.blocks.NpyBlocks (a streamed run). others: the
-    file's unused keys and their shapes (None: unknown), for the missing input's suggested --map."""
+    file's unused keys and their shapes (None: unknown), for the missing input's suggested --map;
+    outputs_missing: the kernel outputs a file that should hold them lacks (check), named in the same error."""
     profile = PROFILES[op.spec]
-    _check_present(inputs, op, others or {})
+    _check_present(inputs, op, others or {}, outputs_missing)
     canonical = validate_inputs(dict(inputs), profile, op.format_or_default, variance_is_invstd=op.variance_is_invstd,
                                 outputs=outputs)
     epsilon = resolve_epsilon(op.epsilon, profile, op.variance_is_invstd)
@@ -173,24 +189,71 @@ def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[st
               epsilon=epsilon, data_format=canonical, training=op.is_training, variance_is_invstd=op.variance_is_invstd)
 
 
-def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Mapping[str, tuple[int, ...] | None]) -> None:
-    """A missing input, with the unused key that most likely holds it: --map THEIRS=OURS by shape and name."""
+def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Mapping[str, tuple[int, ...] | None],
+                   outputs_missing: tuple[str, ...] = ()) -> None:
+    """Every missing input (and, judging a file that should hold them, the outputs it lacks) in one error, with
+    the --map THEIRS=OURS line that reads the unused keys most likely to hold them (by shape and name)."""
     profile = PROFILES[op.spec]
-    for name in ("src", "diff_dst", "mean", "variance", *profile.required):
-        if name in inputs:
-            continue
-        message = f"missing input {name} (spec {profile.name}): no array named {name!r} or a spec's name for it"
-        other_mode = [key for key, n in MODE_STATISTICS[not op.is_training].items() if n == name and key in others]
-        if other_mode:
-            mode, flag = ("inference", "--inference") if op.is_training else ("training", "no --inference")
-            raise InputError(f"{message}; {other_mode[0]} is PyTorch's statistic for {mode}",
-                             hint=f"{flag} if the kernel ran in {mode}, or --map {other_mode[0]}={name} to use it")
-        key = suggest_key(name, others, _expected_shape(name, inputs, op))
+    missing = [name for name in _required(op) if name not in inputs]
+    if not missing and not outputs_missing:
+        return
+    message = f"missing input {missing[0]} (spec {profile.name}): no array named {missing[0]!r} or a spec's name for it" \
+        if len(missing) == 1 else _missing_message(missing, (), profile.name) if missing else ""
+    other_mode = {name: key for name in missing for key, n in MODE_STATISTICS[not op.is_training].items()
+                  if n == name and key in others}
+    if missing and len(other_mode) == len(missing) and not outputs_missing:
+        mode, flag = ("inference", "--inference") if op.is_training else ("training", "no --inference")
+        keys, maps = ", ".join(other_mode.values()), " ".join(f"--map {key}={name}" for name, key in other_mode.items())
+        one = len(missing) == 1
+        raise InputError(f"{message}; {keys} {'is' if one else 'are'} PyTorch's statistic{'' if one else 's'} for {mode}",
+                         hint=f"{flag} if the kernel ran in {mode}, or {maps} to use {'it' if one else 'them'}")
+    maps = _suggested_maps([*missing, *outputs_missing], inputs, op, others)
+    if len(missing) == 1 and not outputs_missing:
+        key = maps.get(missing[0])
+        if key is None:
+            raise InputError(message, hint=f"--map THEIRS={missing[0]} reads your own name for it")
+        shape = others[key]
+        raise InputError(message, hint=f"--map {key}={missing[0]} reads {key}" + (f" {shape}" if shape is not None else "")
+                         + " as it")
+    raise InputError(_missing_message(missing, outputs_missing, profile.name), hint=_maps_hint(maps, [*missing, *outputs_missing]))
+
+
+def _required(op: OpSettings) -> tuple[str, ...]:
+    return ("src", "diff_dst", "mean", "variance", *PROFILES[op.spec].required)
+
+
+def _missing_message(missing: list[str], outputs_missing: tuple[str, ...], spec: str) -> str:
+    parts = [f"input{'s' if len(missing) > 1 else ''} {', '.join(missing)}"] if missing else []
+    parts += [f"the kernel's outputs ({', '.join(outputs_missing)})"] if outputs_missing else []
+    if not missing:
+        return f"no kernel outputs to judge: expected {', '.join(outputs_missing[:-1])} or {outputs_missing[-1]} " \
+               "(or a spec's name for them)"
+    return f"missing {' and '.join(parts)} (spec {spec}): no arrays by these names or a spec's names for them"
+
+
+def _maps_hint(maps: Mapping[str, str], names: list[str]) -> str:
+    """The whole --map line for the names it could guess; the others named with --map THEIRS=NAME."""
+    line = " ".join(f"--map {theirs}={ours}" for ours, theirs in maps.items())
+    unguessed = [name for name in names if name not in maps]
+    rest = f"--map THEIRS={unguessed[0]}" + (f" (and for {', '.join(unguessed[1:])})" if len(unguessed) > 1 else "") \
+        + " reads your own name" if unguessed else ""
+    if line and rest:
+        return f"{line} reads them by shape and name; {rest} for the rest"
+    return f"{line} reads them (guessed by shape and name)" if line else rest
+
+
+def _suggested_maps(names: list[str], inputs: Mapping[str, np.ndarray], op: OpSettings,
+                    others: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:
+    """{ours: theirs}: for each name in turn, the unused key most likely to hold it (spec.suggest_key), each key
+    used once."""
+    free = {key: others[key] for key in others}
+    maps = {}
+    for name in names:
+        key = suggest_key(name, free, _expected_shape(name, inputs, op))
         if key is not None:
-            shape = others[key]
-            raise InputError(message, hint=f"--map {key}={name} reads {key}" + (f" {shape}" if shape is not None else "")
-                             + " as it")
-        raise InputError(message, hint=f"--map THEIRS={name} reads your own name for it")
+            maps[name] = key
+            del free[key]
+    return maps
 
 
 def _expected_shape(name: str, inputs: Mapping[str, np.ndarray], op: OpSettings) -> tuple[int, ...] | None:
@@ -198,7 +261,7 @@ def _expected_shape(name: str, inputs: Mapping[str, np.ndarray], op: OpSettings)
     src = inputs.get("src", inputs.get("diff_dst"))
     if src is None:
         return None
-    if name in ("src", "diff_dst"):
+    if name in ("src", "diff_dst", "diff_src"):
         return tuple(src.shape)
     try:
         return (src.shape[channel_axis(resolve_format(op.format_or_default, src.ndim), src.ndim)],)

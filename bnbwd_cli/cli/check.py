@@ -11,13 +11,13 @@ import click
 
 from bnbwd_cli.app import check as app_check
 from bnbwd_cli.app.inputs import OpSettings
-from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (ComparisonOptions, ShardValue, comparison_options, fsync_option, op_options,
-                                  vet_outputs)
-from bnbwd_cli.files import write as files_write
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.params import (ComparisonOptions, ReportTargets, ShardValue, comparison_options, fsync_option,
+                                  op_options, report_options)
+from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports
 from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.runtime import usable_cores
-from bnbwd_cli.status import exit_code
+from bnbwd_cli.status import Status, exit_code
 
 # The reports (render/, rich) are imported when a check runs.
 
@@ -50,9 +50,13 @@ say nothing).
 
 \b
 Prints one line per case (PASS/FAIL/ERROR, each output's largest error in
-units, the first hint when one fails) and a summary; -v adds each case's full
-report. Exit codes: 0 every case passes, 1 a case fails (the summary names it),
-3 a case cannot be read or judged (missing input, shapes that do not fit).
+units, the first hint when one fails) and a summary; -q only the FAIL and
+ERROR lines and the summary, -v each case's full report too. For CI: --json,
+--junit (JUnit XML, one testcase per case) and --markdown (a table of the
+failing cases for a pull request or $GITHUB_STEP_SUMMARY); '-' writes one of
+them to stdout (the lines then go to stderr). Exit codes: 0 every case passes,
+1 a case fails (the summary names it), 3 a case cannot be read or judged
+(missing input, shapes that do not fit).
 """
 
 _EPILOG = """\b
@@ -60,6 +64,7 @@ Examples:
   bnbwd check fixtures/pytorch_dump --format NCHW
   bnbwd check fixtures/cases/ --json check.json
   bnbwd check fixtures/cases/ --shard 1/2 --jobs 2
+  bnbwd check fixtures/cases/ -q --junit check.xml --markdown -
   bnbwd check fixtures/example_case.npz --map dy=diff_dst --map var=variance \\
       --map dx=diff_src --map dgamma=diff_gamma --map dbeta=diff_beta
 """
@@ -69,62 +74,50 @@ Examples:
 @click.argument("cases", nargs=-1, required=True, metavar="CASE|DIR...")
 @op_options
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes, one core thread each; the lines, summary and JSON are the same for any N.  "
-              "[default: the usable cores]")
+              help="Worker processes, one core thread each; the lines, summary and JSON are the same for any N (but "
+              "each case's seconds).  [default: the usable cores]")
 @click.option("--shard", type=ShardValue(), default=None,
               help="Judge only shard K of N: a contiguous block of the cases (in argument order, DIRs sorted); the N "
-              "shards are disjoint and their lines, concatenated in order, are the unsharded run's.")
+              "shards are disjoint and their lines, concatenated in order, are the unsharded run's (`bnbwd report` "
+              "merges their --json documents).")
+@report_options
 @fsync_option
 @comparison_options(with_format=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
           **op_options) -> None:
-    from bnbwd_cli.render import cases as report_cases
     from bnbwd_cli.render import text as report_text
 
     jobs, shard = op_options.pop("jobs"), op_options.pop("shard")  # how to run, not what the op is
+    targets = ReportTargets(json_target, op_options.pop("junit_target"), op_options.pop("markdown_target"),
+                            op_options.pop("quiet"))
     found = app_check.find_cases(cases)
     if shard is not None:
         found = app_check.shard(found, *shard)
-    if json_target is not None:
-        from bnbwd_cli.files.read import source_files
-
-        read = [path for case in found for source in (case.path, case.outputs_path) if source is not None
-                for path in source_files(str(source))]
-        json_target = vet_outputs([], json_target, read).json_target
+    vet_report_targets(targets, [source for case in found for source in (case.path, case.outputs_path)
+                                 if source is not None])
     op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
                     training=False if op_options["inference"] else None,
                     variance_is_invstd=op_options["variance_is_invstd"])
-    console = report_text.make_console(stderr=json_target == "-")
+    console = report_text.make_console(stderr=targets.stdout_taken)
     # The JSON document holds the details of failing outputs only: gathered on first use, as the lines' are.
     request = app_check.CaseRequest(op, comparison.judging, bf16=op_options["bf16_inputs"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
-    errors_on_stderr = json_target != "-"  # with --json -, the lines are on stderr already
 
     def on_case(outcome: app_check.CaseOutcome) -> None:
-        writer.write(_print_case, console, outcome, comparison)
-        if errors_on_stderr:
-            _echo_case_errors(outcome)
+        if not (targets.quiet and outcome.status == Status.PASS):
+            writer.write(_print_case, console, outcome, comparison)
 
     outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores(),
                                       on_note=lambda note: echo_error(f"note: {note}"))
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)
+    from bnbwd_cli.render import cases as report_cases
+
     writer.write(lambda: console.print(literal(report_cases.summary_line(outcomes), None), highlight=False, soft_wrap=True))
-    if json_target is not None:
-        document = report_cases.cases_document(outcomes)
-        writer.write(lambda: files_write.write_text(json_target, document, fsync=fsync))
+    if targets.wanted:
+        write_reports(writer, targets, report_cases.check_document(outcomes, shard), fsync)
     writer.finish()
     click.get_current_context().exit(code)
-
-
-def _echo_case_errors(outcome: app_check.CaseOutcome) -> None:
-    """A case that could not be judged, also as `error:` lines on stderr (errors go there; the case's line stays
-    in the report on stdout)."""
-    if outcome.result is None:
-        echo_error(f"error: {outcome.error}")
-    else:
-        for problem in outcome.result.all_problems:
-            echo_error(f"error: {outcome.path}: {problem.message}")
 
 
 def _print_case(console, outcome: app_check.CaseOutcome, comparison: ComparisonOptions) -> None:

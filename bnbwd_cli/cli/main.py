@@ -1,4 +1,5 @@
-"""The click group: exit-code mapping, SIGTERM and Ctrl-C, one-line errors (the commands are in run/verify/check)."""
+"""The click group: exit-code mapping, SIGTERM and Ctrl-C, one-line errors (the commands are in run/verify/check;
+what they share with the group about stdout and stderr is cli/output.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable
 
 import click
 
 from bnbwd_cli._version import __version__
+from bnbwd_cli.cli.output import echo_error, echo_text, forget_verdict, recorded_verdict, silence_stdout
+from bnbwd_cli.cli.params import CONTEXT
 from bnbwd_cli.errors import ExitCode, InputError
 from bnbwd_cli.files.common import display, reason
-from bnbwd_cli.literal import literal, literal_line
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
+from bnbwd_cli.literal import literal
 
 class InputFailed(click.ClickException):
     """An InputError on its way out of a command: one `error:` line, exit 3."""
@@ -67,52 +66,6 @@ def _sigterm_as_exception():
             signal.signal(number, handler)
 
 
-class _Verdict:
-    """The exit code of a judgement, once known (run --reference, verify, check): a report cut short by a closed
-    stdout afterwards cannot change it. Reset by every invocation of the group."""
-
-    code: int | None = None
-
-
-def record_verdict(code: int) -> None:
-    """The command's verdict is decided: from now on a failing stdout only cuts its report short."""
-    _Verdict.code = int(code)
-
-
-class ReportWriter:
-    """A report's writes to stdout: the first that fails (its reader gone, a full device) ends the report, never
-    the judging; finish() raises that failure once the verdict is recorded (then the exit code is the verdict's)."""
-
-    def __init__(self) -> None:
-        self.failure: OSError | None = None
-
-    def write(self, func: Callable[..., object], *args: object) -> None:
-        if self.failure is not None:
-            return
-        try:
-            func(*args)
-        except OSError as exc:
-            self.failure = exc
-            _silence_stdout()
-
-    def finish(self) -> None:
-        if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be written
-            echo_error(f"note: no report: stdout is closed; exit code {_Verdict.code} is the verdict's")
-        elif self.failure is not None:
-            raise self.failure
-
-
-def echo_error(text: str) -> None:
-    """One line on stderr, printed literally (literal.py: control bytes escaped, at most LINE_LIMIT
-    characters); a failing stderr cannot change the exit code."""
-    _echo_stderr(literal_line(text))
-
-
-def _echo_stderr(text: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        click.echo(text, err=True)
-
-
 def _show_error(exc: click.ClickException) -> None:
     """Every error is one `error: ...` line on stderr; a usage error also names the --help to read.
 
@@ -130,7 +83,7 @@ def _show_error(exc: click.ClickException) -> None:
 # Each command's module, imported when the command is looked up: a `bnbwd run` never imports verify's and
 # check's modules (the comparison, case files), which it does not use (tests/test_startup.py).
 COMMANDS = {"run": "bnbwd_cli.cli.run", "verify": "bnbwd_cli.cli.verify", "check": "bnbwd_cli.cli.check",
-            "cases": "bnbwd_cli.cli.cases"}
+            "cases": "bnbwd_cli.cli.cases", "report": "bnbwd_cli.cli.merge"}
 
 
 class BnbwdGroup(click.Group):
@@ -147,7 +100,7 @@ class BnbwdGroup(click.Group):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's main, with exit codes that a failing stdout or stderr cannot change, and SIGTERM handled."""
-        _Verdict.code = None
+        forget_verdict()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         _escape_unencodable_output()
@@ -192,7 +145,7 @@ class BnbwdGroup(click.Group):
             if ctx.params.get("traceback") or os.environ.get("BNBWD_TRACEBACK"):
                 from traceback import format_exc  # only on this path: it loads linecache, tokenize, textwrap
 
-                _echo_stderr(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
+                echo_text(format_exc().rstrip())  # and still exit 4: an uncaught exception would exit 1 (mismatch)
             else:
                 echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
             ctx.exit(ExitCode.INTERNAL)
@@ -243,11 +196,12 @@ def _os_failed(exc: OSError) -> int:
 def _stream_failed(exc: OSError) -> int:
     """stdout or stderr failed: after a verdict, the report was cut short and the verdict's code stands (one line
     says so); before one, exit 3 (an output that cannot be written), never 1 or 4."""
-    _silence_stdout()
-    if _Verdict.code is not None:
+    silence_stdout()
+    code = recorded_verdict()
+    if code is not None:
         cause = "its reader closed it" if isinstance(exc, BrokenPipeError) else reason(exc)
-        echo_error(f"note: the report on stdout was cut short ({cause}); exit code {_Verdict.code} is the verdict's")
-        return _Verdict.code
+        echo_error(f"note: the report on stdout was cut short ({cause}); exit code {code} is the verdict's")
+        return code
     if isinstance(exc, BrokenPipeError):  # the reader of stdout went away (`bnbwd run ... -o - | head -c 10`)
         echo_error("error: stdout was closed before bnbwd finished writing to it (broken pipe)")
     else:
@@ -259,15 +213,6 @@ def _flush_stdout() -> None:
     stream = sys.stdout
     if stream is not None:
         stream.flush()
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's final flush does not fail a second time."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. under CliRunner)
-        pass
 
 
 @click.group(cls=BnbwdGroup, context_settings=CONTEXT)

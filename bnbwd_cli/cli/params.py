@@ -15,6 +15,8 @@ from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, SUM_MAX_UNITS, Judging,
 from bnbwd_cli.layout import FORMAT_ALIASES
 from bnbwd_cli.spec import OUTPUT_NAMES, PROFILES
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}  # every command's and the group's
+
 
 class ArraySource(click.ParamType):
     """FILE.npy, FILE.npz:key, FILE.npz (one array), FILE.safetensors[:key], raw:DTYPE:SHAPE:FILE or '-' for stdin."""
@@ -119,7 +121,9 @@ class KeyPair(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
         if isinstance(value, tuple):
             return value
-        actual, sep, reference = value.partition("=")
+        # split at the last "=": OURS is bnbwd's name for an array (never holds "="), THEIRS any key a file holds,
+        # "=" included (dx=0=diff_src, as the missing-output message suggests it)
+        actual, sep, reference = value.rpartition("=")
         if not sep or not actual or not reference:
             self.fail(f"{value!r}: expected THEIRS=OURS, e.g. dx=diff_src or dy=diff_dst", param, ctx)
         return actual, reference
@@ -254,6 +258,57 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
         return wrapper
 
     return decorate(func) if func is not None else decorate
+
+
+@dataclass(frozen=True)
+class ReportTargets:
+    """Where a suite's reports go (check and report): --json, --junit, --markdown (a path, '-' for stdout, or
+    None), and -q (only the lines of cases that did not pass, and the summary)."""
+
+    json: str | None = None
+    junit: str | None = None
+    markdown: str | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        """A name that resolves to stdout (/dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, as '-' is."""
+        from bnbwd_cli.files.through import is_stdout
+
+        for option in ("json", "junit", "markdown"):
+            target = getattr(self, option)
+            if target is not None and target != "-" and is_stdout(target):
+                object.__setattr__(self, option, "-")
+
+    @property
+    def named(self) -> dict[str, str]:
+        """{option: target} for the reports asked for."""
+        return {option: target for option, target in (("--json", self.json), ("--junit", self.junit),
+                                                       ("--markdown", self.markdown)) if target is not None}
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.named)
+
+    @property
+    def stdout_taken(self) -> bool:
+        """A report goes to stdout: the lines go to stderr."""
+        return "-" in self.named.values()
+
+
+def report_options(f: Callable) -> Callable:
+    """--junit, --markdown and -q of a suite's report (--json is comparison_options'); the command receives
+    junit_target, markdown_target and quiet."""
+    for option in reversed((
+        click.option("--junit", "junit_target", metavar="PATH|-", default=None,
+                     help="Also write JUnit XML to PATH (one testcase per case: a mismatch is a failure, a case that "
+                     "cannot be judged an error); '-' writes it to stdout. Exit code unchanged."),
+        click.option("--markdown", "markdown_target", metavar="PATH|-", default=None,
+                     help="Also write a markdown summary to PATH (the failing cases with verdict and hint, then the "
+                     "counts; e.g. $GITHUB_STEP_SUMMARY or a pull request's comment); '-' writes it to stdout."),
+        click.option("-q", "--quiet", is_flag=True, help="Print only the FAIL and ERROR lines and the summary."),
+    )):
+        f = option(f)
+    return f
 
 
 fsync_option = click.option(

@@ -14,10 +14,10 @@ import click
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
 from bnbwd_cli.app.inputs import Naming, OpSettings
-from bnbwd_cli.cli.main import CONTEXT, ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations, OutputList,
-                                  bf16_option, comparison_options, epsilon_option, format_option, fsync_option,
-                                  inference_option, invstd_option, spec_option, vet_outputs)
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations,
+                                  OutputList, bf16_option, comparison_options, epsilon_option, format_option,
+                                  fsync_option, inference_option, invstd_option, spec_option, vet_outputs)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bnbwd_cli.cli.main import ReportWriter
+from bnbwd_cli.cli.output import ReportWriter
 from bnbwd_cli.cli.params import ComparisonOptions
 from bnbwd_cli.files import write as files_write
 

@@ -12,8 +12,8 @@ import click
 
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
-from bnbwd_cli.cli.main import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, vet_outputs
+from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, spec_option, vet_outputs
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/show.py).
@@ -99,6 +99,7 @@ class VerifyOptions:
     epsilon: float | None
     inference: bool
     variance_is_invstd: bool
+    spec: str
     bf16_keys: tuple[str, ...]
     fsync: bool
     comparison: ComparisonOptions
@@ -113,21 +114,24 @@ class VerifyOptions:
 @click.option("--epsilon", type=float, help="With --inputs: epsilon, when the bundle has none.")
 @click.option("--inference", is_flag=True, help="With --inputs: the kernel is TF's is_training=False backward.")
 @click.option("--variance-is-invstd", is_flag=True, help="With --inputs: variance holds 1/sqrt(var+eps).")
+@spec_option
 @click.option("--bf16", "bf16_keys", multiple=True, metavar="KEY", help="Read KEY's 2-byte raw data (int16/uint16 "
               "bits, as PyTorch bf16 tensors are often dumped) as bfloat16, in ACTUAL, REFERENCE and --inputs. Repeatable.")
 @fsync_option
 @comparison_options
 def verify(**kwargs) -> None:
     options = VerifyOptions(**kwargs)
-    if options.inputs_bundle is None and (options.epsilon is not None or options.inference or options.variance_is_invstd):
-        raise click.UsageError("--epsilon, --inference and --variance-is-invstd describe --inputs; give --inputs BUNDLE")
+    if options.inputs_bundle is None and (options.epsilon is not None or options.inference or options.variance_is_invstd
+                                          or options.spec != "generic"):
+        raise click.UsageError("--epsilon, --inference, --variance-is-invstd and --spec describe --inputs; give --inputs "
+                               "BUNDLE")
     bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
     json_target = vet_outputs([], options.json_target,
                               _input_files(options.actual) + _input_files(options.reference) + bundle).json_target
     from bnbwd_cli.cli.show import ReportTarget, check_override_names, judging_for, show_comparison
     from bnbwd_cli.render.text import make_console
 
-    op = OpSettings(options.epsilon, options.comparison.data_format, "generic", False if options.inference else None,
+    op = OpSettings(options.epsilon, options.comparison.data_format, options.spec, False if options.inference else None,
                     options.variance_is_invstd)
     judging = options.comparison.judging
     files = FileSets(options.actual, options.reference, options.inputs_bundle, op,

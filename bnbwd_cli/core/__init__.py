@@ -24,6 +24,7 @@ from bnbwd_cli import runtime
 from bnbwd_cli.core import numpy_core, plan
 from bnbwd_cli.core.rounding import round_to
 from bnbwd_cli.core.summary import OutputStats, from_extremes, scan
+from bnbwd_cli.core.views import Views
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.layout import channel_axis, view3
 from bnbwd_cli.op import Op
@@ -59,27 +60,6 @@ class BackwardResult:
     diff_beta: np.ndarray | None
     core: str = "numpy"
     stats: dict[str, OutputStats] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Views:
-    """What both cores read: C-contiguous (N, C, S) views, float64 (C,) per-channel values, the reduction order.
-
-    scale = gamma·invstd, or its mantissa when scale_exp is not None (then scale·2**scale_exp, see
-    plan.split_scale). need_sums: the cores must form Σdy and Σdy·(src - mean).
-    """
-
-    src3: np.ndarray
-    dy3: np.ndarray
-    out3: np.ndarray | None
-    mean: np.ndarray
-    invstd: np.ndarray
-    scale: np.ndarray
-    scale_exp: np.ndarray | None
-    count: int
-    training: bool
-    need_sums: bool
-    geometry: plan.Geometry = field(repr=False)
 
 
 def channel_invstd(variance: np.ndarray, epsilon: float, variance_is_invstd: bool) -> np.ndarray:

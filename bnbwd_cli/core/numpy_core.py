@@ -33,7 +33,7 @@ from bnbwd_cli.scratch import FLOAT64, Scratch
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-    from bnbwd_cli.core import Views
+    from bnbwd_cli.core.views import Views
 # Contiguous runs shorter than this make plane-wise tiles inefficient; tile by rows instead.
 MIN_PLANE_RUN_BYTES = 512
 # Memory-mapped inputs/outputs: drop their resident pages once the tiles since the last drop span this

@@ -16,7 +16,6 @@ from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
 from bnbwd_cli.files.common import reason
 from bnbwd_cli.files.npy import as_bfloat16_if_void, as_native, read_npy_header
-from bnbwd_cli.files.read import has_key
 
 
 class NpyBlocks:
@@ -123,7 +122,7 @@ def pread_into(fd: int, buffer: np.ndarray, offset: int) -> int:
 def open_npy_blocks(source: str, what: str) -> NpyBlocks | None:
     """An out-of-core reader for a plain, regular .npy file; None for anything else (npz, stdin, pipes)."""
     path = Path(source)
-    if source == "-" or raw.is_raw(source) or has_key(source) or not path.is_file():
+    if source == "-" or raw.is_raw(source) or sniff.has_key(source) or not path.is_file():
         return None
     if sniff.file_kind(path, f"{what} ({source})") != "npy":
         return None

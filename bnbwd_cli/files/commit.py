@@ -6,17 +6,27 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator, Protocol
 
 from click.exceptions import Exit
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import reason
 
-if TYPE_CHECKING:
-    from bnbwd_cli.files.write import OutputSet
 
-_PENDING_GROUPS: list[list[OutputSet]] = []  # the open one_commit() blocks, innermost last
+class Committable(Protocol):
+    """What a commit needs of files/write.OutputSet (named here by what it does, so this module imports no writer):
+    its renames, done when its group ends, and its temp files' removal; its entries (target, temp file or None,
+    stream) name the directories the renames go into (locked meanwhile)."""
+
+    _entries: list[tuple[Path, Path | None, object]]
+
+    def _rename(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+_PENDING_GROUPS: list[list[Committable]] = []  # the open one_commit() blocks, innermost last
 
 
 @contextlib.contextmanager
@@ -24,7 +34,7 @@ def one_commit() -> Iterator[None]:
     """Every OutputSet committed inside the block is renamed at its end, together: a command's outputs and its
     --json report appear as one set or not at all. The block ending normally or in click's Exit (a code chosen
     after the work) commits; any other exception (an error, Ctrl-C, SIGTERM) removes every temp file."""
-    group: list[OutputSet] = []
+    group: list[Committable] = []
     _PENDING_GROUPS.append(group)
     try:
         yield
@@ -40,7 +50,7 @@ def one_commit() -> Iterator[None]:
     _commit_group(group)
 
 
-def _commit_group(group: list[OutputSet]) -> None:
+def _commit_group(group: list[Committable]) -> None:
     try:
         with signals_deferred(target.parent for outputs in group for target, temp, _ in outputs._entries if temp):
             for outputs in group:

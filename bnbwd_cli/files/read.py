@@ -34,6 +34,7 @@ from bnbwd_cli.files.common import READ_ERRORS, open_regular, reason
 from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared, read_exactly, read_npy_stream
 from bnbwd_cli.files.npz import read_npz, read_npz_key, spool_archive
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
+from bnbwd_cli.files.sniff import has_key
 
 # ---------------------------------------------------------------- sniffing
 
@@ -168,12 +169,6 @@ def is_pipe_like(path: Path) -> bool:
     except OSError:
         return False
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
-
-
-def has_key(source: str) -> bool:
-    """FILE.npz:key or FILE.safetensors:key."""
-    head, sep, key = source.rpartition(":")
-    return bool(sep) and head.lower().endswith(sniff.KEYED_SUFFIXES) and bool(key)
 
 
 def split_source(source: str) -> tuple[str, str]:

@@ -22,6 +22,12 @@ CONVERT_HINT = ("convert it in Python: safetensors.torch.save_file(tensors, 'x.s
                 "or np.savez('x.npz', **{k: t.numpy() for k, t in tensors.items()})")
 
 
+def has_key(source: str) -> bool:
+    """FILE.npz:key or FILE.safetensors:key: a name that says which member of an archive to read."""
+    head, sep, key = source.rpartition(":")
+    return bool(sep) and head.lower().endswith(KEYED_SUFFIXES) and bool(key)
+
+
 def is_pickle_head(head: bytes) -> bool:
     """Pickle protocol 2-5 starts with PROTO (0x80) and the protocol number (legacy torch.save, plain pickles)."""
     return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5

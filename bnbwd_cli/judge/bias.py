@@ -23,7 +23,7 @@ import numpy as np
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.model import blocks
 from bnbwd_cli.judge.comparison import Bias
-from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS
+from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, SYSTEMATIC_UNITS, bias_threshold
 from bnbwd_cli.scratch import Scratch
 
 MIN_ELEMENTS = 8  # fewer elements per channel than this: no per-channel estimate
@@ -289,11 +289,11 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
     weights = 1.0 / se**2
     overall = float(np.sum(weights * scale[usable]) / np.sum(weights))
     overall_se = float(1.0 / np.sqrt(np.sum(weights)))
-    threshold = max(BIAS_Z * overall_se, floor)
+    threshold = bias_threshold(overall_se, floor)
     flagged = tuple(
         (int(c), float(scale[c]), float(max(stderr[c], unit * 1e-3)))
         for c in np.flatnonzero(usable)
-        if abs(scale[c]) > max(BIAS_Z * max(stderr[c], unit * 1e-3), floor)
+        if abs(scale[c]) > bias_threshold(max(stderr[c], unit * 1e-3), floor)
     )
     significant = bool(abs(overall) > threshold or flagged)
     return Bias(overall, overall_se, threshold, significant, flagged, floor)
@@ -317,5 +317,5 @@ def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, un
     floor = BIAS_FLOOR_UNITS * unit
     if systematic is not None:
         floor = max(floor, SYSTEMATIC_UNITS * float(np.sum(w * np.abs(r) * systematic[usable]) / information))
-    threshold = max(BIAS_Z * stderr, floor)
+    threshold = bias_threshold(stderr, floor)
     return Bias(scale, float(stderr), float(threshold), bool(abs(scale) > threshold), (), floor)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from bnbwd_cli.judge.accumulators import ChannelStat, Element, HistogramBin, Located, NonFinite
-from bnbwd_cli.judge.tolerance import BIAS_Z, MaxMismatch, Scaled, Tolerance
+from bnbwd_cli.judge.criteria import Criterion, criteria_of, deciding
+from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, bias_threshold
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Located", "NonFinite",
            "Once"]
@@ -40,7 +42,7 @@ class Bias:
         furthest beyond its threshold; when none is beyond, the overall one."""
         best: tuple[int | None, float, float] = (None, self.scale, self.threshold)
         for channel, scale, stderr in self.channels:
-            threshold = max(BIAS_Z * stderr, self.floor)
+            threshold = bias_threshold(stderr, self.floor)
             if threshold > 0 and abs(scale) * best[2] > abs(best[1]) * threshold:
                 best = (channel, scale, threshold)
         return best
@@ -144,9 +146,21 @@ class Comparison:
     def bias_failed(self) -> bool:
         return self.bias is not None and self.bias.significant and self.scaled is not None and self.scaled.bias_check
 
+    @cached_property
+    def criteria(self) -> tuple[Criterion, ...]:
+        """Each criterion the output is held to, its statistic against its threshold, decided (judge/criteria.py):
+        what every report and the JSON document show, deciding nothing themselves."""
+        return criteria_of(self)
+
+    @property
+    def deciding(self) -> Criterion:
+        """The criterion that decided: the first one failed, else the first (the elements')."""
+        return deciding(self.criteria)
+
     @property
     def passed(self) -> bool:
-        return self.elements_passed and not self.bias_failed
+        """Every criterion passed (the same verdict as elements_passed and not bias_failed: one rule, decided once)."""
+        return all(criterion.passed for criterion in self.criteria)
 
     @property
     def suspicious(self) -> bool:

@@ -45,11 +45,12 @@ class OutputResult:
     problem: KeyProblem | None
 
     @property
-    def status(self) -> str:
-        """"pass", "fail", or the problem's kind ("missing", "extra", "shape", "dtype")."""
+    def status(self) -> Status:
+        """PASS, MISMATCH (its comparison failed) or STRUCTURAL (``problem`` says what kept it from being compared:
+        its kind is "missing", "extra", "shape" or "dtype")."""
         if self.problem is not None:
-            return self.problem.kind
-        return "pass" if self.comparison.passed else "fail"
+            return Status.STRUCTURAL
+        return Status.PASS if self.comparison.passed else Status.MISMATCH
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class SetComparison:
         """Structural beats mismatch beats pass."""
         if self.all_problems:
             return Status.STRUCTURAL
-        return Status.MISMATCH if any(o.status == "fail" for o in self.outputs) else Status.PASS
+        return Status.MISMATCH if any(o.status == Status.MISMATCH for o in self.outputs) else Status.PASS
 
     @property
     def exit_code(self) -> ExitCode:
@@ -138,12 +139,13 @@ def _compare_pair(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op | None, fac
     return _judge_sum(a, r, job, inputs, facts(), output)
 
 
-def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[str, np.ndarray]) -> OutputResult:
+def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[str, np.ndarray],
+                reference: Mapping[str, np.ndarray]) -> OutputResult:
     """The output's row with its diagnosis and the hints' texts (then the precision note, judge/hints.py)."""
     c = output.comparison
     if c is None:
         return output
-    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key])
+    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key], reference[output.reference_key])
     return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))
 
 
@@ -221,7 +223,7 @@ def compare_sets(
         row_names.append(name)
         outputs.append(OutputResult(pair.name, pair.actual_key, pair.reference_key, comparison, problem))
     found = _explained(inputs, facts, judged)
-    outputs = [_with_hints(o, found.get(name, ()), actual) for o, name in zip(outputs, row_names)]
+    outputs = [_with_hints(o, found.get(name, ()), actual, reference) for o, name in zip(outputs, row_names)]
     tracker.finish()
     key_problems = []
     for problem in match.problems:

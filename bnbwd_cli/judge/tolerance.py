@@ -46,6 +46,12 @@ BIAS_FLOOR_UNITS = 16.0
 SYSTEMATIC_UNITS = 4.0
 
 
+def bias_threshold(stderr: float, floor: float) -> float:
+    """The threshold a systematic scale estimated with this standard error is held to: BIAS_Z standard errors,
+    never below ``floor`` (what a correct kernel's roundings shift it). The one place the rule is written."""
+    return max(BIAS_Z * stderr, floor)
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """Fixed tolerances for one output."""

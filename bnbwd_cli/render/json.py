@@ -11,8 +11,15 @@ counts under "nan" and "inf" say how many elements are non-finite. An error in u
 correct kernel's error scale is 0 (gamma = 0): then "units_unbounded" is true. min_atol, min_rtol and
 min_units are null when no tolerance would pass or that rule was not used.
 
+check's version 4 (from 3): per output "status" and "problem" as in the comparison report's version 4; "bnbwd_version", "counts" (cases and each verdict), "shard" ({index, count} or null),
+per case "line" (check's line), "brief" (a failure's brief report, an error's message), "problem" ({shape, dtype,
+layout, epsilon, M, is_training} or null) and "seconds"; the summary names at most 3 cases of a kind.
+Version 4 (from 3): an output's "status" is the verdict's word, as the document's ("pass", "mismatch",
+"structural"; no "fail" beside "mismatch"), and "problem" the kind of what kept it from being compared
+("missing", "extra", "shape", "dtype"; null when compared). A kernel's missing output is "missing" in every
+face (run --reference, verify --inputs, check, the API).
 Version 3 (from 2; check's from 1): "tool" names the command that ran; per output "criteria" (each statistic
-against its threshold, as the text report shows it: render/decision.py) and "hints" as {cause, evidence,
+against its threshold, decided in judge/criteria.py) and "hints" as {cause, evidence,
 channels}; "units_unbounded"; "default_max_units" per output; no "inf" strings; check's document compact.
 Version 2 (from 1): the scaled rule (rule, scaled, max_units, min_units), bias, hints, passed;
 tolerance is null under the scaled rule; max_mismatch and equal_nan moved out of tolerance.
@@ -30,7 +37,6 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_label
 from bnbwd_cli.judge.tolerance import DEFAULT_TOLERANCES, default_max_units
 from bnbwd_cli.layout import coordinates
-from bnbwd_cli.render.decision import criteria_of
 from bnbwd_cli.spec import OUTPUT_NAMES
 
 if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
@@ -38,9 +44,9 @@ if TYPE_CHECKING:  # annotations only: `run --json` writes its document without 
     from bnbwd_cli.judge.comparison import Bias, Comparison, Located
     from bnbwd_cli.render.run import RunFacts
 
-SCHEMA_VERSION = 3  # the comparison report (verify, run --reference, the API) and check's document
+SCHEMA_VERSION = 4  # the comparison report (verify, run --reference, the API) and check's document
 RUN_SCHEMA_VERSION = 1  # run --json
-CHECK_SCHEMA_VERSION = SCHEMA_VERSION  # check --json: its outputs are the comparison report's
+CHECK_SCHEMA_VERSION = 4  # check --json and bnbwd report's merge: its outputs are the comparison report's
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def _bias(bias: Bias | None, failed: bool) -> dict[str, Any] | None:
 def criteria_json(c: Comparison) -> list[dict[str, Any]]:
     """Each test the output was held to: its statistic, value (null: unbounded), threshold and verdict."""
     return [{"statistic": t.statistic, "value": finite(t.value), "threshold": finite(t.threshold),
-             "passed": t.passed, "channel": t.channel, "checked": t.checked} for t in criteria_of(c)]
+             "passed": t.passed, "channel": t.channel, "checked": t.checked} for t in c.criteria]
 
 
 def hints_json(c: Comparison) -> list[dict[str, Any]]:
@@ -171,6 +177,7 @@ def report_document(result: SetComparison, source: Source) -> dict[str, Any]:
         "problems": [{"kind": p.kind, "name": p.name, "message": p.message} for p in result.all_problems],
         "outputs": [
             {"name": o.name, "actual_key": o.actual_key, "reference_key": o.reference_key, "status": o.status,
+             "problem": o.problem.kind if o.problem is not None else None,
              "comparison": comparison_json(o.comparison) if o.comparison is not None else None}
             for o in result.outputs
         ],

@@ -6,7 +6,7 @@ need (never cropped or folded), so numbers stay whole on an 80-column terminal.
 
 Passing outputs get one row of the summary table; failing ones (all of them with --verbose) get
 their details: worst elements with coordinates, the systematic scale that decided against its
-threshold (render/decision.py), the channel table and the diagnosis' hints (judge/diagnosis/: a
+threshold (judge/criteria.py decides; nothing here does), the channel table and the diagnosis' hints (judge/diagnosis/: a
 hint comes only from there, never from a guess here).
 """
 
@@ -16,7 +16,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from rich import box
@@ -26,16 +25,17 @@ from rich.table import Table
 from rich.text import Text
 
 from bnbwd_cli.layout import coordinates
-from bnbwd_cli.render.decision import criteria_of
+from bnbwd_cli.render.common import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict, status_word
 from bnbwd_cli.judge.keys import OUTPUT_ALIASES
 from bnbwd_cli.judge.tolerance import BIAS_Z, DEFAULT_TOLERANCES, default_max_units, tolerance_text
 from bnbwd_cli.literal import literal, literal_line
+from bnbwd_cli.status import Status
 
 if TYPE_CHECKING:  # annotations only: rendering a run's summary must not load the comparison modules
     from bnbwd_cli.judge.sets import OutputResult, SetComparison
     from bnbwd_cli.judge.comparison import ChannelStat, Comparison, HistogramBin
 
-_STATUS_STYLE = {"pass": "bold green", "fail": "bold red"}
+_STATUS_STYLE = {Status.PASS: "bold green", Status.MISMATCH: "bold red"}
 _BAR_WIDTH = 30
 _SUMS = ("diff_gamma", "diff_beta")
 
@@ -43,33 +43,8 @@ _SUMS = ("diff_gamma", "diff_beta")
 # --------------------------------------------------------------------------- formatting
 
 
-def fmt(value: float | None) -> str:
-    """A statistic in 2 significant digits; "-" when undefined (None, NaN)."""
-    if value is None or math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"
-    return f"{value:.1e}"
-
-
-def fmt_value(value: float) -> str:
-    """A tensor element: enough digits to tell float32 neighbours apart."""
-    return f"{value:.9g}"
-
-
-def fmt_ulp(value: float | None) -> str:
-    """ULPs and units: plain below 1e4, scientific above."""
-    if value is None or math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.3g}" if value < 1e4 else f"{value:.0e}"
-
-
-def _status_text(status: str) -> Text:
-    return Text(status.upper(), style=_STATUS_STYLE.get(status, "bold yellow"))
+def _status_text(output: OutputResult) -> Text:
+    return Text(status_word(output), style=_STATUS_STYLE.get(output.status, "bold yellow"))
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -95,27 +70,6 @@ def _print_table(console: Console, table: Table) -> None:
 # --------------------------------------------------------------------------- the report
 
 
-@dataclass(frozen=True)
-class Labels:
-    """What the report calls the two sides (file names, or the API's names)."""
-
-    actual: str
-    reference: str
-
-
-@dataclass(frozen=True)
-class ReportStyle:
-    """How much the report says. verbose: every output's details; brief: one line per output;
-    problems_inline: the structural problems are printed in the report (the Python API's text has no stderr);
-    face: "cli" or "api", whose words advice uses (--variance-is-invstd or variance_is_invstd=True)."""
-
-    verbose: bool = False
-    brief: bool = False
-    problems_inline: bool = False
-    face: str = "cli"
-
-
-
 def render_report(console: Console, result: SetComparison, labels: Labels, style: ReportStyle = ReportStyle()) -> None:
     """The whole report: what was compared and how, one row per output, details of failures, the verdict.
     With style.brief: render_brief."""
@@ -137,7 +91,8 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
 
         for problem in result.all_problems:
             console.print(Text(f"error: {literal_line(phrase(problem.message, style.face))}"), soft_wrap=True)
-    render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr")
+    render_verdict(console, result, where="listed above" if style.problems_inline else "each named on stderr",
+                   face=style.face)
 
 
 def _units_text(units: list[tuple[str, float]]) -> str:
@@ -200,10 +155,10 @@ def _render_summary(console: Console, result: SetComparison) -> None:
     for output in result.outputs:
         c = output.comparison
         if c is None:
-            table.add_row(literal(output.name), "-", "-", _status_text(output.status), *["-"] * (len(headers) - 4))
+            table.add_row(literal(output.name), "-", "-", _status_text(output), *["-"] * (len(headers) - 4))
             continue
         dtype = c.dtype if c.actual_dtype == c.reference_dtype else f"{c.actual_dtype}/{c.reference_dtype}"
-        cells = [literal(output.name), _shape_text(c.shape), dtype, _status_text(output.status), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
+        cells = [literal(output.name), _shape_text(c.shape), dtype, _status_text(output), f"{c.mismatches} ({100 * c.mismatch_fraction:.3g}%)",
                  fmt(c.max_abs.value), fmt_ulp(c.max_ulp.value)]
         if scaled:
             cells += [fmt_ulp(c.max_units.value) if c.max_units else "-", _bias_cell(c)]
@@ -217,11 +172,11 @@ def _render_summary(console: Console, result: SetComparison) -> None:
 def _bias_cell(c: Comparison) -> str:
     """The deciding systematic scale against its threshold, e.g. "+2.1e-03 > 9.5e-07 c=5"."""
     from bnbwd_cli.render.brief import op_text
-    test = next((t for t in criteria_of(c) if t.statistic == "systematic_scale"), None)
+    test = next((t for t in c.criteria if t.statistic == "systematic_scale"), None)
     if test is None:
         return "-"
     where = f" c={test.channel}" if test.channel is not None else ""
-    return f"{test.value:+.1e} {op_text(test.value, test.threshold)} {test.threshold:.1e}{where}"
+    return f"{test.value:+.1e} {op_text(test)} {test.threshold:.1e}{where}"
 
 
 def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
@@ -229,7 +184,7 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
 
     c = output.comparison
     verbose = style.verbose
-    console.rule(Text(f"{literal(output.name)}: {output.status.upper()}", style=_STATUS_STYLE[output.status]), align="left")
+    console.rule(Text(f"{literal(output.name)}: {status_word(output)}", style=_STATUS_STYLE[output.status]), align="left")
     console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
                   f"allowed {c.allowed_mismatches}", highlight=False)
     where = c.axis_names
@@ -268,8 +223,8 @@ def _render_bias(console: Console, c: Comparison) -> None:
     from bnbwd_cli.render.brief import criterion_text
 
     b = c.bias
-    test = next(t for t in criteria_of(c) if t.statistic == "systematic_scale")
-    verdict = "FAIL" if not test.passed else ("beyond it (not checked)" if abs(test.value) > test.threshold else "ok")
+    test = next(t for t in c.criteria if t.statistic == "systematic_scale")
+    verdict = "FAIL" if not test.passed else ("beyond it (not checked)" if test.beyond else "ok")
     console.print(f"{criterion_text(test, c)}: {verdict}", highlight=False, soft_wrap=True)
     if test.channel is not None:
         console.print(f"  overall: actual = (1 {b.scale:+.2e} ± {b.stderr:.1e}) x reference, threshold {b.threshold:.1e}",
@@ -344,18 +299,6 @@ def _render_histogram(console: Console, bins: Sequence[HistogramBin]) -> None:
             label = f"[{b.low:.0e}, {b.high:.0e})"
         table.add_row(label, str(b.count), "#" * math.ceil(_BAR_WIDTH * b.count / peak))
     _print_table(console, table)
-
-
-def render_verdict(console: Console, result: SetComparison, where: str) -> None:
-    status = result.status
-    if status == "pass":
-        console.print(Text(f"PASS: {len(result.outputs)} output(s) within tolerance", style="bold green"))
-    elif status == "mismatch":
-        failed = ", ".join(literal(o.name) for o in result.outputs if o.status == "fail")
-        console.print(Text(f"FAIL (exit 1): numerical mismatch in {failed}", style="bold red"))
-    else:
-        console.print(Text(f"FAIL (exit 3): {len(result.all_problems)} structural problem(s), {where}",
-                           style="bold red"))
 
 
 def print_problems(result: SetComparison, file: TextIO | None = None) -> None:

@@ -1,6 +1,8 @@
 """Regenerate docs/verify-report.md: real `bnbwd run --reference` captures.
 
 Run from the repository root: python docs/examples/make_verify_report.py
+(`--into DIR`: build the report in DIR instead, a copy of the paths it names, and leave the checkout alone:
+tests/test_docs.py compares that with the committed report.)
 
 The passing case compares bnbwd with TensorFlow's own FusedBatchNormGradV3 output
 (fixtures/conformance). The failing case uses the same TF output with one channel of
@@ -10,7 +12,9 @@ per-channel reduction would produce.
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,34 +26,48 @@ CASE = "fixtures/conformance/tf_nchw_f32_train"
 PERTURBED = "docs/examples/tf_nchw_f32_train.perturbed.npz"
 
 
-def make_perturbed() -> None:
-    expected = dict(np.load(ROOT / f"{CASE}.expected.npz"))
+def make_perturbed(work: Path) -> None:
+    expected = dict(np.load(work / f"{CASE}.expected.npz"))
     diff_src = expected["diff_src"].copy()
     # channel 5: the mean term off by 2e-3 everywhere (a reduction over the wrong M),
     # and one element further off
     diff_src[:, 5] += np.float32(2e-3)
     diff_src[2, 5, 4, 1] -= np.float32(0.05)
     expected["diff_src"] = diff_src
-    np.savez(ROOT / PERTURBED, **expected)
+    np.savez(work / PERTURBED, **expected)
 
 
-def capture(*args: str) -> tuple[str, str]:
+def capture(work: Path, *args: str) -> tuple[str, str]:
     command = ["bnbwd", *args]
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "bnbwd_cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "bnbwd_cli", *args], cwd=work, env=env, capture_output=True, text=True, check=False
     )
     shown = "$ " + " ".join(command) + "\n" + result.stdout + result.stderr + f"$ echo $?\n{result.returncode}\n"
     return shown, str(result.returncode)
 
 
-def main() -> None:
-    make_perturbed()
+def workspace(into: Path) -> Path:
+    """The files the captures name, copied under `into` at the same relative paths (so the report reads the same)."""
+    for name in (f"{CASE}.inputs.npz", f"{CASE}.expected.npz"):
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / name, into / name)
+    (into / PERTURBED).parent.mkdir(parents=True, exist_ok=True)
+    (into / "docs").mkdir(exist_ok=True)
+    return into
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--into", type=Path, help="build docs/verify-report.md under this directory, not the checkout")
+    args = parser.parse_args(argv)
+    work = workspace(args.into.resolve()) if args.into else ROOT
+    make_perturbed(work)
     run = ["run", f"{CASE}.inputs.npz", "--spec", "tensorflow", "-q"]
-    passing, _ = capture(*run, "--reference", f"{CASE}.expected.npz")
-    failing, _ = capture(*run, "--reference", PERTURBED, "--top", "5")
-    brief, _ = capture(*run, "--reference", PERTURBED, "--brief")
-    verify_json, _ = capture("verify", f"{CASE}.expected.npz", PERTURBED, "--format", "NCHW", "--only", "diff_src", "--top", "2", "--json", "-")
+    passing, _ = capture(work, *run, "--reference", f"{CASE}.expected.npz")
+    failing, _ = capture(work, *run, "--reference", PERTURBED, "--top", "5")
+    brief, _ = capture(work, *run, "--reference", PERTURBED, "--brief")
+    verify_json, _ = capture(work, "verify", f"{CASE}.expected.npz", PERTURBED, "--format", "NCHW", "--only", "diff_src", "--top", "2", "--json", "-")
     lines = verify_json.splitlines()
     verify_json = "\n".join(lines[:70] + ["  ... (the rest of the worst list, channels, histogram: cut here)"] + lines[-2:]) + "\n"
     text = f"""# `bnbwd verify` / `bnbwd run --reference`: what the report looks like
@@ -86,12 +104,14 @@ against its threshold), its hints and worst element:
 
 ## The same facts as JSON
 
-`--json -` prints only the JSON document to stdout (schema_version 3); `--json PATH`
+`--json -` prints only the JSON document to stdout (schema_version 4); `--json PATH`
 writes it next to the report. The exit code is the same either way. `tool` names the command that ran
 (`bnbwd run`, `bnbwd verify`; `bnbwd check`'s document and the API's `Report.to_json()` use the same
 schema). Numbers are numbers or null, never strings: null is undefined or unbounded (a relative error
 against a zero reference); an error in units is unbounded where a correct kernel's error scale is 0
-(gamma = 0), and then `units_unbounded` is true. Per output, `criteria` lists each statistic it was held
+(gamma = 0), and then `units_unbounded` is true. Per output, `status` is the verdict in the document's
+own words (`pass`, `mismatch`, `structural`) and `problem` what kept it from being compared (`missing`,
+`extra`, `shape`, `dtype`; null when compared); `criteria` lists each statistic it was held
 to against its threshold (`max_units` vs K, `mismatches` vs allowed, `rel_l2` vs its bound, the deciding
 `systematic_scale`, overall or in one `channel`), as the text report and `--brief` show them, and `hints`
 the diagnosis as `{{cause, evidence, channels}}`. `default_max_units` is K per output. `bnbwd check
@@ -101,7 +121,7 @@ the comparison details (worst elements, channels, histogram) only for outputs th
 ```text
 {verify_json}```
 """
-    (ROOT / "docs" / "verify-report.md").write_text(text)
+    (work / "docs" / "verify-report.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ specific first), names the cause; when none is accepted the hint says so and poi
 Families: writes.py (unwritten channels, sign flips, swapped spatial axes, the other layout, truncation),
 reductions.py (missing 1/M, inference-style, mean(dy) not subtracted, part of a reduction missing,
 diff_gamma from x, 16-bit sums, a mean for a sum), statistics.py (variance/invstd confused, unbiased
-variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled).
+variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled). Then, only when none
+of those explains, the fitted models (FITTED): fitted_statistics.py (the mean and invstd used, per channel),
+terms.py (the formula's terms and the sums with fitted coefficients), and last own_outputs.py (one sum in the
+other's place; diff_src from the kernel's own sums: the sums are wrong).
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import reductions, statistics, writes
+from bnbwd_cli.judge.diagnosis import fitted_statistics, own_outputs, reductions, statistics, terms, writes
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
-from bnbwd_cli.judge.diagnosis.case import Case, assess, build_case
+from bnbwd_cli.judge.diagnosis.case import Assessment, Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
 from bnbwd_cli.judge.comparison import Comparison, Hint
 
@@ -30,6 +33,13 @@ __all__ = ["diagnose", "Hint"]
 AMBIGUOUS = 2.0  # another cause leaving at most this many times the best one's unexplained share: no name
 MIN_COUNT = 8  # elements per channel below which no cause is named
 MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (~10 float64 copies are held)
+
+
+# Fitted models (a parameter per channel or per term, fitted to the data), tried only when no named cause is
+# accepted (a named cause is the same explanation with nothing fitted), in tiers: the models of a tier are rivals
+# (two that explain the run equally well: "ambiguous"), a later tier (a coarser statement) is tried only when no
+# model of an earlier one explains.
+FITTED = ((fitted_statistics.candidates, terms.candidates), (own_outputs.candidates,))
 
 
 def _candidates(case: Case) -> Iterator[Candidate]:
@@ -56,18 +66,33 @@ def diagnose(inputs, facts: ChannelFacts,
         if case.count < MIN_COUNT:  # xhat takes a value or two: many bugs predict the same outputs
             hint = Hint("unexplained", f"M = {case.count} elements per channel are too few to tell causes apart")
             return {name: (hint,) for name in suspicious}
-        accepted: list[tuple[Candidate, float]] = []
-        tested = 0
-        for candidate in _candidates(case):
-            tested += 1
-            assessment = assess(case, candidate.prediction)
-            if assessment is not None:
-                accepted.append((candidate, assessment))
+        accepted, tested = _test(case, _candidates(case))
+        for tier in FITTED:  # the fitted models, only when no named cause explains the run; the first tier wins
+            if accepted:
+                break
+            for model in tier:  # each model's first accepted candidate; the models of a tier are rivals
+                found, more = _test(case, model(case), first=True)
+                accepted, tested = accepted + found, tested + more
         if accepted:
             hint = _choose(accepted)
             return {name: (hint,) for name in suspicious}
         extra = _input_notes(case)
         return {name: extra + (_unexplained(case, name, tested),) for name in suspicious}
+
+
+def _test(case: Case, candidates: Iterator[Candidate], first: bool = False) -> tuple[list[tuple[Candidate, Assessment]], int]:
+    """The candidates accepted by case.assess, and how many were tested. ``first``: stop at the first accepted
+    (a fitted tier yields its most specific model first; each acceptance reads the whole run)."""
+    accepted = []
+    tested = 0
+    for candidate in candidates:
+        tested += 1
+        assessment = assess(case, candidate.prediction)
+        if assessment is not None:
+            accepted.append((candidate, assessment))
+            if first:
+                break
+    return accepted, tested
 
 
 def _choose(accepted: list) -> Hint:
@@ -114,4 +139,5 @@ def _unexplained(case: Case, name: str, tested: int) -> Hint:
         worst = out.comparison.max_units
         if worst is not None and worst.index is not None:
             text += f"; worst element at {tuple(int(i) for i in worst.index)}"
+    text += own_outputs.observations(case, name)
     return Hint("unexplained", text, channels)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name
-from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction, chunks
 
 
 @dataclass(frozen=True)
@@ -40,21 +40,38 @@ def channel_list(channels: Sequence[int], limit: int = 8) -> str:
 
 def channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per channel, diff_src's deviation d = a - r fitted as offset + slope*xhat (least squares), and the
-    residual's rms; NaN where a channel has fewer than 3 finite elements."""
+    residual's rms; NaN where a channel has fewer than 3 finite elements (computed once a case)."""
+    return case.once("channel_fit", lambda: _channel_fit(case))
+
+
+def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = case.outputs["diff_src"]
-    d = out.actual - out.reference
-    x = case.xhat
-    usable = np.isfinite(d) & np.isfinite(x)
-    d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
-    n = usable.sum(axis=(0, 2)).astype(np.float64)
-    sx, sxx = x.sum(axis=(0, 2)), np.einsum("ncs,ncs->c", x, x)
-    sd, sxd = d.sum(axis=(0, 2)), np.einsum("ncs,ncs->c", x, d)
+    c = case.channels
+    n, sx, sxx, sd, sxd = (np.zeros(c) for _ in range(5))
+    pieces = []
+    for part in chunks(out.actual.shape):  # (case.chunks: no whole-tensor temporaries)
+        d = out.actual[part] - out.reference[part]
+        x = case.xhat[part]
+        usable = np.isfinite(d) & np.isfinite(x)
+        if not usable.all():
+            d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
+        n += usable.sum(axis=(0, 2))
+        sx += x.sum(axis=(0, 2))
+        sxx += np.einsum("ncs,ncs->c", x, x)
+        sd += d.sum(axis=(0, 2))
+        sxd += np.einsum("ncs,ncs->c", x, d)
+        pieces.append(part)
     with np.errstate(invalid="ignore", divide="ignore"):
         det = n * sxx - sx * sx
         slope = (n * sxd - sx * sd) / det
         offset = (sd - slope * sx) / n
-        residual = d - offset[:, None] - slope[:, None] * x
-        rms = np.sqrt(np.einsum("ncs,ncs->c", residual, residual) / np.maximum(n - 2, 1))
+        squares = np.zeros(c)
+        for part in pieces:
+            d = out.actual[part] - out.reference[part]
+            x = case.xhat[part]
+            residual = np.where(np.isfinite(d) & np.isfinite(x), d - offset[:, None] - slope[:, None] * x, 0.0)
+            squares += np.einsum("ncs,ncs->c", residual, residual)
+        rms = np.sqrt(squares / np.maximum(n - 2, 1))
     bad = (n < 3) | ~(np.abs(det) > 0)
     return np.where(bad, np.nan, offset), np.where(bad, np.nan, slope), np.where(bad, np.nan, rms)
 
@@ -62,7 +79,7 @@ def channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def channel_ratio(case: Case) -> np.ndarray:
     """Per channel, the least-squares ratio <a, r> / <r, r> of diff_src (NaN where r is zero)."""
     out = case.outputs["diff_src"]
-    a, r = np.nan_to_num(out.actual), np.nan_to_num(out.reference)
+    a, r = (v if np.isfinite(v).all() else np.nan_to_num(v) for v in (out.actual, out.reference))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.einsum("ncs,ncs->c", a, r) / np.einsum("ncs,ncs->c", r, r)
 

@@ -64,8 +64,7 @@ class Output:
     @cached_property
     def deviation_norm(self) -> float:
         """||a - r|| over the elements the share is measured on (see share_explained)."""
-        with np.errstate(invalid="ignore", over="ignore"):
-            return _norm(self.where(self.actual - self.reference))
+        return _norm_off(self, self.reference)
 
     def where(self, values: np.ndarray) -> np.ndarray:
         """The elements a share is measured on: those beyond K units when there are any, else all."""
@@ -74,9 +73,22 @@ class Output:
         return values
 
 
-def _norm(d: np.ndarray) -> float:
-    d = d.reshape(-1)
-    return float(np.sqrt(np.dot(*(np.where(np.isfinite(d), d, 0.0),) * 2)))
+def _norm_off(out: Output, p: np.ndarray, dtype: str | None = None) -> float:
+    """||a - p|| over the elements a share is measured on (Output.where), p rounded to ``dtype`` first (None: as
+    it is); chunk by chunk along the first axis (case.chunks), the rounding and differences element for element."""
+    some = out.beyond is not None and bool(out.beyond.any())
+    squares = 0.0
+    for part in chunks(out.actual.shape):
+        a, q = out.actual[part], p[part]
+        if some:
+            a, q = a[out.beyond[part]], q[out.beyond[part]]
+        if dtype is not None:
+            q = rounded(q, dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = (a - q).reshape(-1)
+        d = np.where(np.isfinite(d), d, 0.0)
+        squares += float(np.dot(d, d))
+    return math.sqrt(squares)
 
 
 @dataclass(frozen=True)
@@ -93,10 +105,23 @@ class Case:
     unit: float
     max_units: float  # K of diff_src, or of the first output (each output's own K judges it)
     src_scale: np.ndarray | None = field(default=None, repr=False)  # diff_src's error scale, (N, C, S)
+    shared: dict = field(default_factory=dict, compare=False, repr=False)  # whole-tensor facts families share
+
+    def once(self, key: str, compute: Callable[[], object]):
+        """``compute()``'s value, computed on the first call for ``key`` only (a whole-tensor pass several
+        families use, e.g. candidate.channel_fit)."""
+        if key not in self.shared:
+            self.shared[key] = compute()
+        return self.shared[key]
 
     @property
     def count(self) -> int:
         return self.facts.count
+
+    @cached_property
+    def sample(self) -> Sample:
+        """diff_src's screening sample (the run must hold diff_src)."""
+        return screening_sample(self.outputs["diff_src"], self.src_scale)
 
     @property
     def channels(self) -> int:
@@ -111,30 +136,58 @@ class Case:
         return s_gamma if name == "diff_gamma" else s_beta
 
 
+CHUNK = 1 << 18  # elements of the (N, C, S) view a whole-tensor step works on at a time (its temporaries stay in cache)
+
+
+def chunks(shape: tuple[int, ...]) -> list[slice]:
+    """Slices of the first axis of an (N, C, S) view, about CHUNK elements each. A step done chunk by chunk
+    computes the same numbers element for element as on the whole; it only spares the large temporaries
+    (each a fresh allocation's page faults and a trip through memory)."""
+    per = max(1, CHUNK // max(1, math.prod(shape[1:])))
+    return [slice(start, start + per) for start in range(0, shape[0], per)]
+
+
+def _float64(array: np.ndarray, parts: list[slice]) -> np.ndarray:
+    """to_float64 of an (N, C, S) view, converted chunk by chunk (float64 stays a view)."""
+    if array.dtype == np.float64:
+        return to_float64(array)
+    out = np.empty(array.shape)
+    for part in parts:
+        to_float64(array[part], out=out[part])
+    return out
+
+
 def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.ndarray, np.ndarray, Comparison]]) -> Case:
     """float64 views of the inputs and outputs; ``outputs``: name -> (actual, reference, comparison)."""
     fmt = inputs.data_format
-    x, dy = (to_float64(view3(a, fmt)) for a in (inputs.src, inputs.diff_dst))
+    parts = chunks(view3(inputs.src, fmt).shape)
+    x, dy = (_float64(view3(a, fmt), parts) for a in (inputs.src, inputs.diff_dst))
+    xhat = np.empty(x.shape)
+    mean, invstd = facts.mean[:, None], facts.invstd[:, None]
     with np.errstate(invalid="ignore", over="ignore"):
-        xhat = (x - facts.mean[:, None]) * facts.invstd[:, None]
+        for part in parts:
+            np.multiply(np.subtract(x[part], mean, out=xhat[part]), invstd, out=xhat[part])
     gamma = np.ones_like(facts.mean) if inputs.gamma is None else to_float64(inputs.gamma)
     first = outputs.get("diff_src", next(iter(outputs.values())))[2]
     unit, max_units = first.scaled.unit, first.scaled.max_units
     scale = None
-    if "diff_src" in outputs:
-        model = diff_src_scale(facts, unit, inputs.training)
-        with np.errstate(invalid="ignore", over="ignore"):
-            scale = model.block(xhat, dy, to_float64(view3(outputs["diff_src"][1], fmt)), slice(0, x.shape[1]))
     s_beta, s_gamma = facts.sum_scales(unit)
     observed = {}
     for name, (a, r, comparison) in outputs.items():
         if name == "diff_src":
-            a, r, s = to_float64(view3(a, fmt)), to_float64(view3(r, fmt)), scale
+            a, r = _float64(view3(a, fmt), parts), _float64(view3(r, fmt), parts)
+            model = diff_src_scale(facts, unit, inputs.training)
+            scale, beyond = np.empty(a.shape), np.empty(a.shape, bool)
+            with np.errstate(invalid="ignore", over="ignore"):
+                for part in parts:
+                    scale[part] = model.block(xhat[part], dy[part], r[part], slice(0, x.shape[1]))
+                    beyond[part] = ~(np.abs(a[part] - r[part]) <= comparison.scaled.max_units * scale[part]
+                                     + ulp_spacing(r[part], comparison.dtype))
         else:
             a, r = to_float64(a).reshape(-1), to_float64(r).reshape(-1)
             s = s_gamma if name == "diff_gamma" else s_beta
-        with np.errstate(invalid="ignore", over="ignore"):
-            beyond = ~(np.abs(a - r) <= comparison.scaled.max_units * s + ulp_spacing(r, comparison.dtype))
+            with np.errstate(invalid="ignore", over="ignore"):
+                beyond = ~(np.abs(a - r) <= comparison.scaled.max_units * s + ulp_spacing(r, comparison.dtype))
         observed[name] = Output(a, r, comparison, beyond)
     return Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units, scale)
 
@@ -159,6 +212,22 @@ class Prediction:
                 self._computed["diff_src"], self._computed["noise"] = self.diff_src((slice(None),) * 3)
             else:
                 self._computed["diff_src"], self._computed["noise"] = self.diff_src, self.sum_scales.get("diff_src")
+
+    def resolve_in_chunks(self, shape: tuple[int, ...]) -> None:
+        """Compute a diff_src given as a function chunk by chunk (case.chunks) into whole (N, C, S) arrays: the
+        same numbers as one call on the whole view, without its large temporaries."""
+        if "diff_src" in self._computed or not callable(self.diff_src):
+            return
+        values = noise = None
+        for part in chunks(shape):
+            p, n = self.diff_src((part, slice(None), slice(None)))
+            if values is None:
+                values = np.empty(shape)
+                noise = None if n is None else np.empty(shape)
+            values[part] = p
+            if noise is not None:
+                noise[part] = n
+        self._computed["diff_src"], self._computed["noise"] = values, noise
 
     def of(self, name: str) -> np.ndarray | None:
         if name != "diff_src":
@@ -192,9 +261,13 @@ class Assessment:
         return min(self.shares.values())
 
 
-def _tolerance(case: Case, name: str, p: np.ndarray, r: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+def _tolerance(case: Case, name: str, p: np.ndarray, r: np.ndarray, extra: np.ndarray | None,
+               base: np.ndarray | None = None) -> np.ndarray:
+    """K units of the prediction's noise plus one ulp of p; ``base``: the correct kernel's scale where p lies
+    (default: the whole output's)."""
     out = case.outputs[name]
-    base = case.src_scale if name == "diff_src" else case.sum_scale(name)
+    if base is None:
+        base = case.src_scale if name == "diff_src" else case.sum_scale(name)
     if extra is not None:
         base = np.maximum(base, extra)
     u, root = case.unit, math.sqrt(max(case.count, 1))
@@ -206,8 +279,52 @@ def _tolerance(case: Case, name: str, p: np.ndarray, r: np.ndarray, extra: np.nd
 def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None) -> bool:
     """Is the actual output within K units of ``p`` (as many elements beyond as the judge allows)?"""
     out = case.outputs[name]
+    if name != "diff_src":
+        with np.errstate(invalid="ignore", over="ignore"):
+            beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra))
+        return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
+    count = 0
+    elementwise = extra is not None and np.shape(extra) == p.shape
+    for part in chunks(p.shape):
+        with np.errstate(invalid="ignore", over="ignore"):
+            tolerance = _tolerance(case, name, p[part], out.reference[part], extra[part] if elementwise else extra,
+                                   case.src_scale[part])
+            count += int(np.count_nonzero(~(np.abs(out.actual[part] - p[part]) <= tolerance)))
+        if count > out.comparison.allowed_mismatches:
+            return False
+    return True
+
+
+def on_sample(case: Case, prediction: Prediction) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The prediction's diff_src and its noise on the screening sample (computed there only when the prediction is
+    a function of an index), or None when its noise has no element-wise form to take the sample of."""
+    rows = case.sample.rows
+    if callable(prediction.diff_src) and "diff_src" not in prediction._computed:
+        return prediction.diff_src(rows)
+    p, extra = prediction.of("diff_src"), prediction.noise("diff_src")
+    if extra is not None:
+        if np.shape(extra) != p.shape:
+            return None
+        extra = extra[rows]
+    return p[rows], extra
+
+
+def screened(case: Case, prediction: Prediction) -> bool:
+    """The first look at diff_src: False when the prediction misses the actual output beyond K units at more
+    elements of the screening sample than the judge allows in the whole output. The sample is part of the whole
+    and its numbers are the whole's (the same formulas element for element; the tolerance widened by
+    SCREEN_SLACK), so what this rejects ``within`` would reject too: only the survivors are computed in full."""
+    out = case.outputs.get("diff_src")
+    if out is None or prediction.diff_src is None:
+        return True
+    found = on_sample(case, prediction)
+    if found is None:
+        return True
+    p, extra = found
+    sample = case.sample
     with np.errstate(invalid="ignore", over="ignore"):
-        beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra))
+        tolerance = _tolerance(case, "diff_src", p, sample.reference, extra, sample.scale) * (1 + SCREEN_SLACK)
+        beyond = ~(np.abs(sample.actual - p) <= tolerance)
     return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
 
 
@@ -223,10 +340,8 @@ def share_explained(out: Output, p: np.ndarray) -> float:
     """1 - ||a - p|| / ||a - r|| with p rounded to the output's dtype (as a and r are), over the elements
     beyond K units of the reference (all when none is): the share of the deviation the prediction accounts
     for, not diluted by the rounding noise of the elements the bug left alone."""
-    p = rounded(p, out.comparison.dtype)
     before = out.deviation_norm
-    with np.errstate(invalid="ignore", over="ignore"):
-        after = _norm(out.where(out.actual - p))
+    after = _norm_off(out, p, out.comparison.dtype)
     return 1.0 - after / before if before > 0 else 0.0
 
 
@@ -265,6 +380,50 @@ def _bias_share(case: Case, name: str, p: np.ndarray) -> float | None:
 
 
 SAMPLE = 1 << 16  # diff_src elements of the first look
+SCREEN_POSITIONS = 512  # (n, s) positions of the screening sample, in every channel (fewer when C is large)
+SCREEN_SLACK = 1e-6  # the sample's tolerance widened by this (relative): the screen never rejects what the whole accepts
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A fixed, deterministic sample of diff_src's (N, C, S) view: every channel at P positions (n, s), half of
+    them where the judge found failing elements (evenly over their positions in storage order), half evenly
+    spaced over all positions (a stride coprime to common periods, so a pattern every k-th element is not
+    missed or hit everywhere). ``rows`` indexes any (N, C, S) array to its (1, C, P) sample, so per-channel
+    (C, 1) coefficients broadcast as on the whole view: a hypothesis computes its diff_src on ``rows`` exactly
+    as on the whole (the same numbers element for element)."""
+
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    actual: np.ndarray
+    reference: np.ndarray
+    scale: np.ndarray  # diff_src's error scale of a correct kernel there
+
+    @property
+    def size(self) -> int:
+        return self.actual.size
+
+
+def _sample_positions(n: int, s: int, channels: int, failing: np.ndarray | None) -> np.ndarray:
+    """Flat positions n*S + s of the screening sample (sorted, distinct)."""
+    total = n * s
+    count = min(SCREEN_POSITIONS, max(16, SAMPLE // max(channels, 1)))
+    if count >= total:
+        return np.arange(total)
+    spread = (np.arange(count // 2, dtype=np.int64) * 7919 + total // 3) % total  # 7919: a prime
+    where = np.flatnonzero(failing) if failing is not None else np.zeros(0, np.int64)
+    if where.size == 0:
+        where = np.arange(total)
+    hit = where[np.linspace(0, where.size - 1, count - count // 2).astype(np.int64)]
+    return np.unique(np.concatenate([spread, hit]))
+
+
+def screening_sample(out: Output, scale: np.ndarray) -> Sample:
+    """The sample of diff_src's (N, C, S) view a hypothesis is screened on (see Sample)."""
+    n, channels, s = out.actual.shape
+    failing = out.beyond.any(axis=1).reshape(-1) if out.beyond is not None else None
+    flat = _sample_positions(n, s, channels, failing)
+    rows = ((flat // s).reshape(1, 1, -1), np.arange(channels).reshape(1, -1, 1), (flat % s).reshape(1, 1, -1))
+    return Sample(rows, out.actual[rows], out.reference[rows], scale[rows])
 
 
 def _sample_agrees(out: Output, prediction: Prediction) -> bool:
@@ -289,8 +448,12 @@ def assess(case: Case, prediction: Prediction) -> Assessment | None:
     names = sorted(case.outputs, key=lambda n: n == "diff_src")
     for name in names:
         out = case.outputs[name]
+        if name == "diff_src" and not screened(case, prediction):
+            return None
         if name == "diff_src" and out.failed and prediction.diff_src is not None and not _sample_agrees(out, prediction):
             return None
+        if name == "diff_src" and prediction.diff_src is not None:
+            prediction.resolve_in_chunks(out.actual.shape)
         p = prediction.of(name)
         if p is None:
             p = out.reference

@@ -140,6 +140,17 @@ def _best(misfit: np.ndarray) -> int | None:
     return int(order[0])
 
 
+def _row(case: Case, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """Channel c's terms dy and dy*xhat (float64, (M,)) in storage order (_ordered's row c, the same numbers)."""
+    dy = np.ascontiguousarray(case.dy[:, c, :]).reshape(-1)
+    return dy, np.ascontiguousarray(case.dy[:, c, :] * case.xhat[:, c, :]).reshape(-1)
+
+
+def _tail_sums(row: np.ndarray, t: np.ndarray | int) -> np.ndarray:
+    """The sums of a row's last t elements, added from the last one backwards (a reversed running sum)."""
+    return np.cumsum(row[::-1])[np.asarray(t) - 1]
+
+
 def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
     """Part of each channel's reduction missing: its last t elements (a partial last block, a vector loop's
     remainder), or one block of b elements (a partial sum lost) in some channels."""
@@ -149,23 +160,39 @@ def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
     hit = ~_matches(deviation, np.zeros(case.channels), np.zeros(case.channels))
     if not hit.any():
         return
-    dy, terms = _ordered(case)
-    tail_beta = np.cumsum(dy[:, ::-1], axis=1)[:, :-1]  # column t-1: the sum of the last t elements
-    tail_gamma = np.cumsum(terms[:, ::-1], axis=1)[:, :-1]
-    worst = np.zeros(m - 1)
-    for c in range(case.channels):
-        worst = np.maximum(worst, _misfit(deviation, c, tail_beta[c], tail_gamma[c]))
-    t = _best(worst)
+    t = _tail_length(case, deviation, hit)
     if t is not None:
-        yield _missing_tail(case, t + 1, tail_beta, tail_gamma)
-    yield from _lost_block(case, deviation, hit, dy, terms)
+        yield _missing_tail(case, t)
+    yield from _lost_block(case, deviation, hit)
 
 
-def _missing_tail(case: Case, t: int, tail_beta: np.ndarray, tail_gamma: np.ndarray) -> Candidate:
+def _tail_length(case: Case, deviation: SumDeviation, hit: np.ndarray) -> int | None:
+    """The tail length t (1 .. M-1) whose sums, left out, explain every channel's (_best of the worst misfit
+    over the channels). The channel farthest from its true sums is tried on every t first: only the lengths
+    within its noise there can be within every channel's, so the others are tried on those alone."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        far = np.maximum(np.abs(deviation.beta) / deviation.beta_noise, np.abs(deviation.gamma) / deviation.gamma_noise)
+    first = int(np.argmax(np.where(hit & np.isfinite(far), far, -np.inf)))  # (any channel when none is finite)
+    lengths = np.arange(1, case.count)
+    worst = np.zeros(lengths.size)
+    for c in [first] + [c for c in range(case.channels) if c != first]:
+        dy, terms = _row(case, c)
+        worst = np.maximum(worst, _misfit(deviation, c, _tail_sums(dy, lengths), _tail_sums(terms, lengths)))
+        keep = worst <= 1
+        if not keep.any():
+            return None
+        lengths, worst = lengths[keep], worst[keep]
+    t = _best(np.concatenate([worst, [np.inf]]))  # (the lengths left out fit worse than noise: inf)
+    return None if t is None else int(lengths[t])
+
+
+def _missing_tail(case: Case, t: int) -> Candidate:
     """The last t elements of every channel left out of the sums."""
     m = case.count
-    used = Ingredients(beta=case.facts.diff_beta - tail_beta[:, t - 1],
-                       gamma_sum=case.facts.diff_gamma - tail_gamma[:, t - 1])
+    rows = [_row(case, c) for c in range(case.channels)]
+    tail_beta = np.array([_tail_sums(dy, t) for dy, _ in rows])
+    tail_gamma = np.array([_tail_sums(terms, t) for _, terms in rows])
+    used = Ingredients(beta=case.facts.diff_beta - tail_beta, gamma_sum=case.facts.diff_gamma - tail_gamma)
     widths = [v for v in (16, 8, 4, 2) if m % v == t]
     blocks = [b for b in BLOCKS if b > t and m % b == t]
     if t < 16 and widths:
@@ -179,34 +206,38 @@ def _missing_tail(case: Case, t: int, tail_beta: np.ndarray, tail_gamma: np.ndar
                      lambda s, what=what: f"{what}; recomputed without them: explains {percent(s.share)} of the deviation")
 
 
-def _lost_block(case: Case, deviation: SumDeviation, hit: np.ndarray, dy: np.ndarray,
-                terms: np.ndarray) -> Iterator[Candidate]:
+def _block_sums(row: np.ndarray, b: int) -> np.ndarray:
+    """A row's sums over blocks of b elements (the last one partial, padded with zeros)."""
+    nb = -(-row.size // b)
+    return np.pad(row, (0, nb * b - row.size)).reshape(nb, b).sum(axis=1)
+
+
+def _lost_block(case: Case, deviation: SumDeviation, hit: np.ndarray) -> Iterator[Candidate]:
     """One block of b elements left out of the sums of the deviating channels: the smallest b for which each
-    such channel has exactly one block whose sums match what is missing."""
+    such channel has exactly one block whose sums match what is missing (tried channel by channel: most block
+    sizes fail on the first)."""
     m = case.count
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a channel's terms, formed when first tried
     for b in BLOCKS:
         if b >= m:
             break
         nb = -(-m // b)
-        pad = nb * b - m
-        block_beta = np.pad(dy, ((0, 0), (0, pad))).reshape(case.channels, nb, b).sum(axis=2)
-        block_gamma = np.pad(terms, ((0, 0), (0, pad))).reshape(case.channels, nb, b).sum(axis=2)
         lost = np.full(case.channels, -1)
+        missing_beta, missing_gamma = np.zeros(case.channels), np.zeros(case.channels)
         ok = True
-        for c in np.flatnonzero(hit):
-            found = _best(_misfit(deviation, c, block_beta[c], block_gamma[c]))
+        for c in map(int, np.flatnonzero(hit)):
+            dy, terms = rows[c] if c in rows else rows.setdefault(c, _row(case, c))
+            block_beta, block_gamma = _block_sums(dy, b), _block_sums(terms, b)
+            found = _best(_misfit(deviation, c, block_beta, block_gamma))
             if found is None:
                 ok = False
                 break
-            lost[c] = found
+            lost[c], missing_beta[c], missing_gamma[c] = found, block_beta[found], block_gamma[found]
         if not ok:
             continue
         channels = tuple(int(c) for c in np.flatnonzero(lost >= 0))
         if all(lost[c] == nb - 1 for c in channels) and len(channels) == case.channels:
             continue  # the last block in every channel: the missing tail above
-        rows = np.arange(case.channels)
-        missing_beta = np.where(lost >= 0, block_beta[rows, np.maximum(lost, 0)], 0.0)
-        missing_gamma = np.where(lost >= 0, block_gamma[rows, np.maximum(lost, 0)], 0.0)
         used = Ingredients(beta=case.facts.diff_beta - missing_beta, gamma_sum=case.facts.diff_gamma - missing_gamma)
         where = ("every channel" if len(channels) == case.channels
                  else f"{len(channels)} of {case.channels} channels ({channel_list(channels)})")

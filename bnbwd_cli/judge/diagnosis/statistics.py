@@ -15,7 +15,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent, sixteen_bit_types
-from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.case import Case, chunks
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
@@ -24,13 +24,20 @@ INPUT_MATCH = 1e-2  # relative agreement for "the variance input holds invstd"
 
 def batch_variance(case: Case, mean: np.ndarray) -> np.ndarray:
     """Per channel, the mean of (x - mean)^2 over the channel's elements."""
-    centred = case.x - mean[:, None]
-    return np.einsum("ncs,ncs->c", centred, centred) / max(case.count, 1)
+    squares = np.zeros(case.channels)
+    for part in chunks(case.x.shape):
+        centred = case.x[part] - mean[:, None]
+        squares += np.einsum("ncs,ncs->c", centred, centred)
+    return squares / max(case.count, 1)
 
 
 def variance_holds_invstd(case: Case) -> float | None:
     """When the `variance` input is 1/sqrt(var + eps) of src around the mean given (and not var), the
-    largest relative difference; else None."""
+    largest relative difference; else None (computed once a case)."""
+    return case.once("variance_holds_invstd", lambda: _variance_holds_invstd(case))
+
+
+def _variance_holds_invstd(case: Case) -> float | None:
     if case.inputs.variance_is_invstd or case.count < 2:
         return None
     given = to_float64(case.inputs.variance)

@@ -148,9 +148,13 @@ def _layout(case: Case) -> Iterator[Candidate]:
         return tuple(view3(_full(v, shape, other), fmt)[rows] for v in (moved.of("diff_src"), moved.noise("diff_src")))
 
     names = {"NCX": "NCHW", "NXC": "NHWC"}
-    said = f"the kernel read the {names[fmt]} tensors as {names[other]} (recomputed that way"
+    # The same numbers arise when the kernel is right and the files are in the other layout than the one they
+    # were judged in (a default, or a wrong --format): the hint names both.
+    said = (f"the kernel read the {names[fmt]} tensors as {names[other]}, or the files hold {names[other]} tensors "
+            f"judged as {names[fmt]} (recomputed that way")
     yield Candidate("layout-mixup", Prediction(diff_src, moved.diff_gamma, moved.diff_beta),
-                    lambda s: f"{said}: explains {percent(s.share)} of the deviation); check --format")
+                    lambda s: f"{said}: explains {percent(s.share)} of the deviation); {names[other]} files: "
+                              f"--format {names[other]}")
 
 
 def _toward_zero(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
