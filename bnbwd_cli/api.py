@@ -42,6 +42,7 @@ from bnbwd_cli.files.common import short_repr
 from bnbwd_cli.op import Op
 from bnbwd_cli.spec import ATTRIBUTE_KEYS, OUTPUT_NAMES, PROFILES, is_input_key
 from bnbwd_cli.judge import SetComparison
+from bnbwd_cli.judge.comparison import errors_arrays
 from bnbwd_cli.judge.tolerance import Judging, PerOutput
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.render import text as report_text
@@ -87,6 +88,16 @@ class Report:
             report_text.render_report(console, self.result, report_text.Labels(self.actual_label, REFERENCE_LABEL),
                                       style)
         return buffer.getvalue()
+
+    def errors(self, name: str = "diff_src") -> dict[str, np.ndarray]:
+        """Every element's judgement of one output (canonical name or the key given), in the output's own shape, for
+        your own plots: "failing" and "nonfinite" (bool), "ratio" (error / allowance, > 1 fails) and, under the
+        scaled rule, "units" (float32, NaN where a side is not finite): what `--save-error FILE.npz` writes."""
+        row = next((o for o in self.result.outputs if name in (o.name, o.actual_key)), None)
+        if row is None or row.comparison is None:
+            raise KeyError(f"{name}: no such output was judged")
+        with _quiet_numerics():
+            return errors_arrays(row.comparison.errors)
 
     def to_json(self) -> str:
         with _quiet_numerics():

@@ -3,11 +3,13 @@ in-memory run's (the reduction order is the shape's, not the block's)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bnbwd_cli import core
 from bnbwd_cli.app import streaming
-from bnbwd_cli.app.streaming import StreamedRun, channel_ranges, per_channel_bytes, run_streamed
+from bnbwd_cli.app.streaming import channel_ranges, per_channel_bytes, run_streamed
 from tests.conftest import make_inputs
 
 
@@ -28,15 +30,14 @@ def test_a_channels_working_set_counts_every_element_of_it():
 @pytest.mark.parametrize("fmt, shape", [("NCX", (3, 5, 7, 6)), ("NXC", (3, 7, 6, 5))])
 def test_streamed_sums_are_the_in_memory_runs_bits(rng, monkeypatch, fmt, shape):
     arrays = make_inputs(rng, shape, fmt)
-    data_format = "NCHW" if fmt == "NCX" else "NHWC"
     axis = 1 if fmt == "NCX" else 3
     monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", 2 * per_channel_bytes(shape, 4, axis))  # blocks of 2
     seen = []
-    run = StreamedRun(epsilon=1e-5, data_format=data_format, training=True, variance_is_invstd=False,
-                      outputs=("diff_gamma", "diff_beta"), block_bytes=None, threads=1, core="numpy")
-    streamed = run_streamed(arrays, run, None, progress=lambda done, total: seen.append((done, total)))
-    whole = core.backward(core.Op(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"], arrays["gamma"],
-                                  epsilon=1e-5, data_format=data_format), core.Settings(outputs=run.outputs, threads=1))
+    op = core.Op(arrays["src"], arrays["diff_dst"], arrays["mean"], arrays["variance"], arrays["gamma"], epsilon=1e-5,
+                 data_format=fmt)
+    settings = core.Settings(outputs=("diff_gamma", "diff_beta"), threads=1, core="numpy")
+    streamed = run_streamed(op, replace(settings, progress=lambda done, total: seen.append((done, total))), None)
+    whole = core.backward(op, settings)
     assert streamed.diff_gamma.tobytes() == whole.diff_gamma.tobytes()
     assert streamed.diff_beta.tobytes() == whole.diff_beta.tobytes()
     assert seen[-1] == (arrays["src"].size, arrays["src"].size)

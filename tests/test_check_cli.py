@@ -111,7 +111,7 @@ def test_usage_errors_exit_2(cli):
 
 def test_run_options_are_runs_own_and_apply_when_the_file_does_not_say(cli, rng, tmp_path):
     by_name = {p.name: p for p in main.get_command(None, "run").params}
-    op_names = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_inputs")
+    op_names = ("epsilon", "data_format", "spec", "inference", "variance_is_invstd", "bf16_keys")
     shared = [p for p in main.get_command(None, "check").params if p.name in op_names]
     # One definition each (cli/params.py): the same flags, types, defaults and help as run's.
     assert len(shared) == 6 and all(p.to_info_dict() == by_name[p.name].to_info_dict() for p in shared)

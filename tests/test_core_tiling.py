@@ -13,7 +13,7 @@ from bnbwd_cli.core import plan
 from bnbwd_cli.files import mapped
 from bnbwd_cli.core import rounding
 from bnbwd_cli.core.rounding import float_to_half
-from bnbwd_cli.core import Op
+from bnbwd_cli.core import Op, Settings
 from bnbwd_cli.core.reference import reference_backward
 from bnbwd_cli.files import blocks as files_blocks
 from bnbwd_cli.files import write as files_write
@@ -172,12 +172,12 @@ def test_streamed_blocks_give_the_in_memory_bits(tmp_path, rng, monkeypatch, sha
         np.save(tmp_path / f"{name}.npy", stored)
     per_channel = src.size // src.shape[1 if data_format == "NCX" else -1] * src.itemsize * streaming.BYTES_PER_ELEMENT_FACTOR
     monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", per_channel * 2)
-    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
-              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
-    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), None, None, "numpy")
+    op = Op(NpyBlocks(tmp_path / "src.npy", "src"), NpyBlocks(tmp_path / "dy.npy", "diff_dst"), *stats, epsilon=1e-5,
+            data_format=data_format)
+    run = Settings(core="numpy")
     with OutputSet() as outputs:
         writer = outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype)
-        result = streaming.run_streamed(inputs, run, writer)
+        result = streaming.run_streamed(op, run, writer)
     in_memory = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format)
     written = np.load(tmp_path / "out.npy")
     assert written.tobytes() == in_memory.diff_src.tobytes()
@@ -198,12 +198,12 @@ def test_streamed_short_runs_in_many_chunks_give_the_in_memory_bits(tmp_path, rn
     monkeypatch.setattr(files_blocks, "CHUNK_BYTES", 7 * row)
     monkeypatch.setattr(files_write, "CHUNK_BYTES", 7 * row)
     monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", src.size // shape[-1] * src.itemsize * streaming.BYTES_PER_ELEMENT_FACTOR * 2)
-    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
-              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
-    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), None, None, "numpy")
+    op = Op(NpyBlocks(tmp_path / "src.npy", "src"), NpyBlocks(tmp_path / "dy.npy", "diff_dst"), *stats, epsilon=1e-5,
+            data_format=data_format)
+    run = Settings(core="numpy")
     with OutputSet() as outputs:
         writer = outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype)
-        streaming.run_streamed(inputs, run, writer)
+        streaming.run_streamed(op, run, writer)
         read_back = writer.read_all()  # what --reference reads of a streamed diff_src
     expected = numpy_backward(src, diff_dst, *stats, epsilon=1e-5, data_format=data_format).diff_src
     assert np.load(tmp_path / "out.npy").tobytes() == expected.tobytes()

@@ -30,7 +30,7 @@ def _awkward_pair(rng: np.random.Generator, dtype) -> tuple[np.ndarray, np.ndarr
 
 def _summary(comparison) -> str:
     """Every field the verdict pass fills (repr: NaN == NaN)."""
-    return repr([(f.name, getattr(comparison, f.name)) for f in fields(comparison) if f.name != "details_of"])
+    return repr([(f.name, getattr(comparison, f.name)) for f in fields(comparison) if f.name not in ("details_of", "errors_of")])
 
 
 def _pass(actual, reference, rule, setup: Setup, scale: np.ndarray | None = None) -> compare.Comparison:

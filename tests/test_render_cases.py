@@ -31,12 +31,12 @@ def test_every_case_passing_says_how_many():
 
 def test_failed_cases_are_named_with_the_suites_exit_code():
     outcomes = [Outcome("a.npz", Status.PASS), Outcome("b.npz", Status.MISMATCH), Outcome("c.npz", Status.MISMATCH)]
-    assert summary_line(outcomes) == "FAIL (exit 1): 3 case(s), 2 failed (b.npz, c.npz)"
+    assert summary_line(outcomes) == "FAIL (exit 1): 3 case(s), 2 failed: b.npz, c.npz"
 
 
 def test_a_case_that_could_not_be_judged_makes_it_exit_3_and_is_listed_apart():
     outcomes = [Outcome("a.npz", Status.MISMATCH), Outcome("b.npz", Status.ERROR), Outcome("c.npz", Status.STRUCTURAL)]
-    assert summary_line(outcomes) == "FAIL (exit 3): 3 case(s), 1 failed (a.npz); 2 could not be judged (b.npz, c.npz)"
+    assert summary_line(outcomes) == "FAIL (exit 3): 3 case(s), 1 failed: a.npz; 2 could not be judged: b.npz, c.npz"
 
 
 def test_a_case_name_is_printed_literally():

@@ -71,6 +71,12 @@ Channels with mismatches: 1 of 2
 c  mismatched  max abs  max err/allowed
 ───────────────────────────────────────
 1       2 / 4  1.2e-01         1.11e+04
+where: 2 elements: n=0 c=1 h=0 w=1; n=0 c=1 h=1 w=0
+failing share: rows c, columns 4 blocks of each channel's 4 positions (n, h, w flattened in storage order)
+     0  3
+c=0  ····
+c=1  ·██·
+     · none  ░ < 25%  ▒ < 50%  ▓ < 75%  █ >= 75% of the cell's elements fail
 |a-r| histogram (finite elements)
 |a-r|           count
 ─────────────────────────────────────────────────────
@@ -212,6 +218,10 @@ def test_json_schema_pinned():
         "hints": [],
         "nan": {"actual": "int", "reference": "int", "mismatches": "int"},
         "inf": {"actual": "int", "reference": "int", "mismatches": "int"},
+        "nonfinite": {"mismatches": "int", "first": [], "nan_channels": [], "where": "NoneType"},
+        "where": {"kind": "str", "text": "str", "failing": "int", "covered": "int", "region": "int", "axes": {},
+                  "start": "NoneType", "stop": "NoneType", "period": "NoneType", "lanes": []},
+        "heat_map": {"channels": [["int"]], "positions": [["int"]], "failing": [["int"]], "elements": [["int"]]},
         "axis_names": ["str"],
         "channel_axis": "int",
         "worst": [
@@ -253,4 +263,8 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     path = tmp_path / "r.json"
     write_text(str(path), document_text(report_document(nan_case, Source("bnbwd verify", "a", "r"))))
     loaded = json.loads(path.read_text())["outputs"][0]["comparison"]
-    assert loaded["min_atol"] is None and loaded["worst"][0]["abs_err"] is None
+    assert loaded["min_atol"] is None and loaded["worst"] == []  # the worst elements are finite ones
+    assert loaded["nonfinite"] == {"mismatches": 1, "first": [{"index": [0], "where": "(0)"}], "nan_channels": [],
+                                   "where": {"kind": "elements", "text": "1 element: dim0=0", "failing": 1, "covered": 1,
+                                             "region": 1, "axes": {}, "start": None, "stop": None, "period": None,
+                                             "lanes": []}}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from bnbwd_cli.app import streaming
 from bnbwd_cli.files.blocks import NpyBlocks
 from bnbwd_cli.files.write import OutputSet
-from bnbwd_cli.core import rounding
+from bnbwd_cli.core import Op, Settings, rounding
 from tests.oracle import backward_arrays, exact_backward, normalised_error, op_args, problem_arrays, problems, ulps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -80,11 +80,11 @@ def test_streamed_run_gives_the_in_memory_bits(tmp_path, rng, monkeypatch, shape
     np.save(tmp_path / "src.npy", src)
     np.save(tmp_path / "dy.npy", diff_dst)
     monkeypatch.setattr(streaming, "STREAM_BLOCK_BYTES", 1)  # one channel a block
-    inputs = {"src": NpyBlocks(tmp_path / "src.npy", "src"), "diff_dst": NpyBlocks(tmp_path / "dy.npy", "diff_dst"),
-              "mean": stats[0], "variance": stats[1], "gamma": stats[2]}
-    run = streaming.StreamedRun(1e-5, data_format, True, False, ("diff_src", "diff_gamma", "diff_beta"), 512, 3, "numpy")
+    op = Op(NpyBlocks(tmp_path / "src.npy", "src"), NpyBlocks(tmp_path / "dy.npy", "diff_dst"), *stats, epsilon=1e-5,
+            data_format=data_format)
+    run = Settings(block_bytes=512, threads=3, core="numpy")
     with OutputSet() as outputs:
-        streamed = streaming.run_streamed(inputs, run, outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype))
+        streamed = streaming.run_streamed(op, run, outputs.new_npy(tmp_path / "out.npy", src.shape, src.dtype))
     streamed_src = np.load(tmp_path / "out.npy")
     if dtype is ml_dtypes.bfloat16:
         streamed_src = streamed_src.view(ml_dtypes.bfloat16)

@@ -45,7 +45,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64, unit_roundoff
 from bnbwd_cli.judge import Judging, compare_sets
-from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, DEFAULT_MAX_UNITS
+from bnbwd_cli.judge.tolerance import BIAS_FLOOR_UNITS, BIAS_Z, default_max_units
 from tools import zoo
 from tools.torch_bridge import to_numpy, to_torch
 
@@ -489,6 +489,62 @@ def bug_summary(rows: list[Row], noops: dict[str, int]) -> list[str]:
     return lines
 
 
+def k_text() -> str:
+    """K per output, as the judge applies it (judge/tolerance.default_max_units)."""
+    by_k: dict[float, list[str]] = {}
+    for name in OUTPUTS:
+        by_k.setdefault(default_max_units(name), []).append(name)
+    return "K = " + ", ".join(f"{k:g} for {' and '.join(names)}" for k, names in sorted(by_k.items(), reverse=True))
+
+
+def rules_paragraph() -> str:
+    """How the rows are judged, from the judge's constants (tests/test_tools.py holds the committed table to it)."""
+    return ("Every kernel is judged against bnbwd's own output (NumPy core) by `compare_sets(..., inputs=...)`, the "
+            "rule `run --reference` / `verify --inputs` apply. *Units*: the worst element's `max(0, |a - r| - ulp) / s`, "
+            "s the error model's scale for that element (judge/model.py). An element fails above "
+            f"K units, {k_text()} (**bold** + `E`); an output also fails (`B`) on a systematic deviation "
+            f"(bias) more than {BIAS_Z:g} standard errors from zero and above {BIAS_FLOOR_UNITS:g} unit roundoffs "
+            "(u = 2^-24), or with a channel that is. "
+            "The bias column gives the output(s) whose bias is significant (`*`), otherwise the output with the largest z: "
+            "the fitted relative scale (actual ~ (1 + scale) * reference) and its z. "
+            "M is the number of elements per channel.")
+
+
+def failures(rows: list[Row]) -> str:
+    failed = [r for r in rows if not r.passed]
+    if not failed:
+        return f"all {len(rows)} PASS"
+    return (f"**{len(failed)} of {len(rows)} FAILED** ({sum(r.reason == 'elements' for r in failed)} on elements, "
+            f"{sum(r.reason == 'bias' for r in failed)} on bias only)")
+
+
+# The PyTorch rows need torch, which a machine may not have: a run without it keeps them as the last run with it
+# wrote them, between these markers (their first line says which run that was).
+TORCH_BEGIN = "<!-- PyTorch rows: rewritten only by a run with torch importable; kept as they are otherwise -->"
+TORCH_END = "<!-- end of the PyTorch rows -->"
+
+
+def torch_block(command: str, rows: list[Row], note: str, stress: list[Row]) -> str:
+    lines = [TORCH_BEGIN, "## PyTorch CPU (correct)", "",
+             f"Measured by `{command}` (Python {platform.python_version()}, NumPy {np.__version__}, {platform.machine()}). "
+             + note, "",
+             *correct_summary("PyTorch CPU (correct)", rows),
+             *(correct_summary("Stress, PyTorch CPU (correct)", stress) if stress else []), ""]
+    if rows:
+        lines += [table(rows), ""]
+    if stress:
+        lines += ["### Stress: diff_dst with |mean| >> sd", "", table(stress), ""]
+    return "\n".join(lines + [TORCH_END])
+
+
+def kept_torch_block(previous: Path, note: str) -> str:
+    """The PyTorch rows of the table at `previous` as they stand, or a block that says none were measured."""
+    old = previous.read_text() if previous.is_file() else ""
+    if TORCH_BEGIN in old and TORCH_END in old:
+        return old[old.index(TORCH_BEGIN):old.index(TORCH_END) + len(TORCH_END)]
+    return "\n".join([TORCH_BEGIN, "## PyTorch CPU (correct)", "", f"No PyTorch rows: {note}", "", TORCH_END])
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -528,58 +584,38 @@ def main(argv: list[str] | None = None) -> int:
         f" --seed {args.seed}" if args.seed != parser.get_default("seed") else "") + (
         f" --m {args.m}" if args.m else "") + (" --no-torch" if args.no_torch else "") + (
         " --no-stress" if args.no_stress and not args.quick else "")
-    grid_correct = torch_rows + correct
+    zoo_stress = [r for r in stress_rows if r.group == "zoo"]
+    torch_stress = [r for r in stress_rows if r.group == "torch"]
     el_bugs = [r for r in bugs if r.reason == "elements"]
-    worst_grid = max((r.worst_units for r in grid_correct), default=math.nan)
-    worst_stress = max((r.worst_units for r in stress_rows), default=math.nan)
+    worst_grid = max((r.worst_units for r in correct), default=math.nan)
+    worst_stress = max((r.worst_units for r in zoo_stress), default=math.nan)
     mildest_bug = min((r.failing_units for r in el_bugs), default=math.nan)
-    def failures(rows: list[Row]) -> str:
-        failed = [r for r in rows if not r.passed]
-        if not failed:
-            return f"all {len(rows)} PASS"
-        return (f"**{len(failed)} of {len(rows)} FAILED** ({sum(r.reason == 'elements' for r in failed)} on elements, "
-                f"{sum(r.reason == 'bias' for r in failed)} on bias only)")
-
-    headline = (f"**Summary**: K = {DEFAULT_MAX_UNITS:g}. Correct kernels on the grid: worst {_units_text(worst_grid)} "
-                f"units, {failures(grid_correct)}"
-                + (f"; in the stress section: worst {_units_text(worst_stress)} units, {failures(stress_rows)}"
-                   if stress_rows else "")
+    headline = (f"**Summary** (the NumPy zoo; PyTorch's rows below): {k_text()}. Correct kernels on the grid: worst "
+                f"{_units_text(worst_grid)} units, {failures(correct)}"
+                + (f"; in the stress section: worst {_units_text(worst_stress)} units, {failures(zoo_stress)}"
+                   if zoo_stress else "")
                 + f". Planted bugs: mildest element-wise failure {_units_text(mildest_bug)} units, "
                 f"{sum(r.passed for r in bugs)} of {len(bugs)} PASS.")
+    if torch_rows or torch_stress:
+        torch_part = torch_block(command, torch_rows, torch_note, torch_stress)
+    else:
+        torch_part = kept_torch_block(args.out, torch_note)
     doc = [
         "# Error-model calibration table",
         "",
         f"Generated by `{command}` (seed {args.seed}; Python {platform.python_version()}, NumPy {np.__version__}, "
-        f"{platform.machine()}; {elapsed:.0f} s). Do not edit by hand: rerun the script with `--write`.",
+        f"{platform.machine()}). Do not edit by hand: rerun the script with `--write` (tests/test_tools.py checks "
+        "that the rules and every row's verdict marks agree with the judge's current K).",
         "",
-        "Every kernel is judged against bnbwd's own output (NumPy core) by `compare_sets(..., inputs=...)`, the "
-        "rule `run --reference` / `verify --inputs` apply. *Units*: the worst element's `max(0, |a - r| - ulp) / s`, "
-        "s the error model's scale for that element (judge/model.py). An element fails above "
-        f"K = {DEFAULT_MAX_UNITS:g} units (**bold** + `E`); an output also fails (`B`) on a systematic deviation "
-        f"(bias) more than {BIAS_Z:g} standard errors from zero and above {BIAS_FLOOR_UNITS:g} unit roundoffs "
-        "(u = 2^-24), or with a channel that is. "
-        "The bias column gives the output(s) whose bias is significant (`*`), otherwise the output with the largest z: "
-        "the fitted relative scale (actual ~ (1 + scale) * reference) and its z. "
-        "M is the number of elements per channel.",
+        rules_paragraph(),
         "",
         headline,
         "",
-        *correct_summary("PyTorch CPU (correct)", torch_rows),
         *correct_summary("NumPy zoo (correct)", correct),
         *bug_summary(bugs, noops),
-        *(correct_summary("Stress, PyTorch CPU (correct)", [r for r in stress_rows if r.group == "torch"])
-          if any(r.group == "torch" for r in stress_rows) else []),
-        *(correct_summary("Stress, NumPy zoo (correct)", [r for r in stress_rows if r.group == "zoo"])
-          if stress_rows else []),
+        *(correct_summary("Stress, NumPy zoo (correct)", zoo_stress) if zoo_stress else []),
         "",
-        "## PyTorch CPU (correct)",
-        "",
-        torch_note,
-        "",
-    ]
-    if torch_rows:
-        doc.append(table(torch_rows))
-    doc += [
+        torch_part,
         "",
         "## NumPy kernel zoo (correct)",
         "",
@@ -596,8 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         table(bugs),
         "",
     ]
-    if stress_rows:
-        doc += ["## Stress: diff_dst with |mean| >> sd (correct kernels)", "", stress_note, "", table(stress_rows), ""]
+    if zoo_stress:
+        doc += ["## Stress: diff_dst with |mean| >> sd (correct kernels)", "", stress_note, "", table(zoo_stress), ""]
     text = "\n".join(doc)
     print(text)
     t_stress = elapsed - t_torch - t_zoo

@@ -141,6 +141,15 @@ MUTANTS = (
            "if 0 < len(channels) <= case.channels:", f"{RULES_TESTS} -k every_channel"),
     Mutant("a named cause's every channel said as N of N", "bnbwd_cli/judge/diagnosis/reductions.py",
            "everywhere = len(channels) == case.channels", "everywhere = False", f"{RULES_TESTS} -k every_channel"),
+    # the one judgement of a kernel (app/judge.judge_kernel): every face, the same verdict
+    Mutant("a kernel that did not give an output passes", "bnbwd_cli/app/judge.py",
+           "judging = replace(judging, required=tuple(required))", "judging = replace(judging, required=())",
+           "tests/test_one_judgement.py -k every_face"),
+    Mutant("an output left out by --only still required", "bnbwd_cli/judge/keys.py",
+           "if name not in given and selected(name)]", "if name not in given]",
+           "tests/test_one_judgement.py -k judging_fewer"),
+    Mutant("a kernel that gave no output judged anyway", "bnbwd_cli/app/judge.py", "    if not present:",
+           "    if False:", "tests/test_one_judgement.py -k no_output"),
     # core/
     Mutant("pair_sum drops its error term", "bnbwd_cli/core/plan.py", "return total, (lo_a + lo_b) + error",
            "return total, (lo_a + lo_b)", "tests -k 'golden_bits or core_matches'"),

@@ -72,7 +72,7 @@ class CaseRequest:
 
     op: OpSettings
     judging: Judging
-    bf16: tuple[str, ...] = ()
+    bf16_keys: tuple[str, ...] = ()
     threads: int | None = None  # the core's threads per case (None: the machine's)
 
 
@@ -155,7 +155,7 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
     """Read one case (inputs and kernel outputs in one .npz or directory, or NAME.npz and NAME.out.npz) and judge
     it. The file's own 'epsilon', 'data_format' and 'is_training' entries win over request.op."""
     case = Case(case) if isinstance(case, str) else case
-    path, bf16 = case.path, request.bf16
+    path, bf16 = case.path, request.bf16_keys
     started, problem = time.perf_counter(), None
     try:
         arrays = _read_case(case)
@@ -238,7 +238,8 @@ def _judge_in_worker(case: Case | str, request: CaseRequest) -> CaseOutcome:
         c = output.comparison
         if c is not None:
             keep = request.judging.details_up_front or not c.passed
-            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered())
+            # (every element's judgement stays in the worker: a pass of its own that --save-error asks for up front)
+            c = replace(c, details_of=_Known(c.details) if keep else _NotGathered(), errors_of=None)
         outputs.append(replace(output, comparison=c))
     return replace(outcome, result=replace(outcome.result, outputs=tuple(outputs)))
 

@@ -43,30 +43,30 @@ class TensorSets:
 class FileSets:
     """verify's files: the kernel's outputs (actual), the reference and, when given, the op's inputs (a bundle,
     read as `bnbwd run` reads one: naming renames its keys, op's given settings win over its entries).
-    bf16: keys (in any of them) whose 2-byte integer data is bfloat16."""
+    bf16_keys: --bf16 KEY, keys (in any of them) whose 2-byte integer data is bfloat16."""
 
     actual: str
     reference: str
     inputs_bundle: str | None = None
     op: OpSettings = OpSettings()
     naming: Naming = Naming()
-    bf16: tuple[str, ...] = ()
+    bf16_keys: tuple[str, ...] = ()
 
 
 def read_sets(files: FileSets, on_note: Callable[[str], None] | None = None) -> TensorSets:
     """Read both sets (and the inputs); on_note hears the bundle's keys that were not used, once."""
     actual = read_tensor_set(files.actual)
     reference = read_tensor_set(files.reference)
-    found = reinterpret_bf16(files.bf16, {files.actual: actual, files.reference: reference})
+    found = reinterpret_bf16(files.bf16_keys, {files.actual: actual, files.reference: reference})
     inputs = None
     if files.inputs_bundle is not None:
         label = f"--inputs ({files.inputs_bundle})"
         split = read_inputs(files.inputs_bundle, SplitRequest(files.naming, files.op), "--inputs")
-        found |= reinterpret_bf16(files.bf16, {label: split.inputs})
+        found |= reinterpret_bf16(files.bf16_keys, {label: split.inputs})
         if split.note() and on_note is not None:
             on_note(f"{label}: {split.note()}")
         inputs = split.build_op()
-    check_found(files.bf16, found, "ACTUAL, REFERENCE" + (" or --inputs" if files.inputs_bundle else ""))
+    check_found(files.bf16_keys, found, "ACTUAL, REFERENCE" + (" or --inputs" if files.inputs_bundle else ""))
     return TensorSets(actual, reference, files.actual, files.reference, inputs)
 
 

@@ -50,7 +50,7 @@ class Compute:
     """How to run, never what comes out: the core's settings, and stream (None: decided from the inputs)."""
 
     threads: int | None = None
-    block_size: int | None = None
+    block_bytes: int | None = None  # the core's tile budget (--block-size), None: the machine's caches
     core: str = "auto"
     stream: bool | None = None
 
@@ -60,8 +60,8 @@ class RunRequest:
     """A run: inputs from a bundle and/or one by one (sources: canonical name -> PATH), the op's settings (given
     ones win over the bundle's entries), the outputs wanted and where they go.
 
-    naming: how the bundle's keys are read (--map, --ignore); bf16: input names whose 2-byte integer data is bfloat16;
-    keep_outputs: a streamed diff_src is read back (a judgement needs it), else a shape-only stand-in."""
+    naming: how the bundle's keys are read (--map, --ignore); bf16_keys: --bf16 KEY, keys whose 2-byte integer data
+    is bfloat16 (the inputs' here, the kernel's under --reference); keep_outputs: a streamed diff_src is read back (a judgement needs it), else a shape-only stand-in."""
 
     bundle: str | None
     sources: dict[str, str]
@@ -70,7 +70,7 @@ class RunRequest:
     destination: Destination
     compute: Compute = Compute()
     naming: Naming = Naming()
-    bf16: tuple[str, ...] = ()
+    bf16_keys: tuple[str, ...] = ()
     keep_outputs: bool = False
 
 
@@ -105,7 +105,7 @@ def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
         if blocks is not None:
             stack.callback(blocks.close)
         inputs[name] = blocks if blocks is not None else declared_array(source, name)
-    bf16_names = [key for key in request.bf16 if key in INPUT_NAMES]
+    bf16_names = [key for key in request.bf16_keys if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
     read_declared(inputs, keep=("src", "diff_dst"))  # large src/diff_dst: checked by their headers before a read
     op = build_op(inputs, settings, request.outputs, split.candidates if split else {})
@@ -134,7 +134,7 @@ def compute(request: RunRequest, prepared: Prepared, progress: Progress | None =
     else:
         settings = request.compute
         result = compute_core.backward(prepared.op, compute_core.Settings(
-            outputs=request.outputs, block_bytes=settings.block_size, threads=settings.threads, progress=progress,
+            outputs=request.outputs, block_bytes=settings.block_bytes, threads=settings.threads, progress=progress,
             core=settings.core))
         arrays, ran = {name: getattr(result, name) for name in request.outputs}, result.core
         stats = {name: result.stats[name] for name in request.outputs if name in result.stats}  # from the write pass
@@ -160,7 +160,7 @@ def kernel_under_test(request: RunRequest, prepared: Prepared, kernel_path: str)
     whole = {name: read_array(request.sources[name], name) for name in ("src", "diff_dst")
              if isinstance(getattr(prepared.op, name), files_blocks.NpyBlocks)}
     kernel = read_tensor_set(kernel_path)
-    bf16_outputs = [key for key in request.bf16 if key not in INPUT_NAMES]
+    bf16_outputs = [key for key in request.bf16_keys if key not in INPUT_NAMES]
     check_found(bf16_outputs, reinterpret_bf16(bf16_outputs, {kernel_path: kernel}), kernel_path)
     return replace(prepared.op, **whole), kernel
 
@@ -185,8 +185,8 @@ def _run_streamed(request: RunRequest, prepared: Prepared, progress: Progress | 
 
     op, settings, outputs = prepared.op, request.compute, request.outputs
     src = op.src
-    run_options = streaming.StreamedRun(op.epsilon, op.data_format, op.training, op.variance_is_invstd, outputs,
-                                        settings.block_size, settings.threads, settings.core)
+    core_settings = compute_core.Settings(outputs=outputs, block_bytes=settings.block_bytes, threads=settings.threads,
+                                          progress=progress, core=settings.core)
     out_dir, fsync = request.destination.out_dir, request.destination.fsync
     with contextlib.ExitStack() as stack:
         if out_dir is not None:
@@ -198,7 +198,7 @@ def _run_streamed(request: RunRequest, prepared: Prepared, progress: Progress | 
             directory = Path(tempfile.gettempdir()) if files_write.is_write_through(destination) else destination.parent
             staged_path = directory / f"{destination.name}.diff_src.npy"
         writer = outset.new_npy(staged_path, src.shape, src.dtype) if "diff_src" in outputs else None
-        result = streaming.run_streamed(prepared.inputs, run_options, writer, progress)
+        result = streaming.run_streamed(op, core_settings, writer)
         arrays = {name: getattr(result, name) for name in outputs if name != "diff_src"}
         stats = {}
         if writer is not None:

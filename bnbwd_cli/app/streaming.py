@@ -11,8 +11,7 @@ The core's reduction order is fixed per channel, so the bits are those of an in-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,20 +66,6 @@ def _rereads_file(source: str | None, data_format: str | None) -> bool:
 
 
 @dataclass(frozen=True)
-class StreamedRun:
-    """What core.backward needs besides the arrays (its keyword arguments, as the in-memory run passes them)."""
-
-    epsilon: float
-    data_format: str
-    training: bool
-    variance_is_invstd: bool
-    outputs: tuple[str, ...]
-    block_bytes: int | None
-    threads: int | None
-    core: str
-
-
-@dataclass(frozen=True)
 class StreamedResult:
     """diff_gamma/diff_beta in memory (None if not asked for), diff_src's stats (it is in the writer's file)."""
 
@@ -119,11 +104,13 @@ def _merge(a: OutputStats | None, b: OutputStats) -> OutputStats:
     return OutputStats(min(a.minimum, b.minimum), max(a.maximum, b.maximum), a.nonfinite + b.nonfinite)
 
 
-def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | None,
-                 progress: Callable[[int, int], None] | None = None) -> StreamedResult:
-    """The backward pass over `inputs` (src/diff_dst: NpyBlocks or arrays; the (C,) stats: arrays), block by block."""
-    src = inputs["src"]
-    axis = channel_axis(run.data_format, src.ndim)
+def run_streamed(op: compute_core.Op, settings: compute_core.Settings,
+                 diff_src_out: NpyBlockWriter | None) -> StreamedResult:
+    """core.backward(op, settings) block by block of channels: op's src and diff_dst may be NpyBlocks (read a block
+    at a time), each block is op with its channels' arrays, run with settings (settings.progress: the whole run's
+    progress); diff_src goes to diff_src_out (settings.diff_src_out is not used)."""
+    src, progress = op.src, settings.progress
+    axis = channel_axis(op.data_format, src.ndim)
     channels = src.shape[axis]
     per_channel = per_channel_bytes(src.shape, src.dtype.itemsize, axis)
     sums: dict[str, list[np.ndarray]] = {"diff_gamma": [], "diff_beta": []}
@@ -133,15 +120,10 @@ def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | 
             if progress is not None:
                 progress(base + finished * size // max(total, 1), src.size)
 
-        gamma = inputs.get("gamma")
-        op = compute_core.Op(
-            _block(src, axis, c0, c1), _block(inputs["diff_dst"], axis, c0, c1), inputs["mean"][c0:c1],
-            inputs["variance"][c0:c1], gamma[c0:c1] if gamma is not None else None,
-            epsilon=run.epsilon, data_format=run.data_format, training=run.training,
-            variance_is_invstd=run.variance_is_invstd)
-        result = compute_core.backward(op, compute_core.Settings(
-            outputs=run.outputs, block_bytes=run.block_bytes, threads=run.threads, progress=block_progress,
-            core=run.core))
+        block = replace(op, src=_block(src, axis, c0, c1), diff_dst=_block(op.diff_dst, axis, c0, c1),
+                        mean=op.mean[c0:c1], variance=op.variance[c0:c1],
+                        gamma=op.gamma[c0:c1] if op.gamma is not None else None)
+        result = compute_core.backward(block, replace(settings, diff_src_out=None, progress=block_progress))
         core = result.core
         done += src.size // channels * (c1 - c0)
         if result.diff_src is not None and diff_src_out is not None:
@@ -153,8 +135,8 @@ def run_streamed(inputs: dict, run: StreamedRun, diff_src_out: NpyBlockWriter | 
                 sums[name].append(getattr(result, name))
     if progress is not None:
         progress(src.size, src.size)
-    empty = np.zeros(0, dtype=inputs["mean"].dtype)
-    gathered = {name: (np.concatenate(parts) if parts else empty) if name in run.outputs else None
+    empty = np.zeros(0, dtype=op.mean.dtype)
+    gathered = {name: (np.concatenate(parts) if parts else empty) if name in settings.outputs else None
                 for name, parts in sums.items()}
     if channels == 0 and diff_src_out is not None:
         stats = scan(np.zeros(src.shape, dtype=src.dtype))

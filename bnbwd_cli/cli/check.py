@@ -82,7 +82,7 @@ Examples:
               "merges their --json documents).")
 @report_options
 @fsync_option
-@comparison_options(with_format=False)
+@comparison_options(with_format=False, with_save_error=False)
 def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, json_target: str | None,
           **op_options) -> None:
     from bnbwd_cli.render import text as report_text
@@ -100,7 +100,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
                     variance_is_invstd=op_options["variance_is_invstd"])
     console = report_text.make_console(stderr=targets.stdout_taken)
     # The JSON document holds the details of failing outputs only: gathered on first use, as the lines' are.
-    request = app_check.CaseRequest(op, comparison.judging, bf16=op_options["bf16_inputs"])
+    request = app_check.CaseRequest(op, comparison.judging, bf16_keys=op_options["bf16_keys"])
     writer = ReportWriter()  # a reader that stops reading (| head) ends the lines, never the judging
 
     def on_case(outcome: app_check.CaseOutcome) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,10 +179,16 @@ class ComparisonOptions:
     data_format: str | None = None
     verbose: bool = False
     brief: bool = False
+    save_error: str | None = None  # --save-error FILE.npz: every element's judgement, per output
 
 
 _OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",
                 "ignore", "verbose", "brief", "top")
+
+
+SAVE_ERROR_HELP = ("Also write every element's judgement to FILE.npz, per output in its own shape: OUTPUT.failing and "
+                   "OUTPUT.nonfinite (bool), OUTPUT.ratio (error / allowance, > 1 fails) and, judged by the error model, "
+                   "OUTPUT.units (float32, NaN where a side is not finite). Exit code unchanged.")
 
 
 def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
@@ -219,10 +226,28 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
     return options
 
 
-def comparison_options(func: Callable | None = None, *, with_format: bool = True, with_json: bool = True) -> Callable:
+def vet_save_error(target: str | None, inputs: list, others: list) -> None:
+    """--save-error FILE.npz, checked before any work: a file name (not stdout), no input, not another output."""
+    if target is None:
+        return
+    if target == "-":
+        raise click.UsageError("--save-error -: the arrays go to a file; give --save-error FILE.npz")
+    from bnbwd_cli.files import write as files_write
+
+    path = files_write.vet_destination(target, inputs, "--save-error")
+    if any(other not in (None, "-") and Path(other).resolve() == path.resolve() for other in others):
+        raise click.UsageError(f"--save-error {target} is also another output of this command; give it another name")
+
+
+save_error_option = click.option("--save-error", "save_error", metavar="FILE.npz", default=None, help=SAVE_ERROR_HELP)
+
+
+def comparison_options(func: Callable | None = None, *, with_format: bool = True, with_json: bool = True,
+                       with_save_error: bool = True) -> Callable:
     """Add the comparison options to a click command; it receives ``comparison: ComparisonOptions``.
 
-    With ``with_json`` the command also receives ``json_target`` (str or None). Use bare
+    With ``with_json`` the command also receives ``json_target`` (str or None); ``with_save_error`` adds
+    --save-error (ComparisonOptions.save_error: one comparison's file, not check's many). Use bare
     (``@comparison_options``) or with arguments (``@comparison_options(with_format=False)``
     when the command has its own ``--format``; run sets its own: ``replace(comparison, data_format=...)``).
     """
@@ -232,6 +257,7 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             values = {key: kwargs.pop(key) for key in _OPTION_KEYS}
             data_format = kwargs.pop("data_format") if with_format else None
+            save_error = kwargs.pop("save_error") if with_save_error else None
             kwargs["comparison"] = ComparisonOptions(
                 judging=Judging(
                     atol=_per_output(values["atol"]),
@@ -250,10 +276,11 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
                 data_format=data_format,
                 verbose=values["verbose"],
                 brief=values["brief"],
+                save_error=save_error,
             )
             return f(*args, **kwargs)
 
-        for option in reversed(_option_list(with_format, with_json)):
+        for option in reversed(_option_list(with_format, with_json) + ([save_error_option] if with_save_error else [])):
             wrapper = option(wrapper)
         return wrapper
 
@@ -330,7 +357,7 @@ inference_option = click.option("--inference", is_flag=True,
                                 help="TF is_training=False: diff_src = gamma*invstd*diff_dst.")
 invstd_option = click.option("--variance-is-invstd", is_flag=True,
                              help="variance holds 1/sqrt(var+eps) (cuDNN reserve space); epsilon unused.")
-bf16_option = click.option("--bf16", "bf16_inputs", multiple=True, metavar="KEY",
+bf16_option = click.option("--bf16", "bf16_keys", multiple=True, metavar="KEY",
                            help="Read KEY's 2-byte raw data (int16/uint16 bits) as bfloat16: an input (src, diff_dst, "
                            "...) or, with --reference, a key of KERNEL_OUT. Repeatable.")
 

@@ -17,7 +17,8 @@ from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations,
                                   OutputList, bf16_option, comparison_options, epsilon_option, format_option,
-                                  fsync_option, inference_option, invstd_option, spec_option, vet_outputs)
+                                  fsync_option, inference_option, invstd_option, spec_option, vet_outputs,
+                                  vet_save_error)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files
@@ -80,7 +81,7 @@ class RunOptions:
     outputs: tuple[str, ...]
     output: str | None
     out_dir: Path | None
-    bf16_inputs: tuple[str, ...]
+    bf16_keys: tuple[str, ...]
     threads: int | None
     block_size: int | None
     core: str
@@ -100,7 +101,7 @@ class RunOptions:
     @property
     def bf16_outputs(self) -> list[str]:
         """--bf16 keys that are not inputs: keys of the kernel's outputs (--reference)."""
-        return [key for key in self.bf16_inputs if key not in INPUT_NAMES]
+        return [key for key in self.bf16_keys if key not in INPUT_NAMES]
 
     @property
     def has_file_output(self) -> bool:
@@ -113,7 +114,7 @@ class RunOptions:
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16=self.bf16_inputs, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
@@ -229,6 +230,9 @@ def _vet_paths(options: RunOptions) -> Destinations:
     input_paths = _input_paths(options) + _reference_paths(options)
     outputs = [("-o", options.output)] if options.output is not None else [("--out-dir", p) for p in _output_paths(options)]
     destinations = vet_outputs(outputs, options.json_target, input_paths)
+    if options.comparison.save_error is not None and options.reference is None:
+        raise click.UsageError("--save-error saves a judgement: give --reference KERNEL_OUT")
+    vet_save_error(options.comparison.save_error, input_paths, [*map(str, destinations.files), destinations.json_target])
     if options.reference is not None and not Path(options.reference).exists():
         raise InputError(f"reference {options.reference}: no such file or directory")
     return destinations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -44,10 +45,24 @@ def check_override_names(options: ComparisonOptions, keys: Iterable[str]) -> Non
 
 
 def judging_for(options: ComparisonOptions, json_target: str | None) -> Judging:
-    """The judging the report wants: every output's details gathered in the judging pass when all will be shown."""
-    if json_target is not None or options.verbose:
-        return replace(options.judging, details_up_front=True)
-    return options.judging
+    """The judging the report wants: every output's details gathered in the judging pass when all will be shown, with
+    every element's judgement kept for --save-error."""
+    judging = options.judging
+    if options.save_error is not None:
+        judging = replace(judging, keep_errors=True)
+    if json_target is not None or options.verbose or options.save_error is not None:
+        return replace(judging, details_up_front=True)
+    return judging
+
+
+def save_errors(result: SetComparison, target: str, fsync: bool) -> None:
+    """--save-error: every compared output's element judgements, keyed OUTPUT.failing, OUTPUT.nonfinite, OUTPUT.ratio
+    (and OUTPUT.units), each in the output's own shape; one .npz written all or nothing (files/write.py)."""
+    from bnbwd_cli.judge.comparison import errors_arrays
+
+    arrays = {f"{output.name}.{key}": array for output in result.outputs if output.comparison is not None
+              for key, array in errors_arrays(output.comparison.errors).items()}
+    files_write.write_npz(Path(target), arrays, fsync=fsync)
 
 
 def show_comparison(result: SetComparison, labels: tuple[str, str], options: ComparisonOptions, target: ReportTarget,
@@ -57,6 +72,8 @@ def show_comparison(result: SetComparison, labels: tuple[str, str], options: Com
     stderr as ``error: ...`` lines, once (the report on stdout only counts them)."""
     from bnbwd_cli.render import text as report
 
+    if options.save_error is not None:  # first: the user's own plots need it whatever becomes of stdout
+        writer.write(save_errors, result, options.save_error, target.fsync)
     if target.json_target != "-":
         writer.write(report.render_report, target.console, result, report.Labels(*labels),
                      report.ReportStyle(verbose=options.verbose, brief=options.brief))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,7 +60,8 @@ class HistogramBin:
 
 @dataclass(frozen=True)
 class NonFinite:
-    """NaN/Inf counts per side and how many positions fail because of them."""
+    """NaN/Inf counts per side and how many positions fail because of them; the first of those positions (indices,
+    in storage order) and the channels whose every element is NaN in actual where the reference is finite."""
 
     nan_actual: int
     nan_reference: int
@@ -68,6 +69,14 @@ class NonFinite:
     inf_actual: int
     inf_reference: int
     inf_mismatches: int
+    # (out of the repr: the judged path's hash, bench/judge_bits, covers what the counts above already say)
+    first: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    nan_channels: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def mismatches(self) -> int:
+        """Positions that fail for a NaN or an Inf: NaN/Inf where the other side differs."""
+        return self.nan_mismatches + self.inf_mismatches
 
 
 def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -271,14 +280,19 @@ def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin
 
 
 class NonFiniteCounts:
-    """NaN/Inf per side, and which positions fail because of them (classified only when a chunk has any)."""
+    """NaN/Inf per side, and which positions fail because of them (classified only when a chunk has any): their
+    count, the first FIRST_POSITIONS of them, and per channel the NaN of actual where the reference is finite."""
 
-    def __init__(self, equal_nan: bool) -> None:
-        self.equal_nan = equal_nan
+    FIRST_POSITIONS = 5
+
+    def __init__(self, equal_nan: bool, shape: tuple[int, ...] = (), channel_axis: int | None = None) -> None:
+        self.equal_nan, self.shape, self.channel_axis = equal_nan, shape, channel_axis
         self.nan_a = self.nan_r = self.nan_bad = self.inf_a = self.inf_r = self.inf_bad = 0
+        self.first = np.zeros(0, dtype=np.int64)
+        self.nan_per_channel: np.ndarray | None = None
 
-    def update(self, a: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(finite, bad): both sides finite; a non-finite position that fails."""
+    def update(self, a: np.ndarray, r: np.ndarray, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(finite, bad): both sides finite; a non-finite position that fails. ``offset``: the chunk's first flat index."""
         finite = np.isfinite(a) & np.isfinite(r)
         nan_a, nan_r, inf_a, inf_r = np.isnan(a), np.isnan(r), np.isinf(a), np.isinf(r)
         any_nan = nan_a | nan_r
@@ -289,10 +303,66 @@ class NonFiniteCounts:
         self.inf_a += int(inf_a.sum())
         self.inf_r += int(inf_r.sum())
         self.inf_bad += int((bad & ~any_nan).sum())
+        # the lowest positions seen (chunks may come in any order: diff_src's blocks run by channels)
+        self.first = np.sort(np.concatenate([self.first, offset + np.flatnonzero(bad)[: self.FIRST_POSITIONS]]))
+        self.first = self.first[: self.FIRST_POSITIONS]
+        if self.channel_axis is not None:
+            self._count_channels(np.flatnonzero(nan_a & np.isfinite(r)) + offset)
         return finite, bad
 
+    def _count_channels(self, positions: np.ndarray) -> None:
+        count = self.shape[self.channel_axis]
+        if self.nan_per_channel is None:
+            self.nan_per_channel = np.zeros(count, dtype=np.int64)
+        if positions.size:
+            inner = math.prod(self.shape[self.channel_axis + 1:])
+            self.nan_per_channel += np.bincount(positions // inner % count, minlength=count)
+
     def finish(self) -> NonFinite:
-        return NonFinite(self.nan_a, self.nan_r, self.nan_bad, self.inf_a, self.inf_r, self.inf_bad)
+        first = tuple(unravel(int(i), self.shape) for i in self.first[: self.FIRST_POSITIONS])
+        channels: tuple[int, ...] = ()
+        if self.nan_per_channel is not None and self.shape:
+            per_channel = math.prod(self.shape) // self.shape[self.channel_axis]
+            channels = tuple(int(c) for c in np.flatnonzero(self.nan_per_channel == per_channel)) if per_channel else ()
+        return NonFinite(self.nan_a, self.nan_r, self.nan_bad, self.inf_a, self.inf_r, self.inf_bad, first, channels)
+
+
+class Masks:
+    """Which elements fail, as masks of the whole output (flat), allocated at the first failure: a passing output
+    holds none. The non-finite failures apart. With ``keep_errors``, every element's error / allowance (and its
+    units under the scaled rule) as float32, NaN where a side is not finite (--save-error)."""
+
+    def __init__(self, size: int, keep_errors: bool = False) -> None:
+        self.size, self.keep_errors = size, keep_errors
+        self.failing: np.ndarray | None = None
+        self.nonfinite: np.ndarray | None = None
+        self.ratio = np.empty(size, dtype=np.float32) if keep_errors else None
+        self.units: np.ndarray | None = None
+
+    def update(self, fails: np.ndarray, bad: np.ndarray | None, finite: np.ndarray | None,
+               errors: tuple[np.ndarray, np.ndarray | None], offset: int) -> None:
+        """A chunk at flat ``offset``: its failures, the non-finite ones (``bad``), where both sides are finite
+        (None: everywhere) and its (error / allowance, units or None)."""
+        ratio, units = errors
+        stop = offset + fails.size
+        if fails.any():
+            if self.failing is None:
+                self.failing = np.zeros(self.size, dtype=bool)
+            self.failing[offset:stop] = fails
+            if bad is not None and bad.any():
+                if self.nonfinite is None:
+                    self.nonfinite = np.zeros(self.size, dtype=bool)
+                self.nonfinite[offset:stop] = bad
+        if self.ratio is not None:
+            self.ratio[offset:stop] = ratio
+            if units is not None:
+                if self.units is None:
+                    self.units = np.empty(self.size, dtype=np.float32)
+                self.units[offset:stop] = units
+            if finite is not None:
+                self.ratio[offset:stop][~finite] = np.nan
+                if units is not None:
+                    self.units[offset:stop][~finite] = np.nan
 
 
 def count_zeros(values: np.ndarray) -> int:

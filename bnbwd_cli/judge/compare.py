@@ -22,12 +22,13 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
-    Channels, Decades, Largest, MaxLocated, NonFiniteCounts,
+    Channels, Decades, Largest, Masks, MaxLocated, NonFiniteCounts,
     RelativeL2, Worst, ZeroCounts, count_zeros, log_histogram,
 )
-from bnbwd_cli.judge.comparison import Bias, Comparison, Details, Once
+from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
+from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, heat_map, localize
 from bnbwd_cli.scratch import Scratch
 
 __all__ = ["Accumulator", "Coordinates", "Setup", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
@@ -57,6 +58,7 @@ class Setup:
     layout: Coordinates = Coordinates()
     top_k: int = 10
     detailed: bool = True
+    keep_errors: bool = False  # the details keep every element's judgement (Details.errors: --save-error)
 
     def resolved(self, actual: np.ndarray, reference: np.ndarray) -> Setup:
         """This setup with its dtype settled (None: the coarser of the two sides)."""
@@ -81,17 +83,21 @@ class _Judged:
 
 
 class _DetailStats:
-    """Max relative error, worst elements, per-channel table, histogram."""
+    """Max relative error, worst elements, per-channel table, histogram; the failing masks, and from them where the
+    failures sit and the heat map (judge/where.py)."""
 
     def __init__(self, shape: tuple[int, ...], setup: Setup) -> None:
         self.max_rel, self.worst, self.decades = MaxLocated(), Worst(setup.top_k), Decades()
         axis = setup.channel_axis(len(shape))
         self.channels = Channels(shape, axis) if axis is not None else None
+        self.masks = Masks(math.prod(shape), setup.keep_errors)
+        self.coordinates = WhereCoordinates(shape, setup.layout.axis_names, axis)
 
     def update(self, chunk: Chunk, judged: _Judged) -> None:
         ratio = judged.verdicts.ratio
-        if judged.bad is not None:
-            ratio[judged.bad] = np.inf
+        self.masks.update(judged.fails, judged.bad, judged.finite, (ratio, judged.verdicts.units), judged.offset)
+        if judged.finite is not None:  # the worst elements and the channels' worst ratio are finite elements'
+            ratio[~judged.finite] = -1.0
         nonzero = chunk.ref != 0
         self.max_rel.update(safe_ratio(chunk.abs_err, np.abs(chunk.ref)), nonzero if judged.finite is None else judged.finite & nonzero,
                             judged.offset)
@@ -102,8 +108,27 @@ class _DetailStats:
 
     def finish(self, actual: np.ndarray, reference: np.ndarray, dtype: str) -> Details:
         shape = tuple(int(s) for s in reference.shape)
+        masks, coordinates = self.masks, self.coordinates
+        where = nonfinite_where = picture = None
+        if masks.failing is not None:
+            failing = masks.failing.reshape(shape)
+            nonfinite = masks.nonfinite.reshape(shape) if masks.nonfinite is not None else None
+            finite_failing = failing if nonfinite is None else failing & ~nonfinite
+            where = localize(finite_failing, coordinates)
+            nonfinite_where = localize(nonfinite, coordinates) if nonfinite is not None else None
+            picture = heat_map(failing, coordinates.channel_axis)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
-                       self.channels.finish() if self.channels is not None else None, self.decades.finish())
+                       self.channels.finish() if self.channels is not None else None, self.decades.finish(),
+                       where, nonfinite_where, picture, self._errors(shape))
+
+    def _errors(self, shape: tuple[int, ...]) -> ElementErrors | None:
+        masks = self.masks
+        if not masks.keep_errors:
+            return None
+        def whole(mask):
+            return np.zeros(shape, dtype=bool) if mask is None else mask.reshape(shape)
+        return ElementErrors(whole(masks.failing), whole(masks.nonfinite), masks.ratio.reshape(shape),
+                             None if masks.units is None else masks.units.reshape(shape))
 
 
 class Accumulator:
@@ -118,7 +143,8 @@ class Accumulator:
         self.shape = tuple(int(s) for s in reference.shape)
         self.allowed = setup.max_mismatch.allowed(math.prod(self.shape))
         self.mismatches = 0
-        self.nonfinite, self.zeros, self.l2 = NonFiniteCounts(setup.equal_nan), ZeroCounts(), RelativeL2()
+        self.nonfinite = NonFiniteCounts(setup.equal_nan, self.shape, setup.channel_axis(len(self.shape)))
+        self.zeros, self.l2 = ZeroCounts(), RelativeL2()
         self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
         self.need = [Largest(self.allowed + 1) for _ in range(2)]
         self.details = _DetailStats(self.shape, setup) if setup.detailed else None
@@ -138,7 +164,7 @@ class Accumulator:
         if np.isfinite(abs_err).all():  # the usual case: a and r are finite, nothing to classify or mask
             np.abs(abs_err, out=abs_err)
         else:
-            finite, bad = self.nonfinite.update(a, r)
+            finite, bad = self.nonfinite.update(a, r, offset)
             a, r = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
             np.abs(a - r, out=abs_err)
             scale = None if scale is None else np.where(finite, scale, 1.0)
@@ -220,8 +246,10 @@ class Accumulator:
                 diff, r = np.where(finite, diff, 0.0), np.where(finite, r, 0.0)
         self.l2.update(diff, r)
 
-    def result(self, bias: Bias | None = None, details_of: Callable[[], Details] | None = None) -> Comparison:
-        """The comparison; ``details_of`` supplies the details when this pass did not gather them."""
+    def result(self, bias: Bias | None = None, details_of: Callable[[], Details] | None = None,
+               errors_of: Callable[[], ElementErrors] | None = None) -> Comparison:
+        """The comparison; ``details_of`` supplies the details when this pass did not gather them, ``errors_of``
+        every element's judgement when they do not keep it."""
         shape, size = self.shape, math.prod(self.shape)
         scaled = isinstance(self.rule, ScaledRule)
         rel_l2, ref_norm = self.l2.finish()
@@ -258,6 +286,7 @@ class Accumulator:
             zero_fraction_reference=zero_r,
             mostly_zeros=zero_a >= 0.5 and zero_r <= zero_a / 2,
             details_of=details_of,
+            errors_of=errors_of,
             bias=bias,
         )
 
@@ -286,8 +315,13 @@ def compare_arrays(actual: np.ndarray, reference: np.ndarray, tolerance: Toleran
     Works in chunks of the flattened tensors, so memory stays bounded for large outputs.
     """
     setup = replace(setup.resolved(actual, reference), detailed=not lazy_details)
+    keeping = replace(setup, detailed=True, keep_errors=True)
+
+    def errors_of() -> ElementErrors:
+        return _fixed_pass(actual, reference, tolerance, keeping).details.finish(actual, reference, setup.dtype).errors
+
     if not lazy_details:
-        return _fixed_pass(actual, reference, tolerance, setup).result()
+        return _fixed_pass(actual, reference, tolerance, setup).result(errors_of=errors_of)
     detailed = replace(setup, detailed=True)
     details_of = Once(lambda: _fixed_pass(actual, reference, tolerance, detailed).details.finish(actual, reference, setup.dtype))
-    return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of)
+    return _fixed_pass(actual, reference, tolerance, setup).result(details_of=details_of, errors_of=errors_of)

@@ -10,12 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from bnbwd_cli.judge.accumulators import ChannelStat, Element, HistogramBin, Located, NonFinite
 from bnbwd_cli.judge.criteria import Criterion, criteria_of, deciding
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, bias_threshold
+from bnbwd_cli.judge.where import HeatMap, Where
 
-__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "Hint", "HistogramBin", "Located", "NonFinite",
-           "Once"]
+__all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "ElementErrors", "Hint", "HistogramBin",
+           "Located", "NonFinite", "Once"]
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,38 @@ class Hint:
 
 
 @dataclass(frozen=True)
+class ElementErrors:
+    """Every element's judgement in the output's own shape (--save-error, the API's Report.errors): whether it
+    fails, whether it fails for a NaN/Inf, its error / allowance (> 1 fails) and, under the scaled rule, its error
+    in units; float32, NaN where a side is not finite."""
+
+    failing: np.ndarray
+    nonfinite: np.ndarray
+    ratio: np.ndarray
+    units: np.ndarray | None
+
+
+def errors_arrays(errors: ElementErrors) -> dict[str, np.ndarray]:
+    """The arrays --save-error writes and Report.errors returns, by name ("units" under the scaled rule only)."""
+    arrays = {"failing": errors.failing, "nonfinite": errors.nonfinite, "ratio": errors.ratio}
+    return arrays if errors.units is None else {**arrays, "units": errors.units}
+
+
+@dataclass(frozen=True)
 class Details:
-    """The statistics that explain a comparison but do not decide it."""
+    """The statistics that explain a comparison but do not decide it. ``where``: where the finite failing elements
+    sit, ``nonfinite_where``: where the NaN/Inf ones do (judge/where.py); ``picture``: the failing share over
+    channels x positions; ``errors``: every element's judgement, when asked for (Setup.keep_errors)."""
 
     max_rel: Located
     worst: tuple[Element, ...]
     channels: tuple[ChannelStat, ...] | None
     histogram: tuple[HistogramBin, ...]
+    # out of the repr (bench/judge_bits hashes the repr: these describe failures it already counts)
+    where: Where | None = field(default=None, repr=False)
+    nonfinite_where: Where | None = field(default=None, repr=False)
+    picture: HeatMap | None = field(default=None, repr=False)
+    errors: ElementErrors | None = field(default=None, repr=False, compare=False)
 
 
 class Once:
@@ -110,6 +138,8 @@ class Comparison:
     zero_fraction_reference: float
     mostly_zeros: bool
     details_of: Callable[[], Details] = field(repr=False, compare=False, kw_only=True)
+    # a detail pass that keeps every element's judgement (None: the details keep it already, or none can be made)
+    errors_of: Callable[[], ElementErrors] | None = field(default=None, repr=False, compare=False, kw_only=True)
     bias: Bias | None = None
     hints: tuple[str, ...] = ()  # the texts of ``diagnosis``
     diagnosis: tuple[Hint, ...] = ()  # the causes tested (judge/diagnosis/), then notes (judge/hints.py)
@@ -117,6 +147,13 @@ class Comparison:
     @property
     def details(self) -> Details:
         return self.details_of()
+
+    @property
+    def errors(self) -> ElementErrors | None:
+        """Every element's judgement in the output's shape (--save-error, the API's Report.errors): the details'
+        when they kept it, else from a detail pass of its own."""
+        kept = self.details.errors
+        return kept if kept is not None or self.errors_of is None else self.errors_of()
 
     @property
     def max_rel(self) -> Located:
@@ -140,7 +177,13 @@ class Comparison:
 
     @property
     def elements_passed(self) -> bool:
-        return self.mismatches <= self.allowed_mismatches and self.rel_l2_passed
+        """Few enough failing elements (a NaN/Inf that the other side lacks fails whatever the allowance)."""
+        return self.mismatches <= self.allowed_mismatches and self.rel_l2_passed and not self.nonfinite.mismatches
+
+    @property
+    def finite_mismatches(self) -> int:
+        """Failing elements whose both sides are finite (units and the worst element are computed on those)."""
+        return self.mismatches - self.nonfinite.mismatches
 
     @property
     def bias_failed(self) -> bool:

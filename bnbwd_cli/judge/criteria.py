@@ -13,7 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Criterion:
-    """One criterion an output is held to. ``statistic``: "max_units" (its worst element, in units of the error
+    """One criterion an output is held to. ``statistic``: "nonfinite" (NaN/Inf where the other side differs, against
+    none: it fails whatever the allowance, and comes first), "max_units" (its worst element, in units of the error
     scale, against K), "mismatches" (failing elements against those allowed), "rel_l2" (the fixed rule's norm test)
     or "systematic_scale" (|scale| of actual vs reference, overall or in ``channel``, against its threshold).
     ``beyond``: the statistic is beyond its threshold (what a report shows as ">"; the worst element may be beyond
@@ -32,12 +33,16 @@ class Criterion:
 def criteria_of(c: Any) -> tuple[Criterion, ...]:
     """The criteria that decide ``c`` (a judge/comparison.Comparison: not imported, it imports this module), in the
     order a report states them."""
-    elements_ok = c.mismatches <= c.allowed_mismatches
+    criteria = []
+    nonfinite = c.nonfinite.mismatches
+    if nonfinite:  # NaN/Inf first: they fail whatever the allowance, and the units below are the finite elements'
+        criteria.append(Criterion("nonfinite", float(nonfinite), 0.0, False, True))
+    elements_ok = c.mismatches - nonfinite <= c.allowed_mismatches
     if c.scaled is not None and c.allowed_mismatches == 0 and c.max_units is not None:
-        criteria = [_beside("max_units", c.max_units.value, c.scaled.max_units, elements_ok)]
+        criteria.append(_beside("max_units", c.max_units.value, c.scaled.max_units, elements_ok))
     else:
-        criteria = [Criterion("mismatches", float(c.mismatches), float(c.allowed_mismatches), elements_ok,
-                              not elements_ok)]
+        criteria.append(Criterion("mismatches", float(c.mismatches - nonfinite), float(c.allowed_mismatches),
+                                  elements_ok, not elements_ok))
     if c.tolerance is not None:
         criteria.append(_beside("rel_l2", c.rel_l2, c.tolerance.rel_l2, c.rel_l2_passed))
     if c.bias is not None:

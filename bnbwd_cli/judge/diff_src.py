@@ -233,4 +233,9 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     # pass on first use.
     details_of = None if job.judging.details_up_front else Once(
         lambda: _diff_src_pass(replace(case, advance=None), detailed=True).details.finish(a, r, state.dtype))
-    return state.result(bias, details_of)
+
+    def errors_of():  # every element's judgement: a detail pass that keeps it (--save-error, Report.errors)
+        keeping = replace(case, advance=None, job=job.keeping_errors())
+        return _diff_src_pass(keeping, detailed=True).details.finish(a, r, state.dtype).errors
+
+    return state.result(bias, details_of, errors_of)

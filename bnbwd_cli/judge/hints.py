@@ -18,6 +18,8 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_from_name, exact_narrower, unit_roundoff
 from bnbwd_cli.judge.comparison import Comparison, Hint
 
+# the diagnosis' answers that name no cause: shown after every cause or note
+UNEXPLAINED = ("unexplained", "not-diagnosed")
 GRID_SHARE = 0.5  # of the reference's finite nonzero values on the grid, from which the grid is the data's
 
 

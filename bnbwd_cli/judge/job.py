@@ -28,7 +28,11 @@ class Job:
     def setup(self, a: np.ndarray, r: np.ndarray) -> Setup:
         dtype = comparison_dtype(a.dtype, r.dtype)
         return Setup(dtype, self.judging.max_mismatch_for(self.names), self.judging.equal_nan, self.layout,
-                     self.judging.top)
+                     self.judging.top, keep_errors=self.judging.keep_errors)
+
+    def keeping_errors(self) -> Job:
+        """This job with every element's judgement kept (a detail pass for Comparison.errors)."""
+        return replace(self, judging=replace(self.judging, keep_errors=True))
 
     def accumulator(self, a: np.ndarray, r: np.ndarray, inputs: Op, output: str, detailed: bool = True) -> Accumulator:
         """The scaled rule's accumulator of one of the op's outputs."""

@@ -119,7 +119,13 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Channe
     sys_beta, sys_gamma = facts.systematic(state.rule.scaled.unit)
     systematic = sys_gamma if output == "diff_gamma" else sys_beta
     bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic)
-    return state.result(bias)
+
+    def errors_of():  # every element's judgement: the same pass, keeping it (--save-error, Report.errors)
+        keeping = job.keeping_errors().accumulator(a, r, inputs, output)
+        keeping.add(a64, r64, 0, scale)
+        return keeping.details.finish(a, r, state.dtype).errors
+
+    return state.result(bias, errors_of=errors_of)
 
 
 def _output_name(names: tuple[str, ...]) -> str | None:
@@ -146,6 +152,8 @@ def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[s
     if c is None:
         return output
     hints = hints + hint_rules.precision_hints(c, actual[output.actual_key], reference[output.reference_key])
+    # the precise ones lead: "no tested hypothesis explains" after any cause or note (check's line shows the first)
+    hints = tuple(sorted(hints, key=lambda h: h.cause in hint_rules.UNEXPLAINED))
     return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))
 
 

@@ -163,6 +163,8 @@ class Judging:
     # Threads the judging may use (0: as many as the machine offers, app/judge.py decides): with two or more,
     # diff_src's bias regression runs beside its judging pass. The numbers are the same either way.
     threads: int = 0
+    # Every element's judgement kept in the details (Details.errors: --save-error), not only the failing masks.
+    keep_errors: bool = False
 
     def tolerance_for(self, names: Sequence[str], dtype: str) -> Tolerance:
         base = DEFAULT_TOLERANCES[dtype]

@@ -6,12 +6,14 @@ uses (phrase).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
 from bnbwd_cli.literal import literal, literal_line
+from bnbwd_cli.judge.where import indices_text
 from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.common import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict, status_word
 
@@ -39,14 +41,78 @@ def op_text(test: Criterion) -> str:
     return ">" if test.beyond else "<="
 
 
+FIRST_SHOWN = 3  # NaN/Inf positions a line names (the JSON document has judge's five)
+
+
+def nonfinite_text(c: Comparison) -> str | None:
+    """The NaN/Inf that fail, said before any units: how many, the first positions, the channels that are all NaN
+    and where they sit (judge/where.py); None when none fails."""
+    n = c.nonfinite
+    if not n.mismatches:
+        return None
+    kinds = " and ".join(f"{count} {kind}" for count, kind in ((n.nan_mismatches, "NaN"), (n.inf_mismatches, "Inf"))
+                         if count)
+    side = "where the reference is finite" if not (n.nan_reference or n.inf_reference) else "where the sides differ"
+    text = f"{kinds} {side}"
+    if n.first:
+        shown = n.first[:FIRST_SHOWN]
+        more = "; ..." if n.mismatches != len(shown) else ""  # (shown are the first of them)
+        text += f" (first at {'; '.join(coordinates(i, c.axis_names) for i in shown)}{more})"
+    if n.nan_channels:
+        text += f"; c={indices_text(n.nan_channels)} all NaN"
+    where = c.details.nonfinite_where
+    if where is not None and where.kind not in ("elements", "all"):
+        text += f"; where: {where.text}"
+    return text
+
+
+def hints_once(output: OutputResult, said: dict[str, str]) -> list[str]:
+    """The output's hints, each said once per report: one an earlier output carries (a cause found for the whole
+    run names every output it explains) is "as for NAME". ``said``: hint text -> the first output with it, kept
+    across the report's outputs."""
+    texts = []
+    for hint in output.comparison.hints:
+        if hint in said:
+            texts.append(f"as for {said[hint]}")
+        else:
+            said[hint] = output.name
+            texts.append(hint)
+    return texts
+
+
+def units_advice(c: Comparison, face: str) -> str:
+    """What K would pass the output, when one would: none passes a NaN/Inf, nor an error where a correct kernel's
+    error scale is 0 (--max-units takes finite numbers only)."""
+    if c.nonfinite.mismatches:
+        return "; no K passes the NaN/Inf"
+    if math.isinf(c.min_units):
+        return "; no K passes it: a correct kernel's error scale is 0 where it fails"
+    return "; " + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", face)
+
+
+def where_text(c: Comparison) -> str | None:
+    """Where a failing output's finite failures sit (judge/where.py), one line; None for an output that passes."""
+    if c.passed or not c.finite_mismatches:
+        return None
+    where = c.details.where
+    return None if where is None else where.text
+
+
 def criterion_text(test: Criterion, c: Comparison) -> str:
     """One criterion as its statistic against its threshold, e.g. "max 3.2 units <= K 16" or
-    "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"."""
+    "systematic scale +2.1e-03 in c=5 > threshold 9.5e-07"; NaN/Inf that fail come first, and then the units are
+    the finite elements'."""
+    if test.statistic == "nonfinite":
+        return nonfinite_text(c)
     if test.statistic == "max_units":
         text = f"max {fmt_ulp(test.value)} units {op_text(test)} K {test.threshold:g}"
+        if c.nonfinite.mismatches:  # (said first by the nonfinite criterion)
+            failing = f" ({c.finite_mismatches} fail)" if c.finite_mismatches else ""
+            return f"on the finite elements: {text}{failing}"
         return text + (f" ({c.mismatches} of {c.elements} elements fail)" if c.mismatches else "")
     if test.statistic == "mismatches":
-        return f"{c.mismatches}/{c.elements} mismatched {op_text(test)} allowed {c.allowed_mismatches}"
+        text = f"{int(test.value)}/{c.elements} mismatched {op_text(test)} allowed {c.allowed_mismatches}"
+        return text if not c.nonfinite.mismatches else f"on the finite elements: {text}"
     if test.statistic == "rel_l2":
         return f"rel L2 {fmt(test.value)} {op_text(test)} {test.threshold:.2g}"
     where = f" in c={test.channel}" if test.channel is not None else ""
@@ -60,9 +126,8 @@ def brief_line(output: OutputResult) -> str:
     if c is None:
         # The problem's message starts with the output's name, which the line already gives.
         return f"{output.name}: {status_word(output)} ({output.problem.message.removeprefix(output.name + ': ')})"
-    texts = [criterion_text(t, c) for t in c.criteria]
-    if c.tolerance is not None:
-        texts[0] += f", max abs {fmt(c.max_abs.value)}"
+    texts = [criterion_text(t, c) + (f", max abs {fmt(c.max_abs.value)}" if t.statistic == "mismatches"
+                                     and c.tolerance is not None else "") for t in c.criteria]
     return f"{output.name}: {status_word(output)} " + "; ".join(texts)
 
 
@@ -80,18 +145,23 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
     output (the pytest failure message, --brief)."""
     render_verdict(console, result, where="below" if style.problems_inline else "each named on stderr", face=style.face)
     console.print(Text(f"actual {literal(labels.actual)} vs reference {literal(labels.reference)}"), soft_wrap=True)
+    said: dict[str, str] = {}
     for output in result.outputs:
         console.print(Text(literal_line(brief_line(output))), soft_wrap=True)
         c = output.comparison
         if c is None:
             continue
-        for hint in c.hints:
+        for hint in hints_once(output, said):
             console.print(Text(f"  hint: {literal_line(phrase(hint, style.face))}"), soft_wrap=True)
-        if not c.passed and c.mismatches and c.worst:
+        where = where_text(c)
+        if where is not None:
+            console.print(Text(f"  where: {where}"), soft_wrap=True)
+        if not c.passed and c.finite_mismatches and c.worst:
             e = c.worst[0]
             units = f" ({fmt_ulp(e.units)} units)" if c.scaled is not None else ""
-            console.print(Text(f"  worst: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, expected "
-                               f"{fmt_value(e.expected)}{units}"), soft_wrap=True)
+            finite = " (of the finite elements)" if c.nonfinite.mismatches else ""
+            console.print(Text(f"  worst{finite}: {coordinates(e.index, c.axis_names)} actual {fmt_value(e.actual)}, "
+                               f"expected {fmt_value(e.expected)}{units}"), soft_wrap=True)
     for note in result.notes:  # keys not compared: a misnamed output shows here first
         console.print(Text(f"note: {literal_line(note)}"), soft_wrap=True)
     if style.problems_inline:

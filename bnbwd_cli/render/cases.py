@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bnbwd_cli.render import json as report_json
 from bnbwd_cli.literal import literal
-from bnbwd_cli.render.brief import criterion_text
+from bnbwd_cli.render.brief import criterion_text, where_text
 from bnbwd_cli.render.common import status_word
 from bnbwd_cli.render.text import decisive_number
 from bnbwd_cli._version import __version__
@@ -50,13 +50,16 @@ class CaseOutcome(Protocol):
 
 
 def _output_cell(output: OutputResult) -> str:
-    """An output in a few words: its largest error in units; failing, the test that failed against its threshold."""
+    """An output in a few words: its largest error in units; failing, the test that failed against its threshold
+    (NaN/Inf first) and where its failures sit."""
     c = output.comparison
     if c is None:
         return f"{output.name} {status_word(output)}"
     if c.passed:
         return f"{output.name} {decisive_number(c)}"
-    return f"{output.name} FAIL {criterion_text(c.deciding, c)}"
+    where = where_text(c)
+    placed = where is not None and c.details.where.kind != "all"  # (a line per case: "every element" says little)
+    return f"{output.name} FAIL {criterion_text(c.deciding, c)}" + (f" (where: {where})" if placed else "")
 
 
 def _hints(result: SetComparison) -> list[str]:

@@ -11,6 +11,10 @@ counts under "nan" and "inf" say how many elements are non-finite. An error in u
 correct kernel's error scale is 0 (gamma = 0): then "units_unbounded" is true. min_atol, min_rtol and
 min_units are null when no tolerance would pass or that rule was not used.
 
+Version 4 carries, added since (no key removed or changed): per output "nonfinite" (the NaN/Inf that fail: their
+count, first positions, the channels entirely NaN and where they sit), "where" (where a failing output's finite
+failures sit: judge/where.py), "heat_map" (the failing share over channels x positions), and a "nonfinite"
+criterion (first, when NaN/Inf fail).
 check's version 4 (from 3): per output "status" and "problem" as in the comparison report's version 4; "bnbwd_version", "counts" (cases and each verdict), "shard" ({index, count} or null),
 per case "line" (check's line), "brief" (a failure's brief report, an error's message), "problem" ({shape, dtype,
 layout, epsilon, M, is_training} or null) and "seconds"; the summary names at most 3 cases of a kind.
@@ -42,6 +46,7 @@ from bnbwd_cli.spec import OUTPUT_NAMES
 if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
     from bnbwd_cli.judge import SetComparison
     from bnbwd_cli.judge.comparison import Bias, Comparison, Located
+    from bnbwd_cli.judge.where import HeatMap, Where
     from bnbwd_cli.render.run import RunFacts
 
 SCHEMA_VERSION = 4  # the comparison report (verify, run --reference, the API) and check's document
@@ -98,9 +103,39 @@ def units_unbounded(c: Comparison) -> bool:
     return c.max_units is not None and c.max_units.value is not None and math.isinf(c.max_units.value)
 
 
+def where_json(where: Where | None) -> dict[str, Any] | None:
+    """A localization (judge/where.py): its kind and words, how many failing elements it covers of how many, how
+    many elements it names, and its parts (axes' inclusive ranges; a flat or reduction-order range [start, stop);
+    a period and its lanes' inclusive ranges)."""
+    if where is None:
+        return None
+    return {"kind": where.kind, "text": where.text, "failing": where.failing, "covered": where.covered,
+            "region": where.region, "axes": {name: [list(r) for r in ranges] for name, ranges in where.axes},
+            "start": where.start, "stop": where.stop, "period": where.period, "lanes": [list(r) for r in where.lanes]}
+
+
+def heat_map_json(picture: HeatMap | None) -> dict[str, Any] | None:
+    """The picture's data: per row its channels, per column its positions (inclusive ranges of each channel's other
+    axes flattened in storage order), and per cell the failing and all elements."""
+    if picture is None:
+        return None
+    return {"channels": [list(r) for r in picture.channels], "positions": [list(r) for r in picture.positions],
+            "failing": [list(row) for row in picture.failing], "elements": [list(row) for row in picture.elements]}
+
+
+def nonfinite_json(c: Comparison) -> dict[str, Any]:
+    """The NaN/Inf that fail: how many, the first positions, the channels entirely NaN, where they sit."""
+    n = c.nonfinite
+    return {"mismatches": n.mismatches,
+            "first": [{"index": list(i), "where": coordinates(i, c.axis_names)} for i in n.first],
+            "nan_channels": list(n.nan_channels),
+            "where": where_json(c.details.nonfinite_where) if n.mismatches else None}
+
+
 def comparison_json(c: Comparison) -> dict[str, Any]:
     n = c.nonfinite
     tol = c.tolerance
+    details = c.details
     return {
         "shape": list(c.shape),
         "dtype": c.dtype,
@@ -132,6 +167,9 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "hints": hints_json(c),
         "nan": {"actual": n.nan_actual, "reference": n.nan_reference, "mismatches": n.nan_mismatches},
         "inf": {"actual": n.inf_actual, "reference": n.inf_reference, "mismatches": n.inf_mismatches},
+        "nonfinite": nonfinite_json(c),
+        "where": where_json(details.where) if not c.passed and c.finite_mismatches else None,
+        "heat_map": heat_map_json(details.picture) if not c.passed else None,
         "axis_names": list(c.axis_names) if c.axis_names is not None else None,
         "channel_axis": c.channel_axis,
         "worst": [

@@ -83,9 +83,10 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
     _render_rules(console, result)
     _render_summary(console, result)
     # The CLI prints structural problems once, as `error:` lines on stderr (cli/show.py), not here.
+    said: dict[str, str] = {}  # each hint once: hint -> the output that showed it
     for output in result.outputs:
         if output.comparison is not None and (style.verbose or not output.comparison.passed):
-            _render_details(console, output, style)
+            _render_details(console, output, style, said)
     if style.problems_inline:
         from bnbwd_cli.render.brief import phrase
 
@@ -179,20 +180,26 @@ def _bias_cell(c: Comparison) -> str:
     return f"{test.value:+.1e} {op_text(test)} {test.threshold:.1e}{where}"
 
 
-def _render_details(console: Console, output: OutputResult, style: ReportStyle) -> None:
-    from bnbwd_cli.render.brief import phrase
+def _render_details(console: Console, output: OutputResult, style: ReportStyle, said: dict[str, str]) -> None:
+    from bnbwd_cli.render.brief import hints_once, nonfinite_text, phrase, units_advice, where_text
+    from bnbwd_cli.render.picture import render_output_picture
 
     c = output.comparison
     verbose = style.verbose
     console.rule(Text(f"{literal(output.name)}: {status_word(output)}", style=_STATUS_STYLE[output.status]), align="left")
+    nonfinite = nonfinite_text(c)
+    if nonfinite is not None:  # before any units: no K or tolerance passes a NaN
+        console.print(Text(f"NaN/Inf: {nonfinite}", style="bold red"), soft_wrap=True)
     console.print(f"Mismatched elements: {c.mismatches} / {c.elements} ({100 * c.mismatch_fraction:.3g}%), "
                   f"allowed {c.allowed_mismatches}", highlight=False)
     where = c.axis_names
+    finite = "on the finite elements: " if nonfinite is not None else ""
     if c.scaled is not None:
-        console.print(f"max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} (K {c.scaled.max_units:g}); "
-                      + phrase(f"would pass with --max-units {fmt_ulp(c.min_units)}", style.face), highlight=False)
-    console.print(f"max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
-                  f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False)
+        console.print(f"{finite}max {fmt_ulp(c.max_units.value)} units at {coordinates(c.max_units.index, where)} "
+                      f"(K {c.scaled.max_units:g}){units_advice(c, style.face)}", highlight=False, soft_wrap=True)
+    console.print(f"{finite}max abs {fmt(c.max_abs.value)} at {coordinates(c.max_abs.index, where)}; "
+                  f"max ULP {fmt_ulp(c.max_ulp.value)} at {coordinates(c.max_ulp.index, where)}", highlight=False,
+                  soft_wrap=True)
     if c.tolerance is not None:
         _render_fixed_details(console, c)
     if c.bias is not None:
@@ -202,8 +209,13 @@ def _render_details(console: Console, output: OutputResult, style: ReportStyle) 
         _render_worst(console, c)
     if c.channels is not None and (verbose or c.mismatches):
         _render_channels(console, c, len(c.worst) or 10)
-    for hint in c.hints:
+    for hint in hints_once(output, said):
         console.print(Text(f"hint: {literal_line(phrase(hint, style.face))}", style="yellow"), soft_wrap=True)
+    located = where_text(c)
+    if located is not None:
+        console.print(Text(f"where: {located}", style="yellow"), soft_wrap=True)
+    if not c.passed and c.details.picture is not None:
+        render_output_picture(console, c)
     if verbose and c.elements:
         _render_histogram(console, c.histogram)
     console.print()
@@ -250,7 +262,8 @@ def _render_nonfinite(console: Console, c: Comparison) -> None:
 
 def _render_worst(console: Console, c: Comparison) -> None:
     count = len(c.worst)
-    table = _table(f"Worst {count} element{'s' if count != 1 else ''} by error / allowance")
+    finite = " finite" if c.nonfinite.mismatches else ""
+    table = _table(f"Worst {count}{finite} element{'s' if count != 1 else ''} by error / allowance")
     headers = ["where", "actual", "expected", "abs err", "ULP"] + (["units"] if c.scaled else ["rel err"]) + ["err/allowed", ""]
     for header in headers:
         table.add_column(header, justify="left" if header == "where" else "right", no_wrap=True)

@@ -24,6 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 CASE = "fixtures/conformance/tf_nchw_f32_train"
 PERTURBED = "docs/examples/tf_nchw_f32_train.perturbed.npz"
+TILE = "docs/examples/tf_nchw_f32_train.tile.npz"
+NAN = "docs/examples/tf_nchw_f32_train.nan.npz"
 
 
 def make_perturbed(work: Path) -> None:
@@ -35,6 +37,17 @@ def make_perturbed(work: Path) -> None:
     diff_src[2, 5, 4, 1] -= np.float32(0.05)
     expected["diff_src"] = diff_src
     np.savez(work / PERTURBED, **expected)
+    # a spatial tile off in every sample and channel (a kernel's tile written from the wrong offset)
+    tile = dict(np.load(work / f"{CASE}.expected.npz"))
+    tile["diff_src"] = tile["diff_src"].copy()
+    tile["diff_src"][:, :, 2:4, 3:6] *= np.float32(1.01)
+    np.savez(work / TILE, **tile)
+    # NaN: one channel entirely, and one element elsewhere
+    nan = dict(np.load(work / f"{CASE}.expected.npz"))
+    nan["diff_src"] = nan["diff_src"].copy()
+    nan["diff_src"][:, 6] = np.nan
+    nan["diff_src"][3, 1, 5, 0] = np.nan
+    np.savez(work / NAN, **nan)
 
 
 def capture(work: Path, *args: str) -> tuple[str, str]:
@@ -67,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     passing, _ = capture(work, *run, "--reference", f"{CASE}.expected.npz")
     failing, _ = capture(work, *run, "--reference", PERTURBED, "--top", "5")
     brief, _ = capture(work, *run, "--reference", PERTURBED, "--brief")
+    tile, _ = capture(work, *run, "--reference", TILE, "--top", "3")
+    tile = tile[tile.index("diff_src: FAIL ─"):]  # the failing output's section
+    nan, _ = capture(work, *run, "--reference", NAN, "--brief")
     verify_json, _ = capture(work, "verify", f"{CASE}.expected.npz", PERTURBED, "--format", "NCHW", "--only", "diff_src", "--top", "2", "--json", "-")
     lines = verify_json.splitlines()
     verify_json = "\n".join(lines[:70] + ["  ... (the rest of the worst list, channels, histogram: cut here)"] + lines[-2:]) + "\n"
@@ -102,6 +118,31 @@ against its threshold), its hints and worst element:
 ```text
 {brief}```
 
+## Where the errors sit: `where:` and the map
+
+Every failing output gets one `where:` line beside its hint: the simplest description that covers nearly all
+of its failing elements and few passing ones, in the tensor's own coordinates (`h=2..3, w=3..5; all n, c`), in
+storage order (`the last 256 elements of the buffer: ...`, `every 32nd element in storage order, offset 31`,
+`lanes 28..31 of every 32-element group`) or in each channel's reduction order (`the last 100 of each channel's
+6272 elements in reduction order`); when nothing simple covers them it says so, with the densest channel
+(docs/tolerances.md, "Where the failures sit"). The full report adds a map of the failing share over channels
+(rows) and blocks of each channel's positions (columns: its other axes flattened in storage order), so that a
+stride, a tail or a tile shows at a glance. Here `{TILE}` is TF's output with `diff_src[:, :, 2:4, 3:6]` scaled
+by 1.01 (its section of the report):
+
+```text
+{tile}```
+
+## NaN first
+
+A NaN or an Inf where the reference is finite (or the reverse) fails whatever the tolerances and the
+allowance, and is said before any units: how many, the first positions, the channels that are entirely NaN
+and where they sit; the units and the worst element are then the finite elements', and no advice names a K.
+`{NAN}` has channel 6 of diff_src NaN and one more NaN at n=3 c=1 h=5 w=0:
+
+```text
+{nan}```
+
 ## The same facts as JSON
 
 `--json -` prints only the JSON document to stdout (schema_version 4); `--json PATH`
@@ -114,7 +155,11 @@ own words (`pass`, `mismatch`, `structural`) and `problem` what kept it from bei
 `extra`, `shape`, `dtype`; null when compared); `criteria` lists each statistic it was held
 to against its threshold (`max_units` vs K, `mismatches` vs allowed, `rel_l2` vs its bound, the deciding
 `systematic_scale`, overall or in one `channel`), as the text report and `--brief` show them, and `hints`
-the diagnosis as `{{cause, evidence, channels}}`. `default_max_units` is K per output. `bnbwd check
+the diagnosis as `{{cause, evidence, channels}}`. `nonfinite` holds the NaN/Inf that fail (their count, first
+positions, whole-NaN channels and `where`), `where` the finite failures' localization (its `kind`, `text`, the
+failing elements it `covered` of `failing`, the elements it names, `region`, and its parts: `axes` ranges, a
+`start`/`stop` range, a `period` and its `lanes`), and `heat_map` the map's counts per cell (`failing` of
+`elements`, rows by `channels`, columns by `positions`). `default_max_units` is K per output. `bnbwd check
 --json` is compact: per case its verdict, first hint, and per output its worst units, criteria and hints;
 the comparison details (worst elements, channels, histogram) only for outputs that fail.
 

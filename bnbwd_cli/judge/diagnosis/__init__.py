@@ -136,8 +136,5 @@ def _unexplained(case: Case, name: str, tested: int) -> Hint:
             text += f"; it fails in {len(channels)} of {case.channels} channels: {channel_list(channels)}"
         elif channels:
             text += "; it fails in every channel"
-        worst = out.comparison.max_units
-        if worst is not None and worst.index is not None:
-            text += f"; worst element at {tuple(int(i) for i in worst.index)}"
     text += own_outputs.observations(case, name)
     return Hint("unexplained", text, channels)

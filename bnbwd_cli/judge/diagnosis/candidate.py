@@ -9,6 +9,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction, chunks
+from bnbwd_cli.judge.where import indices_text
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ def percent(share: float) -> str:
     return f"{value:.1f}%"
 
 
-def channel_list(channels: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(f"c={c}" for c in channels[:limit])
-    return shown + (f" and {len(channels) - limit} more" if len(channels) > limit else "")
+def channel_list(channels: Sequence[int]) -> str:
+    """Channels as ranges: "c=0..7, 12" (judge/where.py's words, everywhere a report names channels)."""
+    return f"c={indices_text(channels)}"
 
 
 def channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

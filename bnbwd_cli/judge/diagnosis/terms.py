@@ -25,6 +25,8 @@ from bnbwd_cli.judge.diagnosis.ranges import channel_ranges
 MATCH = 6.0  # standard errors within which a fitted coefficient is a recognisable value
 RELATIVE = 2.5e-7  # and this relative slack: ~4 float32 unit roundoffs (a kernel rounds its parameters and factors to float32)
 RESOLVE = 0.25  # of the output's unit roundoff: a coefficient's effect below it is not resolved
+FLOOR = 4 * 2.0**-24  # nor below ~4 float32 unit roundoffs of the output (a float32 kernel's correlated roundings:
+# a term 1e-6 of the output, as where sum(dy*xhat) ~ 0, has its coefficient biased by them)
 TERMS = ("dy", "mean(dy)", "xhat*mean(dy*xhat)")
 
 
@@ -85,14 +87,16 @@ def fit_terms(case: Case, whole: bool) -> TermsFit | None:
 
 
 def _resolution(out, actual: np.ndarray, basis: list, usable: np.ndarray, whole: bool) -> np.ndarray:
-    """Per term, the coefficient change that moves the output by RESOLVE of its dtype's unit roundoff (rms over the
-    sample): finer than that, a 16-bit output's rounding biases the fit and no value can be told from its neighbour."""
+    """Per term, the coefficient change that moves the output by RESOLVE of its dtype's unit roundoff, or FLOOR (rms
+    over the sample): finer than that, the output's rounding biases the fit and no value can be told from its
+    neighbour."""
     axes = (0, 1, 2) if whole else (0, 2)
     counts = np.maximum(usable.sum(axis=axes), 1)
     size = np.sqrt((actual**2).sum(axis=axes) / counts)
     terms = [np.sqrt((v**2).sum(axis=axes) / counts) for v in basis]
     with np.errstate(divide="ignore", invalid="ignore"):
-        out_of = np.stack([RESOLVE * unit_roundoff(out.comparison.dtype) * size / t for t in terms], -1)
+        finest = max(RESOLVE * unit_roundoff(out.comparison.dtype), FLOOR)
+        out_of = np.stack([finest * size / t for t in terms], -1)
     out_of = np.where(np.isfinite(out_of), out_of, np.inf)
     return out_of.reshape(1, 3) if whole else out_of
 

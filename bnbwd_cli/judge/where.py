@@ -1,0 +1,499 @@
+"""Where a failing output's errors sit: the simplest description that covers nearly all of its failing elements
+and few passing ones, in the user's own coordinates (n, c, h, w) or in storage order.
+
+Pure: a boolean mask in (the output's own shape, C order, its flat order the buffer's), a frozen ``Where`` out;
+no files, no terminal. The descriptions tried, each a few vectorised passes over the mask:
+
+- **axes**: a product of index ranges per axis (``h=24..27 only``, ``c=32..63``, a spatial tile ``h=16..31,
+  w=16..31``), the ranges of the indices that hold failures (and, against stray failures, of those that hold many);
+- **range**: one contiguous range of the buffer (``the last 256 elements of the buffer``), with its coordinates;
+- **period**: residues of the flat index modulo a period (``every 32nd element in storage order, offset 31``;
+  ``lanes 28..31 of every 32-element group``), the period read from the failures' own spacing and warp sizes;
+- **reduction**: a range of each channel's reduction order (its other axes flattened in storage order: the tail or
+  a block of every channel's sum);
+- **elements**: a few elements, named one by one.
+
+A description is accepted when it covers at least NEARLY_ALL of the failing elements and at least MOSTLY of the
+elements it names fail; of those accepted, the one with the fewest index ranges wins, a tight one (TIGHT on both
+counts) before any loose one (ties: an exact one, then the order above). When none is accepted the answer says so, with the densest channel or index.
+``heat_map`` is the picture's data: the failing share over channel groups x blocks of each channel's positions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+NEARLY_ALL = 0.9  # share of the failing elements a description must cover
+TIGHT = 0.95  # a description this good on both counts beats any looser one, however simple
+MOSTLY = 0.5  # share of the elements a description names that must fail
+STRAY = 0.1  # an index holding fewer failures than this share of the busiest index's is stray (second axes try)
+WARPS = (32, 64)  # group sizes tried as lanes whatever the failures' spacing
+MAX_RANGES = 6  # index ranges listed before "and N more"
+FEW_ELEMENTS = 3  # this many failing elements or fewer may be named one by one
+SAMPLE = 1 << 16  # failing positions read to find a period
+PREFIX = 1 << 20  # with many failures, a period is tried on the buffer's first elements before all of them
+SPARSE = 64  # failures at most 1/SPARSE of the elements: counted from their positions, not the mask
+
+_UNIT = {"n": "samples", "c": "channels", "h": "rows", "w": "columns", "d": "planes"}
+
+
+@dataclass(frozen=True)
+class Where:
+    """One description of where the failing elements sit.
+
+    ``kind``: "all", "axes", "range", "period", "reduction", "elements" or "scattered" (nothing simple covers them).
+    ``failing``: the failing elements; ``covered``: those inside the description; ``region``: the elements it names.
+    ``axes``: per restricted axis its name and inclusive index ranges (kind axes, and the box of a range).
+    ``start``/``stop``: the flat range [start, stop) (kind range) or the range of each channel's reduction order
+    (kind reduction); ``period`` and ``lanes`` (inclusive residue ranges) for kind period."""
+
+    kind: str
+    text: str
+    failing: int
+    covered: int
+    region: int
+    axes: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    start: int | None = None
+    stop: int | None = None
+    period: int | None = None
+    lanes: tuple[tuple[int, int], ...] = ()
+    complexity: int = 0  # index ranges the description takes (how simple it is: fewer wins)
+
+    @property
+    def exact(self) -> bool:
+        return self.covered == self.failing == self.region
+
+    @property
+    def tight(self) -> bool:
+        """Covers all but a few failing elements and names few passing ones: preferred to a simpler loose one."""
+        return self.covered >= TIGHT * self.failing and self.covered >= TIGHT * self.region
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    """An output's shape and how its axes are named (None: plain dim0, dim1, ...) and which is the channel axis."""
+
+    shape: tuple[int, ...]
+    names: tuple[str, ...] | None = None
+    channel_axis: int | None = None
+
+    def name(self, axis: int) -> str:
+        return self.names[axis] if self.names is not None and len(self.names) == len(self.shape) else f"dim{axis}"
+
+    def at(self, flat: int) -> str:
+        """``n=7 c=3 h=27 w=24`` for a flat index."""
+        index = np.unravel_index(flat, self.shape) if self.shape else ()
+        return " ".join(f"{self.name(a)}={int(i)}" for a, i in enumerate(index))
+
+
+# --------------------------------------------------------------------------- index sets in words
+
+
+def index_ranges(values: Sequence[int] | np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Sorted distinct indices as inclusive runs: [0, 1, 2, 7] -> ((0, 2), (7, 7))."""
+    v = np.unique(np.asarray(values, dtype=np.int64))
+    if not v.size:
+        return ()
+    breaks = np.flatnonzero(np.diff(v) != 1)
+    starts = np.concatenate([[0], breaks + 1])
+    stops = np.concatenate([breaks, [v.size - 1]])
+    return tuple((int(v[a]), int(v[b])) for a, b in zip(starts, stops))
+
+
+def _progression(values: np.ndarray) -> int | None:
+    """The step of an arithmetic progression of at least 3 values with step > 1, else None."""
+    if values.size < 3:
+        return None
+    steps = np.diff(values)
+    return int(steps[0]) if steps[0] > 1 and (steps == steps[0]).all() else None
+
+
+def ranges_text(ranges: Sequence[tuple[int, int]], limit: int = MAX_RANGES) -> str:
+    """((0, 7), (12, 12)) -> "0..7, 12"; past ``limit`` ranges, "and N more"."""
+    shown = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges[:limit])
+    return shown + (f" and {len(ranges) - limit} more" if len(ranges) > limit else "")
+
+
+def indices_text(values: Sequence[int] | np.ndarray, limit: int = MAX_RANGES) -> str:
+    """Indices in as few words as they take: "0..7, 12", or "3, 7, ..., 63 (every 4th)" for a progression."""
+    v = np.unique(np.asarray(values, dtype=np.int64))
+    ranges = index_ranges(v)
+    step = _progression(v)
+    if step is not None and len(ranges) > 2:
+        return f"{v[0]}, {v[1]}, ..., {v[-1]} (every {_ordinal(step)})"
+    return ranges_text(ranges, limit)
+
+
+def _complexity(values: np.ndarray) -> int:
+    """Index ranges a set takes in words (a progression is one)."""
+    ranges = len(index_ranges(values))
+    return 1 if ranges > 2 and _progression(np.unique(values)) is not None else ranges
+
+
+def _ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
+def _count_text(count: int, total: int, axis_name: str) -> str:
+    unit = _UNIT.get(axis_name, "indices")
+    return f"{count} of {total} {unit if total != 1 else unit.rstrip('s')}"
+
+
+# --------------------------------------------------------------------------- the descriptions
+
+
+def _counts_dtype(bound: int) -> np.dtype:
+    """The narrowest unsigned integer that holds counts up to ``bound``: NumPy adds rows of bytes fastest unwidened."""
+    return np.dtype(np.uint8 if bound < 1 << 8 else np.uint16 if bound < 1 << 16 else np.uint32 if bound < 1 << 32
+                    else np.uint64)
+
+
+class _Failures:
+    """The failing elements, read the cheaper way: from their flat positions when they are few (a bincount per
+    question), from the mask when they are many (a reduction per question, rows of bytes added unwidened)."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask, self.flat = mask, mask.reshape(-1)
+        self.count = int(np.count_nonzero(self.flat))
+        self.positions = np.flatnonzero(self.flat) if self.count * SPARSE <= self.flat.size else None
+        self._coordinates: dict[int, np.ndarray] = {}
+
+    def coordinate(self, axis: int) -> np.ndarray:
+        """Each failure's index on ``axis`` (computed once)."""
+        if axis not in self._coordinates:
+            shape = self.mask.shape
+            self._coordinates[axis] = self.positions // math.prod(shape[axis + 1:]) % shape[axis]
+        return self._coordinates[axis]
+
+    def per_axis(self) -> list[np.ndarray]:
+        """Failures at each index of each axis."""
+        shape = self.mask.shape
+        if self.positions is not None:
+            return [np.bincount(self.coordinate(axis), minlength=shape[axis]) for axis in range(len(shape))]
+        # Dense: the leading axis's counts row by row, then the mask summed over that axis (adding whole rows, as
+        # fast as a copy) and the rest counted on that far smaller array, and so on down.
+        counts, rest = [], self.mask.view(np.uint8)
+        for axis in range(len(shape)):
+            rows = rest.reshape(shape[axis], -1)
+            counts.append(np.count_nonzero(rows, axis=1) if axis == 0 else rows.sum(axis=1, dtype=np.int64))
+            if axis + 1 < len(shape):
+                rest = rest.sum(axis=0, dtype=_counts_dtype(int(rest.max(initial=0)) * shape[axis]))
+        return [np.asarray(c, dtype=np.int64).reshape(-1) for c in counts]
+
+    def inside(self, sets: list[np.ndarray]) -> int:
+        """Failures inside the product of these index sets (one per axis)."""
+        if self.positions is not None:
+            inside = np.ones(self.count, dtype=bool)
+            for axis, chosen in enumerate(sets):
+                member = np.zeros(self.mask.shape[axis], dtype=bool)
+                member[chosen] = True
+                inside &= member[self.coordinate(axis)]
+            return int(np.count_nonzero(inside))
+        return int(np.count_nonzero(self.mask[np.ix_(*sets)]))
+
+    def per_lane(self, period: int, prefix: int | None = None) -> np.ndarray:
+        """Failures at each residue of the flat index modulo ``period`` (among the first ``prefix`` elements)."""
+        if self.positions is not None:
+            return np.bincount(self.positions % period, minlength=period)
+        flat = self.flat[:prefix].view(np.uint8)
+        groups = flat.size // period
+        stacked = groups // 255 * 255  # groups of 255 rows added as bytes (no widening: 3x faster), then the rest
+        lanes = flat[:stacked * period].reshape(-1, 255, period).sum(axis=1, dtype=np.uint8).sum(axis=0, dtype=np.int64)
+        lanes += flat[stacked * period:groups * period].reshape(-1, period).sum(axis=0, dtype=np.int64)
+        return lanes + np.bincount(np.arange(flat.size - groups * period), weights=flat[groups * period:],
+                                   minlength=period).astype(np.int64)
+
+    def per_position_of(self, axis: int) -> np.ndarray:
+        """Each failure's position in its channel's reduction order (the axes other than ``axis`` flattened)."""
+        shape = self.mask.shape
+        inner = math.prod(shape[axis + 1:])
+        return self.positions // (shape[axis] * inner) * inner + self.positions % inner
+
+    def per_position(self, axis: int) -> np.ndarray:
+        """Failures at each position of the channels' reduction order (the axes other than ``axis`` flattened)."""
+        shape = self.mask.shape
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        if self.positions is not None:
+            return np.bincount(self.per_position_of(axis), minlength=outer * inner)
+        by_channel = self.mask.reshape(outer, shape[axis], inner).view(np.uint8)
+        return by_channel.sum(axis=1, dtype=_counts_dtype(shape[axis])).reshape(-1)
+
+    def bounds(self) -> tuple[int, int]:
+        """[first, last + 1) of the failing flat positions."""
+        if self.positions is not None:
+            return int(self.positions[0]), int(self.positions[-1]) + 1
+        flat = self.flat
+        block = 1 << 12
+        whole = flat.size // block * block
+        tail = np.flatnonzero(flat[whole:])
+        if tail.size:
+            return int(np.argmax(flat)), whole + int(tail[-1]) + 1
+        last = int(np.flatnonzero(flat[:whole].reshape(-1, block).any(axis=1))[-1])  # the last block that fails
+        return int(np.argmax(flat)), last * block + int(np.flatnonzero(flat[last * block:(last + 1) * block])[-1]) + 1
+
+    def first(self, count: int) -> np.ndarray:
+        """The first ``count`` failing flat positions."""
+        if self.positions is not None:
+            return self.positions[:count]
+        start = int(np.argmax(self.flat))
+        return np.flatnonzero(self.flat[start:start + count * 4]) [:count] + start
+
+
+
+
+def _axes(failures: _Failures, where: Coordinates, counts: list[np.ndarray], stray: bool) -> Where | None:
+    """The product of each axis's indices that hold failures (``stray``: only those holding many)."""
+    shape = where.shape
+    keep = [c >= max(1, STRAY * c.max()) if stray else c > 0 for c in counts]
+    if stray and all(k.all() for k in keep):
+        return None
+    sets = [np.flatnonzero(k) for k in keep]
+    region = math.prod(s.size for s in sets)
+    failing = failures.count
+    covered = failures.inside(sets) if stray else failing
+    restricted = [a for a, s in enumerate(sets) if s.size < shape[a]]
+    parts = [f"{where.name(a)}={indices_text(sets[a])}" for a in restricted]
+    if len(restricted) == 1:
+        a = restricted[0]
+        parts[0] += f" only ({_count_text(sets[a].size, shape[a], where.name(a))})"
+    rest = [where.name(a) for a in range(len(shape)) if a not in restricted]
+    text = ", ".join(parts) + (f"; all {', '.join(rest)}" if rest else "")
+    axes = tuple((where.name(a), index_ranges(sets[a])) for a in restricted)
+    complexity = sum(_complexity(sets[a]) for a in restricted) or 99
+    return Where("axes", text, failing, covered, region, axes=axes, complexity=complexity)
+
+
+def _box(start: int, stop: int, where: Coordinates) -> tuple[str, bool]:
+    """The coordinates of the flat range [start, stop): its box when the range fills one, else its two ends."""
+    lo, hi = np.unravel_index(start, where.shape), np.unravel_index(stop - 1, where.shape)
+    spans = []
+    for a in range(len(where.shape)):
+        # the leading axes that vary decide the box; a range fills its box when its length is the box's size
+        spans.append((int(lo[a]), int(hi[a])))
+        if lo[a] != hi[a]:
+            rest = where.shape[a + 1:]
+            box = (hi[a] - lo[a] + 1) * math.prod(rest)
+            if box == stop - start:
+                parts = [f"{where.name(b)}={s}" if s == e else f"{where.name(b)}={s}..{e}" for b, (s, e) in enumerate(spans)]
+                names = [where.name(b) for b in range(a + 1, len(where.shape))]
+                return ", ".join(parts) + (f"; all {', '.join(names)}" if names else ""), True
+            break
+    return f"from {where.at(start)} to {where.at(stop - 1)}", False
+
+
+def _flat_range(failures: _Failures, where: Coordinates) -> Where:
+    flat, failing = failures.flat, failures.count
+    start, stop = failures.bounds()
+    length = stop - start
+    box, _ = _box(start, stop, where)
+    if stop == flat.size:
+        lead = f"the last {length} elements of the buffer"
+    elif start == 0:
+        lead = f"the first {length} elements of the buffer"
+    else:
+        lead = f"elements {start}..{stop - 1} of the buffer in storage order ({length})"
+    return Where("range", f"{lead}: {box}", failing, failing, length, start=start, stop=stop, complexity=1)
+
+
+def _periods(failures: _Failures) -> list[int]:
+    """Periods worth trying: the spacing of the first failures' runs (the most common one and their gcd) and the
+    warp sizes."""
+    positions = failures.first(SAMPLE)
+    found: list[int] = []
+    if positions.size > 1:
+        starts = positions[np.concatenate([[True], np.diff(positions) > 1])]
+        gaps = np.diff(starts)
+        if gaps.size:
+            values, numbers = np.unique(gaps, return_counts=True)
+            found += [int(values[np.argmax(numbers)]), int(np.gcd.reduce(gaps))]
+    return [p for p in dict.fromkeys(found + list(WARPS)) if 2 <= p <= failures.flat.size // 2]
+
+
+def _period(failures: _Failures, period: int, where: Coordinates) -> Where | None:
+    size, failing = failures.flat.size, failures.count
+    whole = size // period * period
+    if failures.positions is None and size > PREFIX:  # many failures: a look at the buffer's start first
+        sample = failures.per_lane(period, PREFIX)
+        if np.count_nonzero(sample >= max(1, STRAY * sample.max())) == period:
+            return None
+    by_lane = failures.per_lane(period)
+    lanes = np.flatnonzero(by_lane >= max(1, STRAY * by_lane.max()))
+    if lanes.size == period:
+        return None
+    positions = whole // period * lanes.size + int(np.count_nonzero(lanes < size - whole))
+    covered = int(by_lane[lanes].sum())
+    ranges = index_ranges(lanes)
+    block = _trailing_axes(where, period)
+    if block is not None and len(ranges) == 1:  # a range of every block of the trailing axes: say which axes
+        lo, hi = ranges[0]
+        inner = Coordinates(where.shape[len(where.shape) - len(block):], block)
+        text = (f"elements {lo}..{hi} of every ({', '.join(block)}) block of {period} in storage order: "
+                f"from {inner.at(lo)} to {inner.at(hi)}")
+    elif lanes.size == 1:
+        text = f"every {_ordinal(period)} element in storage order, offset {int(lanes[0])}"
+    else:
+        text = f"lanes {ranges_text(ranges)} of every {period}-element group in storage order"
+    return Where("period", text, failing, covered, positions, period=period, lanes=ranges,
+                 complexity=_complexity(lanes))
+
+
+def _trailing_axes(where: Coordinates, period: int) -> tuple[str, ...] | None:
+    """The names of the trailing axes whose elements make one period, if any do (at least two axes' worth)."""
+    for k in range(1, len(where.shape) - 1):
+        if math.prod(where.shape[k:]) == period:
+            return tuple(where.name(a) for a in range(k, len(where.shape)))
+    return None
+
+
+def _reduction(failures: _Failures, where: Coordinates, channels: np.ndarray) -> Where | None:
+    """A range of each channel's reduction order (the other axes flattened in storage order), in the channels that
+    hold failures."""
+    axis = where.channel_axis
+    shape, failing = where.shape, failures.count
+    if axis is None or len(shape) < 2:
+        return None
+    per_position = failures.per_position(axis)
+    start = int(np.argmax(per_position > 0))
+    stop = per_position.size - int(np.argmax(per_position[::-1] > 0))
+    if stop - start == per_position.size:
+        return None
+    used = np.flatnonzero(channels)
+    region = (stop - start) * used.size
+    span = per_position.size
+    lead = (f"the last {stop - start} of each channel's {span} elements in reduction order" if stop == span else
+            f"the first {stop - start} of each channel's {span} elements in reduction order" if start == 0 else
+            f"elements {start}..{stop - 1} of each channel's {span} in reduction order")
+    if used.size < shape[axis]:
+        lead += f", in {where.name(axis)}={indices_text(used)}"
+    complexity = 1 + (_complexity(used) if used.size < shape[axis] else 0)
+    return Where("reduction", lead, failing, failing, region, start=start, stop=stop, complexity=complexity)
+
+
+def _elements(failures: _Failures, where: Coordinates) -> Where:
+    positions, failing = failures.first(FEW_ELEMENTS), failures.count
+    text = f"{failing} element{'s' if failing > 1 else ''}: " + "; ".join(where.at(int(p)) for p in positions)
+    return Where("elements", text, failing, failing, failing, complexity=1)  # (a few: as simple as one range)
+
+
+def _scattered(failing: int, where: Coordinates, counts: list[np.ndarray]) -> Where:
+    """Nothing simple covers the failures: how far they spread, and the densest index of the channel axis (or of the
+    axis they crowd most)."""
+    shape = where.shape
+    axis = where.channel_axis if where.channel_axis is not None else max(
+        range(len(shape)), key=lambda a: counts[a].max() / max(1, failing) * shape[a])
+    per = counts[axis]
+    hit = int(np.count_nonzero(per))
+    name = where.name(axis)
+    densest = int(np.argmax(per))
+    size = math.prod(shape) // shape[axis]
+    text = (f"no simple pattern covers them: {failing} failing elements in {_count_text(hit, shape[axis], name)}; "
+            f"densest {name}={densest} ({100 * per[densest] / size:.3g}% of its {size} elements fail)")
+    return Where("scattered", text, failing, failing, math.prod(shape), complexity=99)
+
+
+_ORDER = ("elements", "axes", "range", "reduction", "period")
+
+
+def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
+    """Where the True elements of ``mask`` (shape where.shape) sit; None when there are none."""
+    failures = _Failures(mask)
+    failing, size = failures.count, mask.size
+    if failing == 0:
+        return None
+    if failing == size:
+        return Where("all", "every element", failing, failing, size)
+    counts = failures.per_axis()
+    axes = _axes(failures, where, counts, stray=False)
+    found = [axes, _flat_range(failures, where)]
+    if not axes.tight:  # stray failures widen the sets: those holding many
+        found.append(_axes(failures, where, counts, stray=True))
+    if failing <= FEW_ELEMENTS:
+        found.append(_elements(failures, where))
+    if where.channel_axis is not None and mask.ndim >= 2:
+        found.append(_reduction(failures, where, counts[where.channel_axis] > 0))
+    strided = any(len(ranges) > 2 for _, ranges in axes.axes)  # indices at a stride: storage order may say it too
+    if not axes.tight or axes.complexity > 1 or strided:
+        found += [_period(failures, p, where) for p in _periods(failures)]
+    accepted = [w for w in found if w is not None and w.covered >= NEARLY_ALL * failing and w.covered >= MOSTLY * w.region]
+    if not accepted:
+        return _scattered(failing, where, counts)
+    best = min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
+    period = next((w for w in accepted if w.kind == "period" and w.exact and w.complexity == 1), None)
+    if best.kind == "axes" and period is not None:  # a stride across the channels: both are true, say both
+        best = replace(best, text=f"{best.text}; also {period.text}")
+    if best.covered < failing:  # say that some are elsewhere
+        best = replace(best, text=f"{best.text} ({failing - best.covered} of the {failing} elsewhere)")
+    return best
+
+
+# --------------------------------------------------------------------------- the picture's data
+
+MAP_ROWS, MAP_COLUMNS = 16, 60  # at most: channel groups x blocks of each channel's positions
+
+
+@dataclass(frozen=True)
+class HeatMap:
+    """Failing elements over channel groups (rows) x blocks of each channel's positions (columns: its other axes
+    flattened in storage order, the channel's reduction order). ``channels``/``positions``: each row's and column's
+    inclusive index range; ``failing`` and ``elements`` per cell."""
+
+    channels: tuple[tuple[int, int], ...]
+    positions: tuple[tuple[int, int], ...]
+    failing: tuple[tuple[int, ...], ...]
+    elements: tuple[tuple[int, ...], ...]
+
+    def share(self, row: int, column: int) -> float:
+        return self.failing[row][column] / self.elements[row][column]
+
+
+def _edges(count: int, parts: int) -> np.ndarray:
+    """Starts of at most ``parts`` nearly equal blocks of ``count`` items, and the end."""
+    return np.unique(np.linspace(0, count, min(parts, count) + 1).round().astype(np.int64))
+
+
+def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, columns: int = MAP_COLUMNS,
+             failures: _Failures | None = None) -> HeatMap | None:
+    """The failing share per channel group x position block; None without a channel axis (or for a 1-D output)."""
+    if channel_axis is None or mask.ndim < 2 or not mask.size:
+        return None
+    failures = failures or _Failures(mask)
+    shape = mask.shape
+    count, inner = shape[channel_axis], math.prod(shape[channel_axis + 1:])
+    span = mask.size // count
+    group = next((g for g in range(max(1, -(-count // rows)), count + 1) if count % g == 0), count)
+    equal = count // group >= min(rows, count) // 2  # channel groups of one size (else, for a prime C, unequal ones)
+    row_edges = np.arange(0, count + 1, group) if equal else _edges(count, rows)
+    column_edges = _edges(span, columns)
+    elements = np.outer(np.diff(row_edges), np.diff(column_edges))
+    if failures.count == mask.size:
+        failing = elements
+    elif failures.positions is not None:
+        channel = failures.positions // inner % count
+        row = np.searchsorted(row_edges, channel, side="right") - 1
+        column = np.searchsorted(column_edges, failures.per_position_of(channel_axis), side="right") - 1
+        cells = np.bincount(row * (column_edges.size - 1) + column,
+                            minlength=(row_edges.size - 1) * (column_edges.size - 1))
+        failing = cells.reshape(row_edges.size - 1, column_edges.size - 1)
+    elif inner == 1:  # channels last: each block of positions is a block of rows, added row by row
+        rows_of = mask.reshape(span, count).view(np.uint8)
+        widest = _counts_dtype(int(np.diff(column_edges).max()))
+        blocks = np.stack([rows_of[a:b].sum(axis=0, dtype=widest) for a, b in zip(column_edges[:-1], column_edges[1:])])
+        failing = np.add.reduceat(blocks.astype(np.int64), row_edges[:-1], axis=1).T
+    else:
+        # channel groups first (one pass adding rows of bytes), then blocks of the far smaller (groups, positions)
+        by_channel = mask.reshape(-1, count, inner).view(np.uint8)
+        if equal:
+            grouped = by_channel.reshape(-1, count // group, group, inner).sum(axis=2, dtype=_counts_dtype(group))
+        else:
+            grouped = np.add.reduceat(by_channel, row_edges[:-1], axis=1, dtype=np.int32)
+        by_group = np.moveaxis(grouped, 1, 0).reshape(row_edges.size - 1, span)
+        failing = np.add.reduceat(by_group, column_edges[:-1], axis=1, dtype=np.int64)
+    return HeatMap(tuple((int(a), int(b) - 1) for a, b in zip(row_edges[:-1], row_edges[1:])),
+                   tuple((int(a), int(b) - 1) for a, b in zip(column_edges[:-1], column_edges[1:])),
+                   tuple(tuple(int(v) for v in line) for line in failing),
+                   tuple(tuple(int(v) for v in line) for line in elements))
