@@ -300,7 +300,6 @@ class ReportTargets:
     def __post_init__(self) -> None:
         """A name that resolves to stdout (/dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, as '-' is."""
         from bnbwd_cli.files.through import is_stdout
-
         for option in ("json", "junit", "markdown"):
             target = getattr(self, option)
             if target is not None and target != "-" and is_stdout(target):
@@ -371,8 +370,7 @@ def op_options(f: Callable) -> Callable:
 
 @dataclass(frozen=True)
 class Destinations:
-    """A command's outputs, vetted: the files it writes (-o, --out-dir's NAME.npy), its --json target ('-' when
-    the name given resolves to stdout) and whether anything of it goes to stdout (then the report goes to stderr)."""
+    """A command's outputs, vetted: its files, its --json ('-' if it resolves to stdout), whether stdout is taken."""
 
     files: list
     json_target: str | None
@@ -380,10 +378,9 @@ class Destinations:
 
 
 def vet_outputs(outputs: list[tuple[str, Any]], json_target: str | None, inputs: list) -> Destinations:
-    """Every output of run, verify and check, vetted before any work by one rule. outputs: (flag, target) pairs
-    (("-o", "-"), ("--out-dir", DIR/diff_src.npy), ...). Each name that resolves to stdout ('-', /dev/stdout,
-    /dev/fd/1, /proc/self/fd/1) counts as stdout, and two of them are a usage error (the arrays would be lost in
-    the JSON); every other must be writable, no input, and named once; --json cannot be an output file."""
+    """Every output of run, verify and check, vetted before any work by one rule: a name that resolves to stdout
+    ('-', /dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, two there are a usage error; others must be
+    writable, no input, named once. outputs: (flag, target) pairs, e.g. ("-o", "-"), ("--out-dir", DIR/NAME.npy)."""
     from pathlib import Path
 
     from bnbwd_cli.files import write as files_write
