@@ -1,6 +1,6 @@
 """The speed targets in one command: whole runs, their phases, judging, and the cores, each a median of rounds.
 
-    python -m bench.targets [--rounds 11] [--threads N] [--skip e2e,phases,judge,cores] [--markdown OUT.md]
+    python -m bench.targets [--rounds 11] [--threads N] [--skip e2e,phases,judge,route,cores] [--markdown OUT.md]
 
 Every table is measured round by round: each contender once a round, back to back (A, B, C, A, B, C, ...), so
 a machine shared with other work moves them alike. A time is the median over the rounds with its min-max; a
@@ -15,8 +15,12 @@ ratio is the median of the rounds' own ratios (a round's contenders ran back to 
   child's VmHWM.
 - phases: the .npy job through bnbwd's layers (imports, read, core, write) against PyTorch's load, compute,
   save, each timed inside its own fresh process (bench/end_to_end.py's scripts).
-- judge: `run --reference` against a plain `run` (no output), net of the floor; peak RSS against the bytes of
-  src + diff_dst + the outputs judged.
+- judge: `run --reference` against a plain `run` (no output), net of the floor, wall and CPU; a failing kernel's
+  `run --reference` (diff_src 0.1% too large: the diagnosis runs); peak RSS against the bytes of src + diff_dst +
+  the outputs judged.
+- route: judging a passing kernel (exact, and a few ulps off) in one process, bnbwd's reference included, against
+  the PyTorch route on the same tensors (`native_batch_norm_backward`, then `torch.testing.assert_close` on the
+  three outputs): CPU time (all threads) and wall, each route after a warm-up call on a small problem.
 - cores: one worker process per contender (bench/ab_core.py's protocol), (64,128,56,56) f32/bf16/f16 both
   layouts: the NumPy core, the numba core, torch's `native_batch_norm_backward` (channels_last for NXC), a
   naive NumPy expression and a numba triad over the same bytes (read src and diff_dst, write diff_src: the
@@ -228,23 +232,118 @@ PHASE_HEADER = ["| layout | bnbwd imports / read / core / write ms | PyTorch loa
 
 
 def judge_rows(work: Path, data_format: str, threads: int, rounds: int) -> list[str]:
-    out = work / "judged"
+    out, failing = work / "judged", work / "failing"
     run_child(end_to_end.run_command(work, data_format, threads, ["--out-dir", str(out)])[1:], out)  # what is judged
+    failing.mkdir(exist_ok=True)  # a failing kernel: bnbwd's outputs with diff_src 0.1% too large (a scaling bug)
+    for name in ("diff_src", "diff_gamma", "diff_beta"):
+        values = np.load(out / f"{name}.npy")
+        np.save(failing / f"{name}.npy", (values * np.float32(1.001)) if name == "diff_src" else values)
     plain = end_to_end.run_command(work, data_format, threads, [])[1:]
     judged = end_to_end.run_command(work, data_format, threads, ["--reference", str(out)])[1:]
-    timing = rounds_of({"floor": (["-c", "import numpy"], None), "plain": (plain, None), "judged": (judged, None)},
-                       rounds)
+    failed = end_to_end.run_command(work, data_format, threads, ["--reference", str(failing)])[1:]
+    timing = rounds_of({"floor": (["-c", "import numpy"], None), "plain": (plain, None), "judged": (judged, None),
+                        "failing": (failed, None)}, rounds)
     wall = {name: result["wall"] for name, result in timing.items()}
+    cpu = {name: result["cpu"] for name, result in timing.items()}
     added = [(j - p) / (p - f) for j, p, f in zip(wall["judged"], wall["plain"], wall["floor"])]
+    added_cpu = [(j - p) / (p - f) for j, p, f in zip(cpu["judged"], cpu["plain"], cpu["floor"])]
     data = sum(np.load(work / f"{name}.npy", mmap_mode="r").nbytes for name in ("src", "diff_dst"))
     data += sum(np.load(out / f"{name}.npy", mmap_mode="r").nbytes for name in ("diff_src", "diff_gamma", "diff_beta"))
     rss = median(timing["judged"]["rss"])
-    return [f"| {data_format} | {spread(wall['plain'])} | {spread(wall['judged'])} | {spread(wall['floor'])} | "
-            f"**{spread(added, '.2f')}** | {rss:.0f} MiB = **{rss * 2**20 / data:.2f}x** the data ({data / 2**20:.0f} MiB) |"]
+    both = lambda name: f"{spread(wall[name])} / {spread(cpu[name])}"
+    return [f"| {data_format} | {both('plain')} | {both('judged')} | {both('failing')} | {both('floor')} | "
+            f"**{spread(added, '.2f')}** / {spread(added_cpu, '.2f')} | "
+            f"{rss:.0f} MiB = **{rss * 2**20 / data:.2f}x** the data ({data / 2**20:.0f} MiB) |"]
 
 
-JUDGE_HEADER = ["| layout | `run` ms | `run --reference` ms | floor ms | judging adds (x a plain run, net) "
-                "| peak RSS of `run --reference` |", "|---|---|---|---|---|---|"]
+JUDGE_HEADER = ["| layout | `run` ms (wall / CPU) | `run --reference` ms (wall / CPU) | a failing kernel's `run "
+                "--reference` ms (wall / CPU) | floor ms (wall / CPU) | judging adds (x a plain run, net; wall / CPU) "
+                "| peak RSS of `run --reference` |", "|---|---|---|---|---|---|---|"]
+
+
+# A passing kernel judged in one process: bnbwd's reference and its judgement (app.judge: reference_outputs, then
+# compare) against the PyTorch route (native_batch_norm_backward, then torch.testing.assert_close on the three
+# outputs). argv: route (bnbwd|torch), layout (NCHW|NHWC), kernel (exact|ulps), threads. The kernel's outputs are
+# bnbwd's own ("exact") or the same with half of diff_src's elements moved by up to 3 ulps ("ulps"); both routes
+# judge the same tensors. Each route runs once on a small problem first (its lazy imports and first calls: torch's
+# first assert_close costs ~0.7 s of them), then prints its CPU (all threads) and wall milliseconds.
+ROUTE_CHILD = """
+import sys, time
+import numpy as np
+route, data_format, kernel, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+from bnbwd_cli.app.judge import TensorSets, compare, reference_outputs
+from bnbwd_cli.judge.tolerance import Judging
+from bnbwd_cli.op import Op
+NAMES = ("diff_src", "diff_gamma", "diff_beta")
+
+def problem(n):
+    rng = np.random.default_rng(3)
+    shape = (n, 128, 56, 56) if data_format == "NCHW" else (n, 56, 56, 128)
+    src, dy = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
+    mean = rng.standard_normal(128).astype(np.float32) * 0.1
+    variance, gamma = (rng.uniform(0.5, 1.5, 128).astype(np.float32) for _ in range(2))
+    op = Op(src, dy, mean, variance, gamma, epsilon=1e-5, data_format="NCX" if data_format == "NCHW" else "NXC")
+    actual = reference_outputs(op, NAMES, threads=threads)
+    if kernel == "ulps":
+        bits = actual["diff_src"].reshape(-1).view(np.int32)
+        bits += rng.integers(-3, 4, bits.size).astype(np.int32) * (rng.random(bits.size) < 0.5)
+    return op, actual
+
+if route == "bnbwd":
+    def judge(op, actual):
+        reference = reference_outputs(op, NAMES, threads=threads)
+        result = compare(TensorSets(actual, reference, inputs=op), Judging(threads=threads))
+        assert result.exit_code == 0, result.status
+else:
+    import torch
+    torch.set_num_threads(threads)
+
+    def judge(op, actual):
+        src, dy = torch.from_numpy(op.src), torch.from_numpy(op.diff_dst)
+        if data_format == "NHWC":
+            src, dy = src.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # channels_last strides: torch's NHWC kernel
+        mean, variance, gamma = (torch.from_numpy(v) for v in (op.mean, op.variance, op.gamma))
+        invstd = torch.rsqrt(variance + 1e-5)
+        outputs = torch.ops.aten.native_batch_norm_backward(dy, src, gamma, None, None, mean, invstd, True, 1e-5,
+                                                            [True, True, True])
+        diff_src = outputs[0].permute(0, 2, 3, 1) if data_format == "NHWC" else outputs[0]
+        for name, expected in zip(NAMES, (diff_src, *outputs[1:])):
+            try:  # (diff_gamma and diff_beta, float64 sums rounded once, may be past its float32 default tolerances)
+                torch.testing.assert_close(torch.from_numpy(actual[name]), expected)
+            except AssertionError:
+                assert name != "diff_src"
+
+judge(*problem(2))
+op, actual = problem(32)
+cpu, wall = time.process_time(), time.perf_counter()
+judge(op, actual)
+print((time.process_time() - cpu) * 1e3, (time.perf_counter() - wall) * 1e3)
+"""
+
+
+def route_rows(data_format: str, threads: int, rounds: int) -> list[str]:
+    """Judging a passing kernel in one process: bnbwd's route against PyTorch's, interleaved round by round."""
+    rows = []
+    for kernel in ("exact", "ulps"):
+        seen: dict[str, dict[str, list[float]]] = {route: {"cpu": [], "wall": []} for route in ("bnbwd", "torch")}
+        for _ in range(rounds):
+            for route, times in seen.items():
+                done = subprocess.run([sys.executable, "-c", ROUTE_CHILD, route, data_format, kernel, str(threads)],
+                                      env=end_to_end.child_env(), cwd=ROOT, capture_output=True, text=True)
+                if done.returncode:
+                    raise RuntimeError(f"{route} route failed: {done.stderr[-400:]}")
+                cpu, wall = (float(v) for v in done.stdout.split()[-2:])
+                times["cpu"].append(cpu)
+                times["wall"].append(wall)
+        ratio = lambda clock: spread([a / b for a, b in zip(seen["bnbwd"][clock], seen["torch"][clock])], ".2f")
+        rows.append(f"| {data_format} | {kernel} | {spread(seen['bnbwd']['cpu'])} / {spread(seen['bnbwd']['wall'])} | "
+                    f"{spread(seen['torch']['cpu'])} / {spread(seen['torch']['wall'])} | **{ratio('cpu')}** | "
+                    f"{ratio('wall')} |")
+    return rows
+
+
+ROUTE_HEADER = ["| layout | kernel | bnbwd: reference + judging ms (CPU / wall) | PyTorch: backward + assert_close x3 ms "
+                "(CPU / wall) | bnbwd/PyTorch CPU | bnbwd/PyTorch wall |", "|---|---|---|---|---|---|"]
 
 
 # ---------------------------------------------------------------- the cores
@@ -370,7 +469,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--threads", type=int, default=None, help="default: the usable cores")
-    parser.add_argument("--skip", default="", help="comma list of tables to skip: e2e,phases,judge,cores")
+    parser.add_argument("--skip", default="", help="comma list of tables to skip: e2e,phases,judge,route,cores")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16", help="the cores table's dtypes")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--markdown", help="also write the tables to this file")
@@ -399,7 +498,7 @@ def main() -> None:
         skip |= {"e2e", "phases"}
     with tempfile.TemporaryDirectory(dir=args.workdir) as work_root:
         for data_format in ("NCHW", "NHWC"):
-            if {"e2e", "phases", "judge"} <= skip:
+            if {"e2e", "phases", "judge", "route"} <= skip:
                 break
             work = Path(work_root) / data_format
             work.mkdir()
@@ -413,6 +512,9 @@ def main() -> None:
             if "judge" not in skip:
                 section(f"Judging, {data_format} (.npy, `run --reference` vs `run`)", JUDGE_HEADER,
                         judge_rows(work, data_format, threads, args.rounds))
+            if "route" not in skip and has_torch:
+                section(f"Judging a passing kernel, f32 {E2E_SHAPE} {data_format}, in one process: bnbwd against the "
+                        "PyTorch route", ROUTE_HEADER, route_rows(data_format, threads, args.rounds))
             shutil.rmtree(work)
     if "cores" not in skip:
         contenders = [c for c in CORE_CONTENDERS if (c != "torch" or has_torch) and (c not in ("numba", "triad") or has_numba)]

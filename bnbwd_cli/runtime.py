@@ -76,12 +76,22 @@ def usable_numba_core():
     return numba_core
 
 
-def load_numba_core():
-    """The numba core module, imported on first use.
+def numba_judging(elements: int) -> bool:
+    """Whether the judge's bias regression sums diff_src's ``elements`` compiled (judge/numba_sums.py, the same
+    numbers): numba installed and $BNBWD_CORE not "numpy", and either $BNBWD_CORE is "numba", the numba core
+    has run in this process (numba's start-up is paid), or there are AUTO_NUMBA_MIN_ELEMENTS elements or more."""
+    choice = os.environ.get("BNBWD_CORE", "").lower()
+    if choice == "numpy" or not numba_available():
+        return False
+    return choice == "numba" or "bnbwd_cli.core.numba_core" in sys.modules or elements >= AUTO_NUMBA_MIN_ELEMENTS
+
+
+def prepare_numba() -> None:
+    """numba's settings, before its first import by bnbwd's code.
 
     Idle OpenMP workers sleep instead of spinning: on a small, shared machine a spinning worker steals the core
     the next kernel launch waits on, and a launch waits many times its own length. numba reads OMP_WAIT_POLICY when
-    it starts its pool, so the default is set here, where the numba core is chosen; an explicit setting wins.
+    it starts its pool, so the default is set here, where numba is chosen; an explicit setting wins.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if not os.environ.get("NUMBA_CACHE_DIR"):
@@ -93,6 +103,11 @@ def load_numba_core():
             from numba.core import config
 
             config.reload_config()
+
+
+def load_numba_core():
+    """The numba core module, imported on first use (numba's settings: prepare_numba)."""
+    prepare_numba()
     from bnbwd_cli.core import numba_core
 
     return numba_core

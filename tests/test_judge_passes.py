@@ -106,6 +106,27 @@ def test_sequential_float32_sum_adds_in_storage_order(s: int, channels: int) -> 
     assert np.abs(expected - exact).max() > 1.0  # the order shows: a pairwise sum would not match
 
 
+def test_sequential_float32_sum_gathers_a_rows_channels_across_blocks() -> None:
+    """Blocks that follow each other across the channels of the same rows (NCX's blocks) are reduced together:
+    each channel's total is still its elements added one by one in storage order, whatever blocks came between
+    (a one-channel slice, a block of other rows, a block that starts a new run of channels)."""
+    rng = np.random.default_rng(15)
+    channels = 7
+    cuts = [((2, 6), (0, 3)), ((2, 6), (3, 5)), ((2, 6), (5, 7)), ((1, 6), (0, 1)), ((1, 6), (1, 2)),
+            ((1, 4), (2, 7)), ((1, 4), (0, 2)), ((2, 6), (2, 7))]
+    sequential = model._Sequential32(channels)
+    expected = np.zeros(channels, np.float32)
+    for (n, s), (c0, c1) in cuts:
+        terms = 1e4 + rng.standard_normal((n, c1 - c0, s))
+        sequential.add(terms, slice(c0, c1))
+        for row in terms.astype(np.float32):
+            for column in row.T:
+                expected[c0:c1] = expected[c0:c1] + column
+        if c1 == 5:
+            assert np.array_equal(sequential.total[:5], expected[:5])  # read between blocks: what is gathered so far
+    assert np.array_equal(sequential.total, expected)
+
+
 def test_safe_ratio_in_place_keeps_its_rules_for_zero_denominators() -> None:
     from bnbwd_cli.judge.rules import safe_ratio
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bnbwd_cli.app.judge import reference_outputs
 from bnbwd_cli.judge import bias, diff_src, sets
 from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.job import Job
@@ -125,3 +126,42 @@ def test_judging_pass_equals_the_one_that_forms_every_scale(data_format: str, pr
         assert judged[0].mismatches > 0
     if problem == "non-finite inputs":  # NaN scales (those channels' units are NaN): not taken for 0
         assert np.isnan(judged[0].min_units)
+
+
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_compiled_regression_sums_are_the_numpy_sums_bit_for_bit(non_finite: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """With numba (runtime.numba_judging: $BNBWD_CORE=numba here) the pieces' bins, products and scattered sums run
+    in one compiled loop (judge/numba_sums.py): the same bits as NumPy's, elements left out and exact pieces too;
+    and a whole judged diff_src reports the same numbers either way, through the judging pass's pieces."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(22)
+    blocks = []
+    for _ in range(3):
+        xhat, reference, actual, diff_dst = _blocks(rng, non_finite)
+        actual[0] = reference[0]  # an exact row: d is 0 there
+        blocks.append((xhat, reference, actual, diff_dst, slice(0, 6)))
+    regressions = []
+    for core in ("numba", "numpy"):
+        monkeypatch.setenv("BNBWD_CORE", core)
+        regression = ChannelRegression(6, "f32", elements=1)
+        assert (regression.compiled is not None) == (core == "numba")
+        for block in blocks:
+            regression.add(*block)
+        regressions.append(regression)
+    compiled, plain = regressions
+    assert np.array_equal(compiled.cross, plain.cross) and np.array_equal(compiled.dd, plain.dd)
+    assert np.array_equal(compiled.ulp_squares, plain.ulp_squares)
+    op, _ = small_op(rng, "NCX")
+    reference = reference_outputs(op, ("diff_src",), threads=1)["diff_src"]
+    actual = reference.copy()
+    actual.reshape(-1)[::7] *= np.float32(1.0 + 2.0**-20)
+    if non_finite:
+        actual.reshape(-1)[5] = np.nan
+    rows = []
+    for core in ("numba", "numpy"):
+        monkeypatch.setenv("BNBWD_CORE", core)
+        for threads in (1, 2):
+            result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(threads=threads), inputs=op)
+            rows.append(repr(result.outputs[0]) + repr(result.outputs[0].comparison.details))
+    assert rows[1:] == rows[:-1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bnbwd_cli import runtime
 from bnbwd_cli.dtypes import ulp_spacing
 from bnbwd_cli.judge.model import blocks
 from bnbwd_cli.judge.comparison import Bias
@@ -63,7 +64,9 @@ class ChannelRegression:
     degree of freedom fewer than its clusters.
     """
 
-    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None) -> None:
+    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None, elements: int = 0) -> None:
+        """``elements``: how many the regression will sum (runtime.numba_judging decides from it whether the
+        pieces' sums run compiled, judge/numba_sums.py: the same numbers)."""
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
@@ -71,6 +74,7 @@ class ChannelRegression:
         self.dtype = dtype
         # A block's d and the actual output's ULP spacing; a piece's bins by both keys (2, size) and products.
         self.scratch = Scratch() if scratch is None else scratch
+        self.compiled = _compiled_sums() if runtime.numba_judging(elements) else None
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
@@ -156,11 +160,22 @@ class BlockSums:
 
     def __init__(self, regression: ChannelRegression, shape: tuple[int, int, int], by_piece: bool = True) -> None:
         self.regression = regression
-        self.sums = np.zeros((2, 9, shape[1] * CLUSTERS))
+        bins = shape[1] * CLUSTERS
+        # compiled: the sums bin by bin (judge/numba_sums.py), read as the (2, 9, bins) sums by ``sums``
+        self.table = np.zeros((bins, 18)) if regression.compiled is not None else None
+        self._sums = np.zeros((2, 9, bins)) if self.table is None else None
         self.difference = regression.scratch.get("difference", shape)
         # by_piece False: the caller forms the spacing itself, after d is summed (ChannelRegression.add)
         self.spacing = regression.scratch.get("spacing", shape) if by_piece else None
         self.masked = False  # whether some element was left out (its d set to 0): d is then not a - r there
+
+    @property
+    def sums(self) -> np.ndarray:
+        """(2, 9, bins): per clustering (by diff_dst, by reference), the sums of w, x, r, x*x, x*r, r*r (the _PAIRS
+        order), d, x*d and r*d per bin."""
+        if self.table is None:
+            return self._sums
+        return self.table.reshape(-1, 2, 9).transpose(1, 2, 0)
 
     def add(self, piece: tuple[slice, slice, slice], values: PieceValues, finite: bool = False) -> None:
         """The piece ``piece`` of the block; ``finite``: the caller knows that actual, reference and xhat are all
@@ -174,14 +189,27 @@ class BlockSums:
             x, r = (np.where(usable, v, 0.0) for v in (values.xhat, values.reference))
             np.copyto(d, np.where(usable, d, 0.0))
             self.masked = True
-        bins = self._bins(values.diff_dst, values.reference, piece[1])
-        self._add_piece(bins, tuple(None if v is None else v.reshape(-1) for v in (w, x, r, d)))
+        if self.table is not None:
+            self._add_compiled(piece, values, (w, x, r, d))
+        else:
+            bins = self._bins(values.diff_dst, values.reference, piece[1])
+            self._add_piece(bins, tuple(None if v is None else v.reshape(-1) for v in (w, x, r, d)))
         if self.spacing is None:
             return
         out = self.spacing[piece]
         spacing = _spacing(values.actual, usable, self.regression.dtype, out)
         if not np.may_share_memory(spacing, out):  # (float64's spacing is built apart)
             np.copyto(out, spacing)
+
+    def _add_compiled(self, piece: tuple[slice, slice, slice], values: PieceValues, basis: tuple) -> None:
+        """_bins and _add_piece in one compiled loop (judge/numba_sums.py): the same sums."""
+        w, x, r, d = basis
+        keys = tuple(np.ascontiguousarray(k, dtype=np.float64).reshape(-1).view(np.uint64)
+                     for k in (values.diff_dst, values.reference))
+        weights = _NO_WEIGHTS if w is None else w
+        basis = tuple(np.ascontiguousarray(v, dtype=np.float64).reshape(-1) for v in (x, r, d, weights))
+        geometry = (piece[1].start, *x.shape[1:], CLUSTERS)
+        self.regression.compiled.piece_sums(self.table, keys, basis, geometry, np.uint64(64 - CLUSTER_BITS))
 
     def _bins(self, diff_dst: np.ndarray, reference: np.ndarray, channels: slice) -> np.ndarray:
         """(2, size): each element of a piece (n, c, s) whose channels are ``channels`` of the block: its bin,
@@ -194,7 +222,7 @@ class BlockSums:
 
     def _add_piece(self, bins: np.ndarray, basis: tuple) -> None:
         """One piece's w, x, r and d into the block's sums (w None: every weight is 1); bins: (2, piece)."""
-        sums = self.sums
+        sums = self._sums
         w, x, r, d = basis
         # X'X and X'd entries in _PAIRS order, then d: w*w = w, w*x = x and w*d = d exactly (x, r and d
         # are 0 wherever w is), so only five products are formed (into reused buffers).
@@ -212,6 +240,20 @@ class BlockSums:
             d, x, r, bins = d[where], x[where], r[where], np.take(bins, where, axis=1)
         xd, rd = (np.multiply(p, d, out=out) for p, out in zip((x, r), self.regression.scratch.take(_PRODUCTS[3:], d.size)))
         _scatter(sums[:, 6:], bins, (d, xd, rd))
+
+
+_NO_WEIGHTS = np.zeros(0)  # (the compiled sums' w when every weight is 1)
+
+
+def _compiled_sums():
+    """judge/numba_sums.py, imported with numba's settings (runtime.prepare_numba); None when numba fails to load
+    (the NumPy sums then, the same numbers)."""
+    runtime.prepare_numba()
+    try:
+        from bnbwd_cli.judge import numba_sums
+    except ImportError:
+        return None
+    return numba_sums
 
 
 def _spacing(actual: np.ndarray, usable: np.ndarray | None, dtype: str, out: np.ndarray) -> np.ndarray:

@@ -101,18 +101,27 @@ class _Pass:
         """Judge one piece (and regress it, with a block's regression sums); whether its a - r is finite everywhere."""
         r_block, d_block, sums = block
         facts = self.case.facts
-        values = _upcast_piece(self.views, where, piece, (facts.mean, facts.invstd), self.scratch, r_block)
-        a, r, d, dy, xhat = values.actual, values.reference, d_block[piece], values.diff_dst, values.xhat
+        constants = (facts.mean, facts.invstd)
+        # Without the regression's sums, diff_dst and xhat are formed only where the scale is wanted: nowhere when
+        # the piece is within one ULP of the reference, at the elements past it when they are few.
+        values = _upcast_piece(self.views, where, piece, constants if sums is not None else None, self.scratch, r_block)
+        a, r, d = values.actual, values.reference, d_block[piece]
         np.subtract(a, r, out=d)
         finite = bool(np.isfinite(d).all())
         shape, channels, model = a.shape, values.channels, self.model
 
         def scale_at(positions: np.ndarray | None) -> np.ndarray:
             if positions is None:
+                dy, xhat = (values.diff_dst, values.xhat) if values.xhat is not None else _dy_xhat(
+                    self.views, where, piece, constants, self.scratch)
                 out = tuple(self.scratch.take(("scale", "term"), shape))
                 return model.block(xhat, dy, r, channels, out=out).reshape(-1)
             channel = channels.start + positions // shape[2] % shape[1]
-            return model.at(channel, *(v.reshape(-1)[positions] for v in (xhat, dy, r)))
+            if values.xhat is not None:
+                dy, xhat = (v.reshape(-1)[positions] for v in (values.diff_dst, values.xhat))
+            else:
+                dy, xhat = _dy_xhat_at(self.views, where, piece, constants, positions, channel)
+            return model.at(channel, xhat, dy, r.reshape(-1)[positions])
 
         flat = (a.reshape(-1), r.reshape(-1))
         if finite and self.scale_sound[channels].all():
@@ -135,20 +144,44 @@ class _Upcast(PieceValues):
 
 
 def _upcast_piece(views: tuple, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice],
-                  constants: tuple[np.ndarray, np.ndarray], scratch: Scratch, r_block: np.ndarray | None = None) -> _Upcast:
+                  constants: tuple[np.ndarray, np.ndarray] | None, scratch: Scratch,
+                  r_block: np.ndarray | None = None) -> _Upcast:
     """One piece of a block as float64: actual, reference (into ``r_block``'s piece when given; a float64 reference
-    is the input itself), diff_dst and xhat; ``constants``: the channels' mean and invstd."""
-    a_view, r_view, dy_view, src_view = (view[where][piece] for view in views)
+    is the input itself), diff_dst and xhat; ``constants``: the channels' mean and invstd (None: no diff_dst and
+    xhat, which _dy_xhat forms on demand)."""
+    a_view, r_view = (view[where][piece] for view in views[:2])
     shape = a_view.shape
     a = to_float64(a_view, scratch.get("a", shape))
     r_out = scratch.get("r_piece", shape) if r_block is None else r_block[piece]
     r = r_view if r_view.dtype == np.float64 else to_float64(r_view, r_out)
+    channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
+    dy, xhat = _dy_xhat(views, where, piece, constants, scratch) if constants is not None else (None, None)
+    return _Upcast(xhat, r, a, dy, channels)
+
+
+def _dy_xhat(views: tuple, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice],
+             constants: tuple[np.ndarray, np.ndarray], scratch: Scratch) -> tuple[np.ndarray, np.ndarray]:
+    """diff_dst and xhat of one piece of a block, float64."""
+    dy_view, src_view = (view[where][piece] for view in views[2:])
+    shape = dy_view.shape
     dy = to_float64(dy_view, scratch.get("dy", shape))
     # xhat straight from src (a ufunc upcasts float32 and float16 exactly on the way), bfloat16 through float32
     src = to_float64(src_view) if is_bfloat16(src_view.dtype) else src_view
     channels = slice(where[1].start + piece[1].start, where[1].start + piece[1].stop)
-    xhat = xhat_block(src, channels, *constants, out=scratch.get("xhat", shape))
-    return _Upcast(xhat, r, a, dy, channels)
+    return dy, xhat_block(src, channels, *constants, out=scratch.get("xhat", shape))
+
+
+def _dy_xhat_at(views: tuple, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice],
+                constants: tuple[np.ndarray, np.ndarray], positions: np.ndarray,
+                channel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """diff_dst and xhat at some flat positions of a piece (each element's channel given): the numbers _dy_xhat
+    gives them, the same float64 operations on the same values, one element at a time."""
+    dy_view, src_view = (view[where][piece].reshape(-1) for view in views[2:])  # (a piece is one flat range)
+    dy = to_float64(dy_view[positions])
+    src = to_float64(src_view[positions]) if is_bfloat16(src_view.dtype) else src_view[positions]
+    mean, invstd = constants
+    xhat = np.subtract(src, mean[channel], dtype=np.float64)
+    return dy, np.multiply(xhat, invstd[channel], out=xhat)
 
 
 def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
@@ -159,7 +192,7 @@ def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
     returns None at the next block."""
     views = _views(a, r, inputs)
     a3 = views[0]
-    regression = ChannelRegression(a3.shape[1], dtype)
+    regression = ChannelRegression(a3.shape[1], dtype, elements=a3.size)
     scratch = Scratch()
     constants = channel_constants(inputs)[:2]  # (the facts' mean and invstd, formed the same way)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (errstate is per thread)
@@ -224,7 +257,7 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
             regression = beside.result()
     else:  # one thread: the judging pass regresses the pieces it has upcast
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
-        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype)
+        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype, elements=a.size)
         state = _diff_src_pass(case, detailed, regression)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)

@@ -226,25 +226,54 @@ class _PartialSums:
 
 
 class _Sequential32:
-    """One float32 accumulator per channel, element by element in storage order, over blocks."""
+    """One float32 accumulator per channel, element by element in storage order, over blocks.
 
-    def __init__(self, channels: int, scratch: Scratch | None = None) -> None:
-        self.total = np.zeros(channels, np.float32)
-        self.scratch = Scratch() if scratch is None else scratch
+    Blocks of the same rows that follow each other across the channels (NCX: a row's channels come block after
+    block) are gathered into one wide (rows, channels) array and reduced together: each channel still adds its
+    own elements in storage order from its carried total, but numpy's row-after-row reduction runs 20-channel rows
+    at ~1.1 ns an element and 128-channel ones at ~0.3. ``total`` reduces what is gathered first."""
+
+    def __init__(self, channels: int) -> None:
+        self._total = np.zeros(channels, np.float32)
+        self.scratch = Scratch()  # its own: the gathered rows wait there while the other accumulators run
+        self._pending: tuple[int, int, int, int] | None = None  # (n, s, first channel, end channel) gathered
+        self._channels = channels
+
+    @property
+    def total(self) -> np.ndarray:
+        self._reduce()
+        return self._total
 
     def add(self, terms: np.ndarray, channels: slice) -> None:
-        """terms: (n, c, s) block, rounded to float32 here, one row per element in storage order after a row
-        holding the carried total. Reducing axis 0 of that C-ordered (rows, c) array adds row after row, in
-        float32: a kernel's sequential sums, where np.sum along a channel's own run would be pairwise (and a
-        cumsum along it slower; tests/test_judge_passes.py holds numpy to this order)."""
+        """terms: (n, c, s) block of channels ``channels``, rounded to float32 here, one row per element in storage
+        order after a row holding the carried total. Reducing axis 0 of that C-ordered (rows, c) array adds row
+        after row, in float32: a kernel's sequential sums, where np.sum along a channel's own run would be pairwise
+        (and a cumsum along it slower; tests/test_judge_passes.py holds numpy to this order)."""
         n, c, s = terms.shape
-        rows = self.scratch.get("rows", (n * s + 1, c), np.dtype(np.float32))
-        rows[0] = self.total[channels]
-        rows[1:].reshape(n, s, c)[...] = terms.transpose(0, 2, 1)
-        if c == 1:  # a (rows, 1) array is contiguous along axis 0: numpy would sum it pairwise; cumsum is sequential
-            self.total[channels] = np.cumsum(rows[:, 0], dtype=np.float32)[-1]
+        pending = self._pending
+        if pending is None or pending[:2] != (n, s) or pending[3] != channels.start:
+            self._reduce()
+            pending = (n, s, channels.start, channels.start)
+        first = pending[2]
+        wide = self.scratch.get("rows", (n * s + 1, self._channels - first), np.dtype(np.float32))
+        wide[1:].reshape(n, s, -1)[:, :, channels.start - first:channels.stop - first] = terms.transpose(0, 2, 1)
+        self._pending = (n, s, first, channels.stop)
+
+    def _reduce(self) -> None:
+        """The gathered rows into the totals of their channels."""
+        if self._pending is None:
+            return
+        n, s, first, end = self._pending
+        self._pending = None
+        width = self._channels - first
+        rows = self.scratch.get("rows", (n * s + 1, width), np.dtype(np.float32))
+        if end - first < width:  # (a contiguous (rows, c) array: the order above)
+            rows = np.ascontiguousarray(rows[:, :end - first])
+        rows[0] = self._total[first:end]
+        if end - first == 1:  # a (rows, 1) array is contiguous along axis 0: numpy would sum it pairwise; cumsum is sequential
+            self._total[first] = np.cumsum(rows[:, 0], dtype=np.float32)[-1]
         else:
-            self.total[channels] = np.add.reduce(rows, axis=0, dtype=np.float32)
+            self._total[first:end] = np.add.reduce(rows, axis=0, dtype=np.float32)
 
 
 def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> ChannelFacts:
@@ -260,7 +289,7 @@ def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> C
     # The sequential float32 sums: of dy, of dy*xhat, and of dy*(x - mean) as PyTorch's CPU kernel
     # forms it (float32 difference and product; times invstd at the end). Two forms of diff_gamma's
     # terms because correlated roundings depend on the exact terms: two realisations, not one.
-    seq_beta, seq_gamma, seq_centred = (_Sequential32(channels, scratch) for _ in range(3))
+    seq_beta, seq_gamma, seq_centred = (_Sequential32(channels) for _ in range(3))
     mean32 = mean.astype(np.float32)[:, None]
     src3 = view3(inputs.src, inputs.data_format)
     single = src3.dtype == dy3.dtype == FLOAT32
