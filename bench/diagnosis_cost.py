@@ -1,13 +1,15 @@
 """A failing kernel's `run --reference`: what the whole run costs with its diagnosis, CPU time beside wall.
 
-    python -m bench.diagnosis_cost [--rounds 5] [--threads 2] [--bugs lost-block,epsilon,...]
+    python -m bench.diagnosis_cost [--rounds 5] [--threads 2] [--bugs lost-block,epsilon,...] [--base TREE]
 
 f32 (32,128,56,56), both layouts, .npy inputs (bench/end_to_end.py's). Each bug is one of tools/zoo.py's hooks
 planted in its float32 kernel (or a pattern written into bnbwd's own outputs: every 32nd element off), saved as
 the kernel's outputs; each round runs fresh processes back to back: the floor (`import numpy`), a plain `run`,
 and `run --reference` on each failing kernel. Prints per bug the median (min-max) CPU seconds (user + system,
 all threads: steadier than wall on a shared machine) and wall seconds of the whole failing run, what it adds to
-a plain run, and the cause the diagnosis named (from --json).
+a plain run, and the cause the diagnosis named (from --json). ``--base TREE`` (e.g. `git archive BASE bnbwd_cli |
+tar -x -C /tmp/base`): each round also runs every failing kernel with TREE's bnbwd_cli, back to back with this
+tree's, and a row per bug gives its numbers and the paired CPU ratio this/base.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +63,20 @@ def write_kernels(work: Path, data_format: str, names: list[str], reference: Pat
     return out
 
 
-def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[str]) -> list[str]:
+def _in_tree(command: list[str], tree: str) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one child running ``tree``'s bnbwd_cli."""
+    env = {**end_to_end.child_env(), "PYTHONPATH": tree}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *command], env=env, cwd=tree, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{tree}: {done.stderr[-400:]}")
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[str], base: str | None = None) -> list[str]:
     end_to_end.write_inputs(work, data_format)
     reference = work / "reference"
     run_child(end_to_end.run_command(work, data_format, threads, ["--out-dir", str(reference)])[1:], reference)
@@ -79,12 +98,23 @@ def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[st
                 seen[name]["cpu"].append(cpu)
             if name in judged and name not in causes:
                 causes[name] = _causes(report)
+            if base is not None and name in judged:
+                wall, cpu = _in_tree(command, base)
+                if round_:
+                    seen.setdefault(f"base {name}", {"wall": [], "cpu": []})
+                    seen[f"base {name}"]["wall"].append(wall)
+                    seen[f"base {name}"]["cpu"].append(cpu)
     out = []
     for name in judged:
         cpu, wall = seen[name]["cpu"], seen[name]["wall"]
         added = [j - p for j, p in zip(cpu, seen["plain"]["cpu"])]
         out.append(f"| {data_format} | {name} | **{spread(cpu, '.2f')}** | {spread(wall, '.2f')} | "
                    f"{spread(added, '.2f')} | {causes[name]} |")
+        if base is not None:
+            before = seen[f"base {name}"]
+            ratio = [a / b for a, b in zip(cpu, before["cpu"])]
+            out.append(f"| {data_format} | {name}, base tree | {spread(before['cpu'], '.2f')} | "
+                       f"{spread(before['wall'], '.2f')} | this/base CPU **{spread(ratio, '.2f')}** | |")
     out.append(f"| {data_format} | (plain `run`; floor) | {spread(seen['plain']['cpu'], '.2f')}; "
                f"{spread(seen['floor']['cpu'], '.2f')} | {spread(seen['plain']['wall'], '.2f')}; "
                f"{spread(seen['floor']['wall'], '.2f')} | | |")
@@ -119,6 +149,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bugs", default=",".join(BUGS), help=f"comma list of {', '.join(BUGS)}")
     parser.add_argument("--layouts", default="NCHW,NHWC")
+    parser.add_argument("--base", help="another tree holding bnbwd_cli, run back to back with this one")
     args = parser.parse_args()
     names = args.bugs.split(",")
     unknown = set(names) - set(BUGS)
@@ -131,7 +162,7 @@ def main() -> None:
         for layout in args.layouts.split(","):
             work = Path(root) / layout
             work.mkdir()
-            print("\n".join(rows(work, layout, args.threads, args.rounds, names)), flush=True)
+            print("\n".join(rows(work, layout, args.threads, args.rounds, names, args.base)), flush=True)
     print(f"\nload average at the end {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

@@ -26,6 +26,7 @@ import io
 import math
 import numbers
 import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -239,14 +240,39 @@ def _only(only: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-@contextlib.contextmanager
-def _quiet_numerics():
-    """NumPy's RuntimeWarnings silenced: inf, NaN and zero variance are inputs the core and the judge handle (and
-    count), so a warning on the way would be noise, and under pytest's filterwarnings=error a failure of the
-    caller's test. np.errstate is per thread; the All-NaN warnings of NumPy's nan-functions need the filter."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+class _QuietNumerics:
+    """NumPy's RuntimeWarnings silenced while any call of the API runs: inf, NaN and zero variance are inputs the
+    core and the judge handle (and count), so a warning on the way would be noise, and under pytest's
+    filterwarnings=error a failure of the caller's test. np.errstate is per thread; the All-NaN warnings of NumPy's
+    nan-functions need a filter, and warnings.catch_warnings is not thread-safe (two threads each restoring what
+    the other saved left the process's filters changed): the filter is installed by the first call in and removed by
+    the last call out, under a lock."""
+
+    _lock = threading.Lock()
+    _active = 0
+    _saved: warnings.catch_warnings | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def held(cls):
+        with cls._lock:
+            if cls._active == 0:
+                cls._saved = warnings.catch_warnings()
+                cls._saved.__enter__()
+                warnings.simplefilter("ignore", RuntimeWarning)
+            cls._active += 1
+        try:
+            with np.errstate(all="ignore"):
+                yield
+        finally:
+            with cls._lock:
+                cls._active -= 1
+                if cls._active == 0:
+                    cls._saved.__exit__(None, None, None)
+                    cls._saved = None
+
+
+_quiet_numerics = _QuietNumerics.held
 
 
 def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, epsilon: float | None = None,

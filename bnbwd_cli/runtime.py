@@ -51,7 +51,29 @@ def choose_core(core: str, op: Op, diff_src: np.ndarray | None) -> str:
             return "numpy"
     elif not numba_available():
         raise ImportError("core='numba' needs numba: pip install 'bnbwd[fast]'")
-    return "numba" if load_numba_core().supports(op.src.dtype) else "numpy"
+    numba_core = usable_numba_core()
+    return "numba" if numba_core is not None and numba_core.supports(op.src.dtype) else "numpy"
+
+
+NUMBA_FALLBACK: list[str] = []  # why numba could not run in this process (at most one reason; the CLI's note)
+
+
+@functools.lru_cache(maxsize=1)
+def usable_numba_core():
+    """The numba core, or None when numba's own settings keep it from starting here: NUMBA_NUM_THREADS=0 (numba's
+    import fails), a NUMBA_THREADING_LAYER that is not installed (its first parallel launch fails), no home for
+    the kernels' cache. The NumPy core gives the same bits, so the run goes on there; NUMBA_FALLBACK says why."""
+    try:
+        numba_core = load_numba_core()
+        from numba.np.ufunc import parallel
+
+        parallel._launch_threads()  # the threading layer, loaded now rather than inside the first kernel
+    except Exception as exc:  # numba's settings fail as ValueError, RuntimeError, ImportError, OSError...
+        text = " ".join(str(exc).split())
+        NUMBA_FALLBACK.append(f"numba cannot start here ({type(exc).__name__}: {text[:200]}); the NumPy core ran "
+                              "instead (the same bits, slower)")
+        return None
+    return numba_core
 
 
 def numba_judging(elements: int) -> bool:
@@ -107,7 +129,13 @@ def numba_cache_dir() -> Path:
         numba_version = version("numba")
     except PackageNotFoundError:
         numba_version = "unknown"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry (a bare container's uid)
+        base = Path()
+    if not base.is_absolute():  # HOME="" would put the cache in the working directory
+        raise RuntimeError("no directory for the compiled kernels' cache: set HOME, XDG_CACHE_HOME or "
+                           "NUMBA_CACHE_DIR")
     return base / "bnbwd" / f"numba-cache-{__version__}-numba-{numba_version}-{_compiled_source_digest()}"
 
 

@@ -232,9 +232,20 @@ def suggest_key(name: str, candidates: Mapping[str, tuple[int, ...] | None], sha
     return ranked[0] if ranked and closeness(ranked[0]) >= 0.8 else None
 
 
+# A bundle's string entries are names (NCHW, True): longer ones are refused from their dtype, before they are read
+# (a 1 MiB data_format arrives unread, as a large input does, and was exit 4).
+ATTRIBUTE_TEXT_MAX = 64
+
+
 def _attribute(key: str, array: np.ndarray, label: str) -> object:
     if array.ndim != 0:
         raise InputError(f"{label}: {key!r} must be a 0-d entry, found shape {array.shape}")
+    characters = array.dtype.itemsize // (4 if array.dtype.kind == "U" else 1) if array.dtype.kind in "US" else 0
+    if characters > ATTRIBUTE_TEXT_MAX:
+        raise InputError(f"{label}: {key!r} is a string of up to {characters} characters (dtype {array.dtype}); "
+                         "expected a short entry (NCHW, True, ...)")
+    if hasattr(array, "read"):  # a stand-in known by its header (files.npy.Declared): read it now
+        array = array.read()
     if key == "epsilon":
         if array.dtype.kind not in "fiu":
             raise InputError(f"{label}: 'epsilon' must be a real number, found dtype {array.dtype}")

@@ -88,6 +88,103 @@ def lost_block(rng, problem, m):
     return Bug("lost-block", "lost-partial-sum", {"block": block, "lost": lost})
 
 
+def _channel_shape(problem: dict) -> tuple[int, ...]:
+    """A channel's elements as (N, *spatial) in storage order."""
+    shape = problem["src"].shape
+    return (shape[0], *shape[2:]) if problem["data_format"] == "NCX" else (shape[0], *shape[1:-1])
+
+
+def _range(rng, length: int, avoid_end: bool) -> tuple[int, int] | None:
+    """lo..hi inside 0..length-1, not the whole (nor reaching the end when avoid_end)."""
+    if length < 3:
+        return None
+    last = length - 2 if avoid_end else length - 1
+    lo = int(rng.integers(0, last + 1))
+    hi = int(rng.integers(lo, min(last, lo + max(1, length // 3)) + 1))
+    return None if (lo, hi) == (0, length - 1) else (lo, hi)
+
+
+def partial_reduction(rng, problem, m):
+    """A subset of each channel's elements (a range of samples, rows or columns, lanes j0..j1 of every group of
+    L, the first t elements) left out of the sums or counted twice, in all or some channels. "_words": what the
+    hint must say of the subset."""
+    shape = _channel_shape(problem)
+    c = problem["mean"].shape[0]
+    twice = bool(rng.random() < 0.4)
+    names = ("n", "h", "w")[: len(shape)] if len(shape) == 3 else ("n",) + tuple(f"x{i}" for i in range(len(shape) - 1))
+    kind = str(rng.choice(["axis", "axis", "lanes", "head"]))
+    flat = np.arange(m)
+    if kind == "axis":
+        axis = int(rng.integers(0, len(shape)))
+        found = _range(rng, shape[axis], avoid_end=not twice)
+        if found is None:
+            return None
+        lo, hi = found
+        index = np.indices(shape)[axis].reshape(-1)
+        mask = (index >= lo) & (index <= hi)
+        words = f"{names[axis]}={lo}" if lo == hi else f"{names[axis]}={lo}..{hi}"
+    elif kind == "lanes":
+        lanes = int(rng.choice([8, 16, 32]))
+        if lanes == shape[-1]:  # lanes of a row: a range of columns (said as w=...)
+            return None
+        lo = int(rng.integers(0, lanes))
+        hi = int(rng.integers(lo, min(lanes - 1, lo + lanes // 4) + 1))
+        mask = (flat % lanes >= lo) & (flat % lanes <= hi)
+        words = f"lane {lo} of every group of {lanes}" if lo == hi else f"lanes {lo}..{hi} of every group of {lanes}"
+    else:
+        t = int(rng.integers(3, max(4, m // 3)))
+        if t & (t - 1) == 0:
+            t += 1
+        mask = flat < t
+        words = f"the first {t} elements"
+    channels = None if rng.random() < 0.5 else tuple(_some_channels(rng, c))
+    cause = "partial-reduction-doubled" if twice else "partial-reduction-missing"
+    return Bug("partial-reduction", cause, {"subset": (mask, twice, channels), "_words": words})
+
+
+def param_misread(rng, problem, m):
+    """gamma, the mean or invstd of channel c read at another index: shifted by k (wrapped or clamped; gamma
+    by 2 or more: gamma[c±1] is gamma-off-by-one's), reversed, or a stride. "_words": the map the hint names."""
+    c = problem["mean"].shape[0]
+    if c < 4:
+        return None
+    param = str(rng.choice(["gamma", "mean", "invstd"]))
+    kind = str(rng.choice(["wrapped", "clamped", "reversed", "stride"]))
+    index = np.arange(c)
+    if kind == "wrapped":
+        k = int(rng.integers(2, c - 1))
+        shift = k if k <= c // 2 else k - c
+        index, words = (index + k) % c, f"c{shift:+d} (wrapped around)"
+    elif kind == "clamped":
+        k = int(rng.integers(2, c - 1))
+        if rng.random() < 0.5:
+            index, words = np.minimum(index + k, c - 1), f"c+{k} (clamped"
+        else:
+            index, words = np.maximum(index - k, 0), f"c-{k} (clamped"
+    elif kind == "reversed":
+        index, words = c - 1 - index, "C-1-c (the channels reversed)"
+    else:
+        strides = [s for s in range(2, c) if np.gcd(s, c) == 1 and (s * np.arange(c) % c != c - 1 - np.arange(c)).any()]
+        if not strides:
+            return None
+        s = int(rng.choice(strides))
+        index, words = index * s % c, f"c*{s} mod {c}"
+    return Bug("param-misread", "parameter-misread", {"read_at": (param, index), "_words": f"{param}[{words}"})
+
+
+def param_axis(rng, problem, m):
+    """gamma or the mean indexed by another axis as long as C (plant() draws a shape that has one)."""
+    shape = _channel_shape(problem)
+    c = problem["mean"].shape[0]
+    axes = [a for a in range(len(shape)) if shape[a] == c]
+    if not axes:
+        return None
+    axis = int(rng.choice(axes))
+    param = str(rng.choice(["gamma", "mean"]))
+    name = ("n", "h", "w")[axis] if len(shape) == 3 else f"axis {axis}"
+    return Bug("param-axis", "parameter-misread", {"param_axis": (param, axis), "_words": f"{param}[{name}]"})
+
+
 def unwritten(rng, problem, m):
     c = problem["mean"].shape[0]
     channels = _few_channels(rng, c)
@@ -190,7 +287,7 @@ def sum_as_mean(rng, problem, m):
 
 
 FAMILIES = {f.__name__: f for f in (
-    missing_tail, vector_remainder, lost_block, unwritten, gamma_bug, gamma_terms, mean_dy, variance_as_invstd, invstd_given,
+    missing_tail, vector_remainder, lost_block, partial_reduction, param_misread, param_axis, unwritten, gamma_bug, gamma_terms, mean_dy, variance_as_invstd, invstd_given,
     own_stats, stats16, spatial_swap, layout_mixup, accumulate16, truncation, epsilon, unbiased, missing_1m, inference,
     sign_flip, sum_as_mean)}
 
@@ -227,6 +324,10 @@ def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tu
     """One bug of ``family`` on a random problem (None when the family has no instance at this shape)."""
     if shape is None:
         shape = random_shape(rng, fmt, m_range)
+        if family == "param_axis":  # an axis as long as C: the last spatial one
+            n, c = shape[0], shape[1] if fmt == "NCX" else shape[-1]
+            h = int(rng.integers(4, 24))
+            shape = (n, c, h, c) if fmt == "NCX" else (n, h, c, c)
         if family == "layout_mixup":  # the other layout's channel axis must have C entries too
             n, c = shape[0], shape[1] if fmt == "NCX" else shape[-1]
             w = int(rng.integers(4, 24))
@@ -259,6 +360,8 @@ CLASSES = {
     "truncating-conversion": "truncation", "epsilon": "epsilon", "unbiased-variance": "unbiased_variance",
     "missing-1/M": "formula", "inference-backward": "formula", "sign-flip": "formula", "sum-scaled-by-M": "formula",
     "single-pass-cancellation": "cancellation",
+    "partial-reduction-missing": "lost_partial", "partial-reduction-doubled": "lost_partial",
+    "parameter-misread": "gamma_shift",
 }
 
 

@@ -132,6 +132,10 @@ HOOKS = {
     "written_as": "output -> the other sum's name: that sum written in its place",
     "dropped": "channel -> share: a random share of that channel's elements left out of both sums (diff_src uses "
                "those sums)",
+    "read_at": "(param, index): gamma, mean or invstd of channel c read at index[c] ((C,) ints)",
+    "param_axis": "(param, axis): gamma or mean indexed by that axis of a channel's (N, *spatial) elements",
+    "subset": "(mask, twice, channels): the (M,) bool mask of each channel's elements in storage order left out of "
+              "the sums (twice: counted twice), in those channels (None: all)",
 }
 
 
@@ -165,7 +169,20 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if "gamma" in h:
         gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
                  "previous": np.roll(gamma, 1)}[h["gamma"]]
-    xhat = (x - mean[:, None]) * invstd[:, None]
+    if "read_at" in h:
+        param, index = h["read_at"]
+        gamma, mean, invstd = (v[index] if name == param else v for name, v in
+                               (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
+    mean_at, k = mean[:, None], (gamma * invstd)[:, None]
+    if "param_axis" in h:  # a per-channel value taken element by element along another axis
+        param, axis = h["param_axis"]
+        cshape = (src.shape[0], *src.shape[2:]) if read_fmt == "NCX" else (src.shape[0], *src.shape[1:-1])
+        along = np.indices(cshape)[axis].reshape(1, -1)
+        if param == "gamma":
+            k = gamma[along] * invstd[:, None]
+        else:
+            mean_at = mean[along]
+    xhat = (x - mean_at) * invstd[:, None]
     terms_g = {"xhat": g * xhat, "x": g * x, "x - mean": g * (x - mean[:, None])}[h.get("gamma_terms", "xhat")]
     order = "blocked" if "block" in h else order
     beta, gam = _sums(g, order, h), _sums(terms_g, order, h)
@@ -180,7 +197,7 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     written_gam = (gam * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
     if h.get("sums_in_src"):
         beta, gam_src = written_beta, written_gam
-    diff_src = _diff_src((g, xhat, beta, gam_src), (gamma * invstd)[:, None], src.shape[0], h)
+    diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
     written = _convert(diff_src, src.dtype, h.get("truncate", False))
@@ -241,6 +258,13 @@ def _sums(terms: np.ndarray, order: str, h: dict) -> np.ndarray:
             terms[channel, np.random.default_rng(channel).random(terms.shape[1]) < share] = 0
     if h.get("accumulate16") is not None:
         return running16(terms, h["accumulate16"])
+    if "subset" in h:
+        mask, twice, channels = h["subset"]
+        terms = terms.copy()
+        rows = slice(None) if channels is None else list(channels)
+        part = terms[rows]
+        part[:, mask] *= F32(2) if twice else F32(0)
+        terms[rows] = part
     kept = terms[:, : terms.shape[1] - h.get("skip_tail", 0)]
     return channel_sums(kept, order, h.get("block", 256), h.get("lost"))
 

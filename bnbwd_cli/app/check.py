@@ -101,7 +101,7 @@ def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
         if folders:
             cases += find_cases([str(folder) for folder in folders])
             continue
-        archives = sorted(p for p in path.glob("*.npz") if p.is_file()) if path.is_dir() else []
+        archives = sorted(p for p in path.glob("*.npz") if _is_case_entry(p)) if path.is_dir() else []
         for candidate in archives or [path]:
             candidate = _inputs_of(candidate) or candidate
             outputs = candidate.with_name(candidate.name.removesuffix(".npz") + OUTPUTS_SUFFIX)
@@ -109,6 +109,12 @@ def find_cases(arguments: Sequence[str]) -> tuple[Case, ...]:
             cases.append(Case(str(candidate) if archives or candidate != path else argument,
                               str(outputs) if paired else None))
     return tuple(dict.fromkeys(cases))
+
+
+def _is_case_entry(path: Path) -> bool:
+    """A file, or a link that leads nowhere (broken or looping): a case whose error is reported, never skipped (a
+    suite with a broken entry passed green). A directory named *.npz is not a case."""
+    return path.is_file() or (path.is_symlink() and not path.exists())
 
 
 def _case_folders(path: Path) -> list[Path]:

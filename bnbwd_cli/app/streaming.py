@@ -127,7 +127,8 @@ def run_streamed(op: compute_core.Op, settings: compute_core.Settings,
         core = result.core
         done += src.size // channels * (c1 - c0)
         if result.diff_src is not None and diff_src_out is not None:
-            diff_src_out.write_channels(axis, c0, c1, result.diff_src)
+            if result.diff_src.size:  # N = 0 or an empty spatial axis: nothing to store (the file holds 0 bytes)
+                diff_src_out.write_channels(axis, c0, c1, result.diff_src)
             stats = _merge(stats, result.stats["diff_src"])  # gathered in the core's write pass
         for name in sums:
             if getattr(result, name) is not None:

@@ -127,7 +127,10 @@ class BnbwdGroup(click.Group):
             with warnings.catch_warnings():
                 # NumPy's "invalid value encountered" lines are noise: a run counts and reports NaN/Inf itself.
                 warnings.simplefilter("ignore", RuntimeWarning)
-                return super().invoke(ctx)
+                try:
+                    return super().invoke(ctx)
+                finally:
+                    _note_numba_fallback()
         except InputError as exc:
             raise InputFailed(exc) from None
         except MemoryError:
@@ -146,6 +149,14 @@ class BnbwdGroup(click.Group):
             else:
                 echo_error(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --traceback)")
             ctx.exit(ExitCode.INTERNAL)
+
+
+def _note_numba_fallback() -> None:
+    """Why numba could not start (its own settings), when a core asked for it: the NumPy core ran instead. Read
+    only where runtime.py was imported (a plain `bnbwd --help` loads nothing for it)."""
+    runtime = sys.modules.get("bnbwd_cli.runtime")
+    for note in getattr(runtime, "NUMBA_FALLBACK", ())[:1]:
+        echo_error(f"note: {note}")
 
 
 def _escape_unencodable_output() -> None:

@@ -35,6 +35,11 @@ class ArraySource(click.ParamType):
 MIN_BLOCK_BYTES = 64 << 10
 
 
+# Counts and sizes take at most this many digits: a 5,000-digit value passed Python's int() limit (4300 digits) as a
+# ValueError, exit 4; no size or shard count needs more than 18 (under 2**63).
+MAX_DIGITS = 18
+
+
 class ByteSize(click.ParamType):
     """A size such as 4096, 512K, 8M or 1G; values under `minimum` are raised to it."""
 
@@ -47,7 +52,7 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return max(value, self.minimum)
-        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(I?B)?\s*", str(value).upper())
+        match = re.fullmatch(rf"\s*(\d{{1,{MAX_DIGITS}}})\s*([KMG]?)(I?B)?\s*", str(value).upper())
         if not match or int(match.group(1)) <= 0:
             self.fail(f"{value!r} is not a size such as 4096, 512K or 8M", param, ctx)
         return max(int(match.group(1)) * self.units[match.group(2)], self.minimum)
@@ -133,7 +138,7 @@ class ShardValue(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
         if isinstance(value, tuple):
             return value
-        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(value))
+        match = re.fullmatch(rf"\s*(\d{{1,{MAX_DIGITS}}})\s*/\s*(\d{{1,{MAX_DIGITS}}})\s*", str(value))
         if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
             self.fail(f"{value!r}: expected K/N with 1 <= K <= N, e.g. 1/4", param, ctx)
         return int(match.group(1)), int(match.group(2))
@@ -292,6 +297,14 @@ class ReportTargets:
     markdown: str | None = None
     quiet: bool = False
 
+    def __post_init__(self) -> None:
+        """A name that resolves to stdout (/dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, as '-' is."""
+        from bnbwd_cli.files.through import is_stdout
+        for option in ("json", "junit", "markdown"):
+            target = getattr(self, option)
+            if target is not None and target != "-" and is_stdout(target):
+                object.__setattr__(self, option, "-")
+
     @property
     def named(self) -> dict[str, str]:
         """{option: target} for the reports asked for."""
@@ -353,3 +366,35 @@ def op_options(f: Callable) -> Callable:
     for option in reversed((epsilon_option, format_option, spec_option, inference_option, invstd_option, bf16_option)):
         f = option(f)
     return f
+
+
+@dataclass(frozen=True)
+class Destinations:
+    """A command's outputs, vetted: its files, its --json ('-' if it resolves to stdout), whether stdout is taken."""
+
+    files: list
+    json_target: str | None
+    stdout_busy: bool
+
+
+def vet_outputs(outputs: list[tuple[str, Any]], json_target: str | None, inputs: list) -> Destinations:
+    """Every output of run, verify and check, vetted before any work by one rule: a name that resolves to stdout
+    ('-', /dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, two there are a usage error; others must be
+    writable, no input, named once. outputs: (flag, target) pairs, e.g. ("-o", "-"), ("--out-dir", DIR/NAME.npy)."""
+    from pathlib import Path
+
+    from bnbwd_cli.files import write as files_write
+    from bnbwd_cli.files.through import is_stdout
+
+    named = [*outputs, *([("--json", json_target)] if json_target is not None else [])]
+    on_stdout = [f"{flag} {target}" for flag, target in named if is_stdout(target)]
+    if len(on_stdout) > 1:
+        raise click.UsageError(f"{' and '.join(on_stdout)} both want stdout; send one to a file")
+    files = files_write.vet_destinations([target for _, target in outputs if str(target) != "-"], inputs)
+    if json_target is not None and is_stdout(json_target):
+        json_target = "-"  # written as --json - is: the report then goes to stderr
+    elif json_target is not None:
+        json_path = files_write.vet_destination(json_target, inputs, "--json")
+        if any(json_path.resolve() == Path(path).resolve() for path in files):
+            raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
+    return Destinations(files, json_target, bool(on_stdout))

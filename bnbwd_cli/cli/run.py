@@ -15,9 +15,10 @@ from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList, bf16_option,
-                                  comparison_options, epsilon_option, format_option, fsync_option, inference_option,
-                                  invstd_option, spec_option, vet_save_error)
+from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations,
+                                  OutputList, bf16_option, comparison_options, epsilon_option, format_option,
+                                  fsync_option, inference_option, invstd_option, spec_option, vet_outputs,
+                                  vet_save_error)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files
@@ -160,7 +161,8 @@ def run(no_param_grads: bool, **kwargs) -> None:
         kwargs["outputs"] = ("diff_src",)
     options = RunOptions(**kwargs)
     _check_usage(options)
-    destinations = _vet_paths(options)
+    vetted = _vet_paths(options)
+    options, destinations = replace(options, json_target=vetted.json_target), vetted.files
     request = options.request()
     click.get_current_context().with_resource(files_write.one_commit())  # outputs and --json: one set (LIFO: before --out-dir's cleanup)
     with contextlib.ExitStack() as stack:
@@ -177,8 +179,7 @@ def run(no_param_grads: bool, **kwargs) -> None:
         if options.reference is not None:
             result = _judge_reference(options, request, prepared, computed, stderr_console, stack)
             record_verdict(result.exit_code)
-        stdout_busy = options.output == "-" or options.json_target == "-"
-        report_console = _console(stderr=stdout_busy) if not options.quiet or result is not None else None
+        report_console = _console(stderr=vetted.stdout_busy) if not options.quiet or result is not None else None
         if options.json_target and result is None:
             from bnbwd_cli.render import json as report_json  # only --json writes JSON
 
@@ -206,8 +207,6 @@ def _check_usage(options: RunOptions) -> None:
         raise click.UsageError(f"only one input can come from stdin ('-'), got {', '.join(stdin_users)}")
     if options.output is not None and options.out_dir is not None:
         raise click.UsageError("give -o/--output or --out-dir, not both")
-    if options.output == "-" and options.json_target == "-":
-        raise click.UsageError("-o - and --json - both want stdout; send one to a file")
     if options.output is not None and options.output.lower().endswith(".npy"):
         raise click.UsageError(f"-o {options.output}: -o writes one .npz archive of diff_src, diff_gamma and diff_beta, "
                                f"not a .npy; give -o {options.output[:-4]}.npz, or --out-dir DIR for one .npy per output")
@@ -224,20 +223,16 @@ def _check_usage(options: RunOptions) -> None:
                                "a kernel output's key needs --reference KERNEL_OUT")
 
 
-def _vet_paths(options: RunOptions) -> list[Path]:
+def _vet_paths(options: RunOptions) -> Destinations:
     """The output files, checked against every file the run reads (no output overwrites an input)."""
     if options.out_dir is not None:  # made when missing (mkdir -p), removed again if the run fails
         click.get_current_context().with_resource(files_write.output_directory(options.out_dir))
     input_paths = _input_paths(options) + _reference_paths(options)
-    destinations = files_write.vet_destinations(_output_paths(options), input_paths)
-    json_target = options.json_target
-    if json_target is not None and json_target != "-":
-        json_path = files_write.vet_destination(json_target, input_paths, "--json")
-        if any(json_path.resolve() == path.resolve() for path in destinations):
-            raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
+    outputs = [("-o", options.output)] if options.output is not None else [("--out-dir", p) for p in _output_paths(options)]
+    destinations = vet_outputs(outputs, options.json_target, input_paths)
     if options.comparison.save_error is not None and options.reference is None:
         raise click.UsageError("--save-error saves a judgement: give --reference KERNEL_OUT")
-    vet_save_error(options.comparison.save_error, input_paths, [*map(str, destinations), json_target])
+    vet_save_error(options.comparison.save_error, input_paths, [*map(str, destinations.files), destinations.json_target])
     if options.reference is not None and not Path(options.reference).exists():
         raise InputError(f"reference {options.reference}: no such file or directory")
     return destinations

@@ -13,8 +13,8 @@ import click
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, spec_option, vet_save_error
-from bnbwd_cli.files import write as files_write
+from bnbwd_cli.cli.params import (ComparisonOptions, comparison_options, fsync_option, spec_option, vet_outputs,
+                                  vet_save_error)
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/show.py).
@@ -126,11 +126,9 @@ def verify(**kwargs) -> None:
                                           or options.spec != "generic"):
         raise click.UsageError("--epsilon, --inference, --variance-is-invstd and --spec describe --inputs; give --inputs "
                                "BUNDLE")
-    json_target = options.json_target
     bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
     read = _input_files(options.actual) + _input_files(options.reference) + bundle
-    if json_target is not None and json_target != "-":
-        files_write.vet_destination(json_target, read, "--json")
+    json_target = vet_outputs([], options.json_target, read).json_target
     vet_save_error(options.comparison.save_error, read, [json_target])
     from bnbwd_cli.cli.show import ReportTarget, check_override_names, judging_for, show_comparison
     from bnbwd_cli.render.text import make_console

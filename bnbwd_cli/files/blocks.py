@@ -108,6 +108,8 @@ CHUNK_BYTES = 8 << 20  # rows read at once when runs are short
 
 def pread_into(fd: int, buffer: np.ndarray, offset: int) -> int:
     """Read from `offset` into the C-contiguous `buffer` until it is full or the file ends; the bytes read."""
+    if buffer.nbytes == 0:  # an empty block (N = 0, an empty spatial axis): memoryview cannot cast its shape
+        return 0
     view, got = memoryview(buffer).cast("B"), 0
     while got < view.nbytes:
         count = os.preadv(fd, [view[got:]], offset + got)

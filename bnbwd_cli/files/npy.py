@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -119,14 +118,12 @@ def read_npy_header(stream: BinaryIO, available_bytes: int | None, what: str) ->
     """Parse and vet a .npy header at the stream's position. Reads no data."""
     start = _tell(stream)
     try:
-        with warnings.catch_warnings():  # NumPy warns (several lines) about Python-2-style headers; we vet them anyway
-            warnings.simplefilter("ignore")
-            version = npy_format.read_magic(stream)
-            header = _bounded_header(stream, version)
-            if version == (1, 0):
-                shape, fortran_order, dtype = npy_format.read_array_header_1_0(header)
-            else:  # 2.0 and 3.0 share the 4-byte header length
-                shape, fortran_order, dtype = npy_format.read_array_header_2_0(header)
+        version = npy_format.read_magic(stream)
+        header = _bounded_header(stream, version)
+        if version == (1, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_1_0(header)
+        else:  # 2.0 and 3.0 share the 4-byte header length
+            shape, fortran_order, dtype = npy_format.read_array_header_2_0(header)
     except READ_ERRORS as exc:
         raise BnbwdError(f"{what}: not a valid .npy file ({reason(exc)})") from None
     if not isinstance(shape, tuple) or not all(type(dim) is int for dim in shape):
@@ -163,7 +160,34 @@ def _bounded_header(stream: BinaryIO, version: tuple[int, int]) -> io.BytesIO:
     length = int.from_bytes(field, "little")
     if length > HEADER_LIMIT:
         raise ValueError(f"its header declares {length} bytes; a .npy header holds at most {HEADER_LIMIT}")
-    return io.BytesIO(field + read_exactly(stream, length))
+    text = read_exactly(stream, length)
+    if version <= (2, 0):
+        text = _python3_header(text)
+    return io.BytesIO(len(text).to_bytes(width, "little") + text)
+
+
+def _python3_header(text: bytes) -> bytes:
+    """A header written by Python 2 ('shape': (4L,)) with its long-integer suffixes dropped, as NumPy drops them
+    itself, but without NumPy's warning: silencing it took warnings.catch_warnings, which is not thread-safe (the
+    API reads files from several threads at once)."""
+    import ast
+    import tokenize
+
+    decoded = text.decode("latin1")
+    try:
+        ast.literal_eval(decoded)
+        return text
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        pass
+    tokens, after_number = [], False
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(decoded).readline):
+            if not (after_number and token.type == tokenize.NAME and token.string == "L"):
+                tokens.append((token.type, token.string))
+            after_number = token.type == tokenize.NUMBER
+    except (tokenize.TokenError, SyntaxError):
+        return text  # NumPy says what is wrong with it
+    return tokenize.untokenize(tokens).encode("latin1")
 
 
 def _tell(stream: BinaryIO) -> int | None:

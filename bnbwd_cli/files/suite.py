@@ -10,6 +10,7 @@ np.load and bnbwd's readers read these files as any .npz.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import struct
@@ -108,23 +109,60 @@ def check_new_directory(target: Path) -> None:
 
 @contextlib.contextmanager
 def new_directory(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `target` to fill; on success it is renamed to `target` (which must be
-    absent or an empty directory), on any failure (Ctrl-C and SIGTERM included) it is removed."""
+    """Yield a temporary directory to fill; on success its files appear in `target`, on any failure (Ctrl-C,
+    SIGTERM and SIGHUP included) it is removed. An absent target is the temporary sibling renamed into place; an
+    existing empty one is kept (its mode, a shell standing in it) and the files are renamed into it, the manifest
+    last, with the signals held while they move."""
     check_new_directory(target)
-    parent = target.absolute().parent
+    in_place = target.is_dir()
+    home = target if in_place else target.absolute().parent
     try:
-        temp = Path(tempfile.mkdtemp(prefix=f".{target.absolute().name[:200]}.", suffix=".tmp", dir=parent))
+        temp = Path(tempfile.mkdtemp(prefix=f".{target.absolute().name[:200]}.", suffix=".tmp", dir=home))
     except OSError as exc:
-        raise BnbwdError(f"output directory {target}: cannot create a directory in {parent} ({reason(exc)})") from None
+        raise BnbwdError(f"output directory {target}: cannot create a directory in {home} ({reason(exc)})") from None
     try:
         yield temp
-        os.chmod(temp, 0o777 & ~_umask())  # mkdtemp makes it 0700: give it a new directory's mode
-        os.rename(temp, target)  # replaces an empty directory; fails if one appeared meanwhile
+        if in_place:
+            _move_into(temp, target)
+        else:
+            os.chmod(temp, 0o777 & ~_umask())  # mkdtemp makes it 0700: give it a new directory's mode
+            os.rename(temp, target)  # fails if the target appeared meanwhile
     except BaseException as exc:
         shutil.rmtree(temp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise BnbwdError(f"output directory {target}: write failed ({reason(exc)}); nothing was written") from None
         raise
+
+
+def _move_into(temp: Path, target: Path) -> None:
+    """temp's files renamed into target (same file system: each rename is atomic), the manifests last: a reader
+    that sees a manifest sees every case. A name that appeared in target meanwhile is never replaced."""
+    from bnbwd_cli.files.commit import signals_deferred
+
+    names = sorted(os.listdir(temp), key=lambda name: (name.startswith("manifest."), name))
+    moved = []
+    with signals_deferred([target]):
+        try:
+            for name in names:
+                _place(temp / name, target / name)
+                moved.append(name)
+        except OSError:
+            for name in moved:
+                with contextlib.suppress(OSError):
+                    os.unlink(target / name)
+            raise
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _place(source: Path, destination: Path) -> None:
+    """A hard link, which fails on an existing name (a rename would replace it); a rename where the file system
+    has no hard links."""
+    try:
+        os.link(source, destination)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or destination.exists():
+            raise
+        os.rename(source, destination)
 
 
 def _umask() -> int:

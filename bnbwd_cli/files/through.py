@@ -20,6 +20,21 @@ def is_descriptor_alias(path: Path) -> bool:
         parent.startswith("/proc/") and parent.endswith("/fd"))
 
 
+def is_stdout(target: str | Path) -> bool:
+    """'-', or a descriptor alias (/dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/fd/N after `N>&1`) naming the
+    open file that descriptor 1 is: whatever writes there lands in the same stream as the report on stdout."""
+    text = str(target)
+    if text == "-":
+        return True
+    if not text or not is_descriptor_alias(Path(text)):
+        return False
+    try:
+        named, stdout = os.stat(text), os.fstat(1)
+    except OSError:  # stdout closed, or the name's descriptor is: not the same stream
+        return False
+    return (named.st_dev, named.st_ino) == (stdout.st_dev, stdout.st_ino)
+
+
 def is_write_through(path: Path) -> bool:
     """A FIFO, a character device (`/dev/null`) or a descriptor alias (`/dev/stdout`): written to directly, never
     replaced by a file."""

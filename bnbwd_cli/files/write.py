@@ -216,7 +216,7 @@ class OutputSet:
         if _PENDING_GROUPS:
             _PENDING_GROUPS[-1].append(self)
             return
-        with signals_deferred():
+        with signals_deferred(target.parent for target, temp, _ in self._entries if temp is not None):
             self._rename()
 
     def _rename(self) -> None:

@@ -320,6 +320,9 @@ def print_problems(result: SetComparison, file: TextIO | None = None) -> None:
         print(f"error: {literal_line(problem.message)}", file=file or sys.stderr)
 
 
+MAX_WIDTH = 200  # columns: wider reports are padding, whatever COLUMNS or the terminal says
+
+
 def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
     """A console at the edge: colour only on a terminal; 120 columns when piped (unless COLUMNS).
 
@@ -330,6 +333,7 @@ def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console
     console = Console(file=file, stderr=stderr, highlight=False, markup=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(file=file, stderr=stderr, highlight=False, markup=False, width=120)
+    console.width = min(console.width, MAX_WIDTH)  # COLUMNS=1000000 padded every rule and panel to it (9 MB of -v)
     console.on_broken_pipe = _raise_broken_pipe
     return console
 

@@ -10,10 +10,12 @@ specific first), names the cause; when none is accepted the hint says so and poi
 Families: writes.py (unwritten channels, sign flips, swapped spatial axes, the other layout, truncation),
 reductions.py (missing 1/M, inference-style, mean(dy) not subtracted, part of a reduction missing,
 diff_gamma from x, 16-bit sums, a mean for a sum), statistics.py (variance/invstd confused, unbiased
-variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled). Then, only when none
-of those explains, the fitted models (FITTED): fitted_statistics.py (the mean and invstd used, per channel),
-terms.py (the formula's terms and the sums with fitted coefficients), and last own_outputs.py (one sum in the
-other's place; diff_src from the kernel's own sums: the sums are wrong).
+variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled), subsets.py (a
+subset of the reduction missing or counted twice, found by search), params.py (gamma, mean or invstd read at
+another channel or along another axis). Then, only when none of those explains, the fitted models (FITTED):
+fitted_statistics.py (the mean and invstd used, per channel), terms.py (the formula's terms and the sums with
+fitted coefficients), and last own_outputs.py (one sum in the other's place; diff_src from the kernel's own
+sums: the sums are wrong).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import fitted_statistics, own_outputs, reductions, statistics, terms, writes
+from bnbwd_cli.judge.diagnosis import (fitted_statistics, own_outputs, params, reductions, statistics, subsets, terms,
+                                       writes)
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.case import Assessment, Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
@@ -45,7 +48,9 @@ FITTED = ((fitted_statistics.candidates, terms.candidates), (own_outputs.candida
 def _candidates(case: Case) -> Iterator[Candidate]:
     yield from writes.candidates(case)
     yield from reductions.candidates(case)
+    yield from subsets.candidates(case)
     yield from statistics.candidates(case)
+    yield from params.candidates(case)
 
 
 def diagnose(inputs, facts: ChannelFacts,

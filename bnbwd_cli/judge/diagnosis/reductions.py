@@ -198,6 +198,10 @@ def _missing_tail(case: Case, t: int) -> Candidate:
     if t < 16 and widths:
         what = (f"a vector loop's remainder was skipped: each channel's sums lack its last {t} element(s) "
                 f"(M = {m} = {m // widths[0]}*{widths[0]} + {t})")
+    elif t % (m // case.inputs.src.shape[0]) == 0:  # whole samples: the storage order is sample by sample
+        n, k = case.inputs.src.shape[0], t // (m // case.inputs.src.shape[0])
+        where = f"n={n - 1}" if k == 1 else f"n={n - k}..{n - 1}"
+        what = f"each channel's sums lack its last {t} elements: samples {where} (the last {k} of {n})"
     else:
         what = f"each channel's sums lack its last {t} elements: a partial last block was skipped"
         if blocks:

@@ -1,0 +1,242 @@
+"""Part of a reduction missing or counted twice, found by search: the kernel's sums (diff_beta, diff_gamma, or
+what diff_src implies) are the true ones minus (or plus) the sums over a subset of each channel's elements.
+
+The subsets are drawn from a small grammar over a channel's elements, seen as the tensor (N, *spatial) in
+storage order (the channel's reduction order): a range along one axis (samples n=6..7, rows h=24..27, columns),
+the first t elements (a kernel that started late), and a range of lanes: the elements whose index in the
+reduction order is j0..j1 modulo L (lanes of a warp, a vector's remainder, the overlap of strided chunks),
+for L = 2 .. 256. The search is cheap: each kind gives every one of its subsets' sums from a few prefix sums
+of one channel, every subset is tried on the channel farthest from its true sums first, and only those within
+its noise there are tried on the others. A subset found is applied in the deviating channels, the outputs
+recomputed with those sums and tested as every hypothesis is (case.assess). The last t elements (a tail) and
+one aligned block missing are reductions.py's own causes (missing-tail, lost-partial-sum): not proposed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, percent
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
+from bnbwd_cli.judge.diagnosis.reductions import BLOCKS, SumDeviation, sum_deviation
+
+LANES = tuple(2**k for k in range(1, 9))  # moduli of the lane ranges: 2 .. 256
+MAX_AXIS = 512  # an axis longer than this is not searched for ranges (its pairs grow as its square)
+CLEAR = 4.0  # how much better than the runner-up the subset found must fit the sums
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of subset: ``sums(values)`` gives each of its subsets' sums of a channel's (N, *spatial) values,
+    ``mask(k)`` subset k as a bool array of that shape, ``said(k)`` its words."""
+
+    name: str
+    count: int
+    sums: object
+    mask: object
+    said: object
+
+
+def _pairs(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every range lo..hi (inclusive) of 0..length-1 but the whole."""
+    lo, hi = np.triu_indices(length)
+    keep = ~((lo == 0) & (hi == length - 1))
+    return lo[keep], hi[keep]
+
+
+def _range_sums(vector: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    prefix = np.concatenate([[0.0], np.cumsum(vector)])
+    return prefix[hi + 1] - prefix[lo]
+
+
+def _axis_kind(shape: tuple[int, ...], axis: int, name: str) -> Kind | None:
+    length = shape[axis]
+    if length < 2 or length > MAX_AXIS:
+        return None
+    lo, hi = _pairs(length)
+    others = tuple(a for a in range(len(shape)) if a != axis)
+
+    def sums(values: np.ndarray) -> np.ndarray:
+        return _range_sums(values.sum(axis=others), lo, hi)
+
+    def mask(k: int) -> np.ndarray:
+        index = np.arange(length).reshape([-1 if a == axis else 1 for a in range(len(shape))])
+        return np.broadcast_to((index >= lo[k]) & (index <= hi[k]), shape)
+
+    def said(k: int) -> str:
+        a, b = int(lo[k]), int(hi[k])
+        where = f"{name}={a}" if a == b else f"{name}={a}..{b}"
+        count = b - a + 1
+        if b == length - 1:
+            return f"{where} (the last {count} of {length})"
+        if a == 0:
+            return f"{where} (the first {count} of {length})"
+        return f"{where} ({count} of {length})"
+
+    return Kind(f"axis {name}", lo.size, sums, mask, said)
+
+
+def _lane_kind(shape: tuple[int, ...], lanes: int) -> Kind | None:
+    m = int(np.prod(shape))
+    if m < 2 * lanes:
+        return None
+    lo, hi = _pairs(lanes)
+
+    def sums(values: np.ndarray) -> np.ndarray:
+        flat = values.reshape(-1)
+        padded = np.pad(flat, (0, -m % lanes))
+        return _range_sums(padded.reshape(-1, lanes).sum(axis=0), lo, hi)
+
+    def mask(k: int) -> np.ndarray:
+        lane = np.arange(m) % lanes
+        return ((lane >= lo[k]) & (lane <= hi[k])).reshape(shape)
+
+    def said(k: int) -> str:
+        a, b = int(lo[k]), int(hi[k])
+        which = f"lane {a}" if a == b else f"lanes {a}..{b}"
+        return f"{which} of every group of {lanes} consecutive elements (index mod {lanes} = {a}..{b})"
+
+    return Kind(f"lanes {lanes}", lo.size, sums, mask, said)
+
+
+def _head_kind(shape: tuple[int, ...]) -> Kind:
+    m = int(np.prod(shape))
+
+    def sums(values: np.ndarray) -> np.ndarray:
+        return np.cumsum(values.reshape(-1))[:-1]
+
+    def mask(k: int) -> np.ndarray:
+        return (np.arange(m) <= k).reshape(shape)
+
+    def said(k: int) -> str:
+        return f"the first {k + 1} elements"
+
+    return Kind("head", m - 1, sums, mask, said)
+
+
+def _axis_names(spatial: int) -> tuple[str, ...]:
+    return ("n",) + {0: (), 1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}.get(spatial, tuple(f"x{i}" for i in range(spatial)))
+
+
+def channel_shape(case: Case) -> tuple[int, ...]:
+    """A channel's elements as (N, *spatial) in storage order (both layouts)."""
+    shape, fmt = case.inputs.src.shape, case.inputs.data_format
+    return (shape[0], *shape[2:]) if fmt == "NCX" else (shape[0], *shape[1:-1])
+
+
+def kinds(shape: tuple[int, ...]) -> list[Kind]:
+    """The grammar, in the order of preference (the first kind describing a subset names it)."""
+    names = _axis_names(len(shape) - 1)
+    found = [_axis_kind(shape, axis, name) for axis, name in enumerate(names)]
+    found += [_lane_kind(shape, lanes) for lanes in LANES]
+    found.append(_head_kind(shape))
+    return [k for k in found if k is not None and k.count > 0]
+
+
+def _channel_values(case: Case, c: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Channel c's dy and dy*xhat as (N, *spatial) in storage order."""
+    dy = np.ascontiguousarray(case.dy[:, c, :])
+    return dy.reshape(shape), (dy * case.xhat[:, c, :]).reshape(shape)
+
+
+def _misfit(deviation: SumDeviation, c: int, sign: float, beta: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.maximum(np.abs(deviation.beta[c] - sign * beta) / deviation.beta_noise[c],
+                          np.abs(deviation.gamma[c] - sign * gamma) / deviation.gamma_noise[c])
+
+
+def _is_tail_or_block(mask: np.ndarray) -> bool:
+    """A subset reductions.py names itself when missing: the last t elements, or one aligned block of 2^k."""
+    flat = np.flatnonzero(mask.reshape(-1))
+    if flat.size == 0 or flat[-1] - flat[0] + 1 != flat.size:
+        return False
+    if flat[-1] == mask.size - 1:
+        return True
+    return flat.size in BLOCKS and flat[0] % flat.size == 0
+
+
+def candidates(case: Case) -> Iterator[Candidate]:
+    deviation = sum_deviation(case)
+    if deviation is None or case.count < 4 or case.channels * case.count > (1 << 26):
+        return
+    with np.errstate(invalid="ignore"):
+        hit = ~((np.abs(deviation.beta) <= deviation.beta_noise) & (np.abs(deviation.gamma) <= deviation.gamma_noise))
+    if not hit.any():
+        return
+    shape = channel_shape(case)
+    grammar = kinds(shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        far = np.maximum(np.abs(deviation.beta) / deviation.beta_noise, np.abs(deviation.gamma) / deviation.gamma_noise)
+    order = sorted(map(int, np.flatnonzero(hit)), key=lambda c: -np.nan_to_num(far[c], nan=-1.0))
+    # alive[(kind index, sign)] = (subset indices, their worst misfit so far)
+    alive: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {
+        (i, sign): (np.arange(kind.count), np.zeros(kind.count)) for i, kind in enumerate(grammar) for sign in (-1.0, 1.0)}
+    for c in order:
+        dy, terms = _channel_values(case, c, shape)
+        for i, kind in enumerate(grammar):
+            if not any((i, sign) in alive for sign in (-1.0, 1.0)):
+                continue
+            beta, gamma = kind.sums(dy), kind.sums(terms)
+            for sign in (-1.0, 1.0):
+                if (i, sign) not in alive:
+                    continue
+                index, worst = alive[(i, sign)]
+                worst = np.maximum(worst, _misfit(deviation, c, sign, beta[index], gamma[index]))
+                keep = worst <= 1
+                if keep.any():
+                    alive[(i, sign)] = (index[keep], worst[keep])
+                else:
+                    del alive[(i, sign)]
+        if not alive:
+            return
+    found = _distinct(grammar, alive)
+    if not found:
+        return
+    misfits = np.array([f[3] for f in found] + [np.inf])
+    best = np.argsort(misfits)
+    if len(found) > 1 and misfits[best[0]] * CLEAR > misfits[best[1]]:
+        return  # several subsets fit the sums: the data cannot tell which
+    kind, k, sign, _ = found[int(best[0])]
+    yield _candidate(case, hit, shape, kind, k, sign)
+
+
+def _distinct(grammar: list[Kind], alive: dict) -> list[tuple[Kind, int, float, float]]:
+    """The subsets left, each set once (the first kind's words for it), without those reductions.py names."""
+    found: list[tuple[Kind, int, float, float]] = []
+    masks: list[tuple[float, np.ndarray]] = []
+    for (i, sign), (index, worst) in sorted(alive.items(), key=lambda item: item[0]):
+        kind = grammar[i]
+        for k, misfit in zip(index[:64], worst[:64]):  # (more than a few left: found below as unclear anyway)
+            mask = np.asarray(kind.mask(int(k)))
+            if sign < 0 and _is_tail_or_block(mask):
+                continue
+            if any(s == sign and np.array_equal(mask, other) for s, other in masks):
+                continue
+            masks.append((sign, mask))
+            found.append((kind, int(k), sign, float(misfit)))
+    return found
+
+
+def _candidate(case: Case, hit: np.ndarray, shape: tuple[int, ...], kind: Kind, k: int, sign: float) -> Candidate:
+    mask = np.asarray(kind.mask(k))
+    beta, gamma = np.zeros(case.channels), np.zeros(case.channels)
+    for c in map(int, np.flatnonzero(hit)):
+        dy, terms = _channel_values(case, c, shape)
+        beta[c], gamma[c] = dy[mask].sum(), terms[mask].sum()
+    used = Ingredients(beta=case.facts.diff_beta + sign * beta, gamma_sum=case.facts.diff_gamma + sign * gamma)
+    channels = tuple(int(c) for c in np.flatnonzero(hit))
+    where = "every channel" if len(channels) == case.channels else f"{len(channels)} of {case.channels} channels ({channel_list(channels)})"
+    sums = [n for n in ("diff_gamma", "diff_beta") if n in case.outputs]
+    whose = " and ".join(sums) if sums else "the sums diff_src uses"
+    verb = "miss" if sign < 0 else "count twice"
+    count = int(np.count_nonzero(mask))
+    said = kind.said(k)
+    text = (f"{whose} {verb} {said} ({count} of {mask.size} elements of each channel's reduction) in {where}")
+    cause = "partial-reduction-missing" if sign < 0 else "partial-reduction-doubled"
+    return Candidate(cause, backward_with(case, used),
+                     lambda s, text=text: f"{text}; recomputed that way: explains {percent(s.share)} of the deviation",
+                     channels)
