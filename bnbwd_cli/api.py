@@ -307,7 +307,7 @@ def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, e
 def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
           epsilon: float | None = None, data_format: str | None = None, training: bool = True,
           variance_is_invstd: bool = False, spec: str = "generic", key_map: Mapping[str, str] | None = None,
-          max_units: float | None = None, only: Any = None, **named: Any) -> Report:
+          max_units: float | None = None, only: Any = None, ftz: bool = True, **named: Any) -> Report:
     """Judge a kernel's outputs as `bnbwd run --reference` does: truthy iff they pass.
 
     actual maps names to arrays: diff_src, diff_gamma, diff_beta, a spec's or PyTorch's names for them
@@ -316,7 +316,9 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     error a correct float32 kernel could make on this problem (max_units K, default 16 for diff_src). Every output
     must be there: one missing makes the report "structural" (falsy, the CLI's exit 3), naming it; only= (an
     output's name, names joined by commas or a sequence of them: the CLI's --only) judges fewer. The other arguments are the inputs the
-    kernel saw, as for backward(). The caller's arrays are never changed.
+    kernel saw, as for backward(). ftz=False fails an element written as 0 where the reference is subnormal
+    (by default it passes, counted in a note: a kernel built with flush-to-zero). The caller's arrays are never
+    changed.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
@@ -340,7 +342,9 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
     key_map, max_units, only = _key_map(key_map), _max_units(max_units), _only(only)
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), key_map))
-    judging = Judging(max_units=PerOutput(max_units, {}), key_map=key_map, only=only)
+    if not isinstance(ftz, bool):
+        raise InputError(f"ftz is {short_repr(ftz)}, expected True or False")
+    judging = Judging(max_units=PerOutput(max_units, {}), key_map=key_map, only=only, ftz=ftz)
     with _quiet_numerics():
         return Report(app_judge.judge_kernel(op, _outputs(actual), judging))
 
@@ -434,7 +438,7 @@ class Case:
 
     def check(self, actual: Any, **options: Any) -> Report:
         """check(actual, ...) on this case's inputs and settings: a Report, truthy iff the outputs pass; options
-        are check()'s key_map, max_units, only and spec."""
+        are check()'s key_map, max_units, only, ftz and spec."""
         return check(actual, **self.inputs, epsilon=self.epsilon, data_format=self.data_format,
                      training=self.is_training, **options)
 

@@ -31,6 +31,11 @@ def __getattr__(name: str):
     return value
 
 
+# The smallest positive normal number of each dtype: below it (and above 0) a value is subnormal, and a kernel built
+# with flush-to-zero writes 0 there (judge/rules.pass_flushed).
+SMALLEST_NORMAL: dict[str, float] = {"f64": 2.0**-1022, "f32": 2.0**-126, "f16": 2.0**-14, "bf16": 2.0**-126}
+
+
 def dtype_from_name(text: str) -> np.dtype:
     """np.dtype(text), and "bf16" -> ml_dtypes' bfloat16 (loaded only now): readers' dtype tables hold names."""
     return __getattr__("BFLOAT16") if text == "bf16" else np.dtype(text)

@@ -182,7 +182,7 @@ class ComparisonOptions:
     save_error: str | None = None  # --save-error FILE.npz: every element's judgement, per output
 
 
-_OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "equal_nan", "key_map", "only",
+_OPTION_KEYS = ("atol", "rtol", "ulp", "rel_l2", "max_mismatch", "max_units", "bias_check", "ftz", "equal_nan", "key_map", "only",
                 "ignore", "verbose", "brief", "top")
 
 
@@ -200,6 +200,7 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
         click.option("--rel-l2", "rel_l2", type=tolerance, multiple=True, help="Bound on ||a-r||2/||r||2 per output; VALUE or NAME=VALUE."),
         click.option("--max-mismatch", type=MismatchValue(), multiple=True, help="Failing elements tolerated per output: N or P% (e.g. 0.01%); NAME=... for one output. Default 0."),
         click.option("--max-units", type=tolerance, multiple=True, help=f"With the inputs known: K, the error units (of the problem's own error scale) an element may use. Default {DEFAULT_MAX_UNITS:g} for diff_src, {SUM_MAX_UNITS:g} for diff_gamma and diff_beta; VALUE sets every output, NAME=VALUE one (e.g. diff_beta=4). Repeatable."),
+        click.option("--ftz/--no-ftz", default=True, show_default=True, help="An element written as 0 where the reference is subnormal in the output's dtype passes (a kernel built with flush-to-zero: CUDA -ftz, --use_fast_math), counted in a note; --no-ftz fails it (IEEE subnormals)."),
         click.option("--bias-check/--no-bias-check", default=True, show_default=True, help="With the inputs known: fail a systematic scale of actual vs reference far beyond rounding noise."),
         click.option("--equal-nan", is_flag=True, help="NaN in both at the same position passes (otherwise any NaN fails)."),
         click.option("--map", "key_map", type=KeyPair(), multiple=True, help="Read a file's key THEIRS as OURS (e.g. dx=diff_src, dy=diff_dst), in every file the command reads, inputs and outputs alike; the specs' names (x_backprop...) need none. Repeatable."),
@@ -266,8 +267,7 @@ def comparison_options(func: Callable | None = None, *, with_format: bool = True
                     rel_l2=_per_output(values["rel_l2"]),
                     max_mismatch=_per_output(values["max_mismatch"]),
                     max_units=_per_output(values["max_units"]),
-                    equal_nan=values["equal_nan"],
-                    bias_check=values["bias_check"],
+                    equal_nan=values["equal_nan"], bias_check=values["bias_check"], ftz=values["ftz"],
                     key_map=dict(values["key_map"]),
                     only=_names(values["only"]),
                     ignore=_names(values["ignore"]),

@@ -64,9 +64,13 @@ class ChannelRegression:
     degree of freedom fewer than its clusters.
     """
 
-    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None, elements: int = 0) -> None:
+    def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None, elements: int = 0,
+                 flushed_below: float = 0.0) -> None:
         """``elements``: how many the regression will sum (runtime.numba_judging decides from it whether the
-        pieces' sums run compiled, judge/numba_sums.py: the same numbers)."""
+        pieces' sums run compiled, judge/numba_sums.py: the same numbers). ``flushed_below`` > 0: an actual 0 where
+        the reference is below it (a subnormal flushed to zero, which the judge lets pass: Judging.ftz) is left
+        out, as a non-finite element is, not read as a deviation."""
+        self.flushed_below = flushed_below
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
@@ -182,6 +186,9 @@ class BlockSums:
         finite there (else it is checked)."""
         d = self.difference[piece]
         usable = None if finite else np.isfinite(values.actual) & np.isfinite(values.reference) & np.isfinite(values.xhat)
+        flushed = _flushed(values, self.regression.flushed_below) if self.regression.flushed_below else None
+        if flushed is not None:
+            usable = ~flushed if usable is None else usable & ~flushed
         if usable is None or usable.all():  # the usual case: nothing to mask, and the weight w is 1 (counted, not summed)
             w, x, r, usable = None, values.xhat, values.reference, None
         else:
@@ -240,6 +247,16 @@ class BlockSums:
             d, x, r, bins = d[where], x[where], r[where], np.take(bins, where, axis=1)
         xd, rd = (np.multiply(p, d, out=out) for p, out in zip((x, r), self.regression.scratch.take(_PRODUCTS[3:], d.size)))
         _scatter(sums[:, 6:], bins, (d, xd, rd))
+
+
+def _flushed(values: PieceValues, below: float) -> np.ndarray | None:
+    """Where the actual output is 0 and the reference is subnormal (0 < |r| < ``below``); None where nowhere."""
+    zero = values.actual == 0
+    if not zero.any():  # the usual case: one comparison per element
+        return None
+    ref = np.abs(values.reference)
+    flushed = zero & (ref > 0) & (ref < below)
+    return flushed if flushed.any() else None
 
 
 _NO_WEIGHTS = np.zeros(0)  # (the compiled sums' w when every weight is 1)

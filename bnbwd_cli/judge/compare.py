@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_name, to_float64, ulp_spacing
+from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import (
     Channels, Decades, Largest, Masks, MaxLocated, NonFiniteCounts,
     RelativeL2, Worst, ZeroCounts, count_zeros, log_histogram,
 )
 from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
-from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, safe_ratio
+from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
 from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, heat_map, localize
 from bnbwd_cli.scratch import Scratch
@@ -59,6 +59,7 @@ class Setup:
     top_k: int = 10
     detailed: bool = True
     keep_errors: bool = False  # the details keep every element's judgement (Details.errors: --save-error)
+    ftz: bool = True  # a zero where the reference is subnormal in the dtype passes (Judging.ftz)
 
     def resolved(self, actual: np.ndarray, reference: np.ndarray) -> Setup:
         """This setup with its dtype settled (None: the coarser of the two sides)."""
@@ -143,6 +144,9 @@ class Accumulator:
         self.shape = tuple(int(s) for s in reference.shape)
         self.allowed = setup.max_mismatch.allowed(math.prod(self.shape))
         self.mismatches = 0
+        # flush-to-zero: failing zeros where the reference is below this (subnormal) pass, counted in ``flushed``
+        self.smallest_normal = SMALLEST_NORMAL[self.dtype] if setup.ftz else 0.0
+        self.flushed = 0
         self.nonfinite = NonFiniteCounts(setup.equal_nan, self.shape, setup.channel_axis(len(self.shape)))
         self.zeros, self.l2 = ZeroCounts(), RelativeL2()
         self.max_abs, self.max_ulp, self.max_units = MaxLocated(), MaxLocated(), MaxLocated()
@@ -171,6 +175,8 @@ class Accumulator:
         spacing = ulp_spacing(r, self.dtype, out=spacing.view(np.int64))
         chunk = Chunk(abs_err, r, spacing, scale, tuple(scratch))
         verdicts = self.rule.judge(chunk, with_ratio=self.details is not None)
+        if self.smallest_normal:
+            self.flushed += pass_flushed(verdicts, a, r, self.smallest_normal)
         fails = verdicts.fails if bad is None else bad | (finite & verdicts.fails)
         self.mismatches += int(np.count_nonzero(fails))
         failing_nonfinite = np.full(0 if bad is None else int(np.count_nonzero(bad)), np.inf)
@@ -223,8 +229,12 @@ class Accumulator:
                 verdicts = self.rule.judge(Chunk(abs_err, r, spacing, scale_at(None),
                                                  self.scratch.take(("rule0", "rule1", "rule2"), d.size)), False)
                 outside = None
+                if self.smallest_normal:
+                    self.flushed += pass_flushed(verdicts, a, r, self.smallest_normal)
             else:  # the rule's own judgement of the elements past one ULP
                 verdicts = self.rule.judge(Chunk(abs_err[outside], r[outside], spacing[outside], scale_at(outside)), False)
+                if self.smallest_normal:
+                    self.flushed += pass_flushed(verdicts, a[outside], r[outside], self.smallest_normal)
         self.mismatches += int(np.count_nonzero(verdicts.fails))
         units, ulp_err = verdicts.units, verdicts.ulp_err
         self.need[0].update(units)  # (it takes any subset holding every non-zero value)
@@ -288,6 +298,7 @@ class Accumulator:
             details_of=details_of,
             errors_of=errors_of,
             bias=bias,
+            flushed=self.flushed,
         )
 
 

@@ -143,6 +143,9 @@ class Comparison:
     bias: Bias | None = None
     hints: tuple[str, ...] = ()  # the texts of ``diagnosis``
     diagnosis: tuple[Hint, ...] = ()  # the causes tested (judge/diagnosis/), then notes (judge/hints.py)
+    # elements that passed as subnormal results flushed to zero (Judging.ftz); out of the repr, which
+    # bench/judge_bits hashes (0 for every kernel there)
+    flushed: int = field(default=0, repr=False)
 
     @property
     def details(self) -> Details:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli import layout
-from bnbwd_cli.dtypes import is_bfloat16, to_float64
+from bnbwd_cli.dtypes import SMALLEST_NORMAL, is_bfloat16, to_float64
 from bnbwd_cli.judge.bias import BlockSums, ChannelRegression, PieceValues, pooled_bias
 from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator
 from bnbwd_cli.judge.comparison import Comparison, Once
@@ -184,7 +184,7 @@ def _dy_xhat_at(views: tuple, where: tuple[slice, slice, slice], piece: tuple[sl
     return dy, np.multiply(xhat, invstd[channel], out=xhat)
 
 
-def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
+def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str, flushed_below: float,
                      stop: threading.Event | None = None) -> ChannelRegression | None:
     """The bias regression's sums over diff_src (judge/bias.py), a pass of its own: it needs no error scale, so with
     two threads it runs beside the channel facts and the judging pass. Its blocks and pieces are the judging pass's,
@@ -192,7 +192,7 @@ def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
     returns None at the next block."""
     views = _views(a, r, inputs)
     a3 = views[0]
-    regression = ChannelRegression(a3.shape[1], dtype, elements=a3.size)
+    regression = ChannelRegression(a3.shape[1], dtype, elements=a3.size, flushed_below=flushed_below)
     scratch = Scratch()
     constants = channel_constants(inputs)[:2]  # (the facts' mean and invstd, formed the same way)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (errstate is per thread)
@@ -250,14 +250,16 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     regression's pass runs beside the facts' pass and the judging pass (the same sums on any thread)."""
     dtype = job.setup(a, r).dtype
     detailed = job.judging.details_up_front
+    flushed_below = SMALLEST_NORMAL[dtype] if job.judging.ftz else 0.0  # (flushed subnormals pass: Judging.ftz)
     if job.judging.threads > 1:
-        with _Beside(_regression_pass, a, r, inputs, dtype) as beside:
+        with _Beside(_regression_pass, a, r, inputs, dtype, flushed_below) as beside:
             case = _DiffSrc(a, r, job, inputs, facts(), advance)
             state = _diff_src_pass(case, detailed)
             regression = beside.result()
     else:  # one thread: the judging pass regresses the pieces it has upcast
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
-        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype, elements=a.size)
+        regression = ChannelRegression(layout.view3(a, inputs.data_format).shape[1], dtype, elements=a.size,
+                                       flushed_below=flushed_below)
         state = _diff_src_pass(case, detailed, regression)
     fit = regression.fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)

@@ -28,7 +28,7 @@ class Job:
     def setup(self, a: np.ndarray, r: np.ndarray) -> Setup:
         dtype = comparison_dtype(a.dtype, r.dtype)
         return Setup(dtype, self.judging.max_mismatch_for(self.names), self.judging.equal_nan, self.layout,
-                     self.judging.top, keep_errors=self.judging.keep_errors)
+                     self.judging.top, keep_errors=self.judging.keep_errors, ftz=self.judging.ftz)
 
     def keeping_errors(self) -> Job:
         """This job with every element's judgement kept (a detail pass for Comparison.errors)."""

@@ -88,6 +88,23 @@ class ScaledRule:
         return Verdicts(fails, (units,), ulp_err, units, ratio)
 
 
+def pass_flushed(verdicts: Verdicts, actual: np.ndarray, ref: np.ndarray, smallest_normal: float) -> int:
+    """Let the failing elements that are a subnormal flushed to zero pass (FTZ: CUDA -ftz, --use_fast_math, x86
+    fast-math): actual == 0 where the reference is subnormal in the output's dtype (0 < |r| < its smallest normal).
+    Changes ``verdicts`` in place (the element needs nothing and uses no units) and returns how many it let pass.
+    Only the failing elements are read: a passing chunk pays one scan of its verdicts."""
+    failing = np.flatnonzero(verdicts.fails)
+    if not failing.size:
+        return 0
+    ref_abs = np.abs(ref[failing])
+    flushed = failing[(actual[failing] == 0) & (ref_abs > 0) & (ref_abs < smallest_normal)]
+    verdicts.fails[flushed] = False
+    for array in (verdicts.units, verdicts.ratio):
+        if array is not None:
+            array[flushed] = 0.0
+    return int(flushed.size)
+
+
 def safe_ratio(numerator: np.ndarray, denominator: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """numerator / denominator with x/0 = inf for x > 0 and 0/0 = 0. ``out`` may be the numerator."""
     zero = denominator == 0

@@ -150,6 +150,9 @@ class Judging:
     max_units: PerOutput = field(default_factory=PerOutput)
     equal_nan: bool = False
     bias_check: bool = True
+    # A zero where the reference is subnormal in the output's dtype passes (a kernel built with FTZ: CUDA -ftz,
+    # --use_fast_math); --no-ftz fails it, for those who need IEEE subnormals.
+    ftz: bool = True
     key_map: Mapping[str, str] = field(default_factory=dict)
     only: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()

@@ -33,6 +33,7 @@ API_ADVICE = (
     ("--epsilon", "epsilon"),
     ("--only ", "only="),
     ("--inference", "training=False"),
+    ("--no-ftz", "ftz=False"),
 )
 
 
@@ -131,6 +132,14 @@ def brief_line(output: OutputResult) -> str:
     return f"{output.name}: {status_word(output)} " + "; ".join(texts)
 
 
+def flush_note(output: OutputResult) -> str | None:
+    """The note on subnormal results flushed to zero that passed (judge/rules.pass_flushed), or None."""
+    n = 0 if output.comparison is None else output.comparison.flushed
+    if not n:
+        return None
+    return f"{n} subnormal result{'s' if n != 1 else ''} flushed to zero: allowed; --no-ftz to fail them"
+
+
 def phrase(text: str, face: str) -> str:
     """Advice as the face the reader uses says it: the CLI's flags, or the Python API's arguments."""
     if face != "api":
@@ -151,6 +160,9 @@ def render_brief(console: Console, result: SetComparison, labels: Labels, style:
         c = output.comparison
         if c is None:
             continue
+        note = flush_note(output)
+        if note is not None:
+            console.print(Text(f"  note: {phrase(note, style.face)}"), soft_wrap=True)
         for hint in hints_once(output, said):
             console.print(Text(f"  hint: {literal_line(phrase(hint, style.face))}"), soft_wrap=True)
         where = where_text(c)

@@ -82,6 +82,12 @@ def render_report(console: Console, result: SetComparison, labels: Labels, style
                   soft_wrap=True)
     _render_rules(console, result)
     _render_summary(console, result)
+    from bnbwd_cli.render.brief import flush_note, phrase
+
+    for output in result.outputs:  # a passing output shows no details: its flushed subnormals are said here
+        note = flush_note(output)
+        if note is not None:
+            console.print(Text(f"note: {literal(output.name)}: {phrase(note, style.face)}"), soft_wrap=True)
     # The CLI prints structural problems once, as `error:` lines on stderr (cli/show.py), not here.
     said: dict[str, str] = {}  # each hint once: hint -> the output that showed it
     for output in result.outputs:

@@ -1,0 +1,102 @@
+"""Subnormal results flushed to zero (a kernel built with FTZ: CUDA -ftz, --use_fast_math): a zero where the reference
+is subnormal in the output's dtype passes, counted in a note; --no-ftz (the API's ftz=False) fails it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bnbwd_cli
+from tests.conftest import make_inputs, save_bundle
+
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+TINY = np.finfo(np.float32).tiny  # the smallest normal float32
+
+
+def bnbwd(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bnbwd_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Channel 0's gamma is 1e-30: its diff_src values (~1e-30 x diff_dst) are float32 subnormals. The FTZ kernel is
+    bnbwd's own outputs with those written as 0; the broken one also zeroes one normal element of channel 1."""
+    tmp = tmp_path_factory.mktemp("ftz")
+    inputs = make_inputs(np.random.default_rng(3), (4, 3, 5, 5))
+    inputs["gamma"][0] = np.float32(1e-30)
+    inputs["diff_dst"] *= np.float32(1e-9)
+    inputs["diff_dst"][:, 1:] *= np.float32(1e9)  # channels 1, 2: ordinary values
+    bundle = save_bundle(tmp / "in.npz", inputs, epsilon=1e-5, data_format="NCHW")
+    good = tmp / "good.npz"
+    assert bnbwd("run", "-q", bundle, "-o", good).returncode == 0
+    outputs = dict(np.load(good))
+    src = outputs["diff_src"]
+    subnormal = (src != 0) & (np.abs(src) < TINY)
+    assert subnormal[:, 0].all() and not subnormal[:, 1:].any()
+    flushed = dict(outputs, diff_src=np.where(subnormal, np.float32(0), src))
+    broken = dict(flushed)
+    broken["diff_src"] = flushed["diff_src"].copy()
+    broken["diff_src"][0, 1, 2, 2] = 0  # a normal reference value written as 0
+    np.savez(tmp / "ftz.npz", **flushed)
+    np.savez(tmp / "broken.npz", **broken)
+    return {"bundle": bundle, "good": good, "ftz": tmp / "ftz.npz", "broken": tmp / "broken.npz",
+            "count": int(subnormal.sum()), "inputs": inputs, "flushed": flushed, "outputs": outputs}
+
+
+def test_flushed_subnormals_pass_with_a_note_and_their_count(case):
+    n = case["count"]
+    note = f"{n} subnormal results flushed to zero: allowed; --no-ftz to fail them"
+    text = bnbwd("run", "-q", case["bundle"], "--reference", case["ftz"])
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert f"note: diff_src: {note}" in text.stdout
+    brief = bnbwd("run", "-q", case["bundle"], "--reference", case["ftz"], "--brief")
+    assert brief.returncode == 0 and f"  note: {note}" in brief.stdout
+    document = bnbwd("verify", case["ftz"], case["good"], "--inputs", case["bundle"], "--json", "-")
+    assert document.returncode == 0, document.stdout + document.stderr
+    counts = {o["name"]: o["comparison"]["flushed_to_zero"] for o in json.loads(document.stdout)["outputs"]}
+    assert counts == {"diff_src": n, "diff_gamma": 0, "diff_beta": 0}
+
+
+@pytest.mark.parametrize("command", ["run", "verify"])
+def test_no_ftz_fails_them(case, command):
+    if command == "run":
+        args = ["run", "-q", case["bundle"], "--reference", case["ftz"]]
+    else:
+        args = ["verify", case["ftz"], case["good"], "--inputs", case["bundle"]]
+    failed = bnbwd(*args, "--no-ftz", "--brief")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "diff_src: FAIL" in failed.stdout and "flushed" not in failed.stdout
+
+
+def test_check_takes_the_flag():
+    shown = bnbwd("check", "--help")
+    assert shown.returncode == 0 and "--ftz / --no-ftz" in shown.stdout
+
+
+def test_a_zero_where_the_reference_is_normal_still_fails(case):
+    broken = bnbwd("run", "-q", case["bundle"], "--reference", case["broken"], "--brief")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "diff_src: FAIL" in broken.stdout
+
+
+def test_a_correct_kernel_gets_no_note(case):
+    good = bnbwd("run", "-q", case["bundle"], "--reference", case["good"])
+    assert good.returncode == 0 and "flushed" not in good.stdout
+
+
+def test_the_api(case):
+    inputs = dict(case["inputs"], epsilon=1e-5, data_format="NCHW")
+    report = bnbwd_cli.check(case["flushed"], **inputs)
+    assert report.status == "pass" and f"{case['count']} subnormal results flushed to zero" in report.text
+    assert "ftz=False to fail them" in report.text
+    assert bnbwd_cli.check(case["flushed"], ftz=False, **inputs).status == "mismatch"
+    assert "flushed" not in bnbwd_cli.check(case["outputs"], **inputs).text
+    with pytest.raises(bnbwd_cli.InputError, match="ftz is"):
+        bnbwd_cli.check(case["flushed"], ftz="no", **inputs)
