@@ -202,6 +202,7 @@ def test_json_schema_pinned():
         "mismatches": "int",
         "mismatch_fraction": "float",
         "allowed_mismatches": "int",
+        "flushed_to_zero": "int",
         "max_abs": {"value": "float", "index": ["int"], "where": "str"},
         "max_rel": {"value": "float", "index": ["int"], "where": "str"},
         "max_ulp": {"value": "float", "index": ["int"], "where": "str"},

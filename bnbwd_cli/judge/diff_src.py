@@ -184,7 +184,7 @@ def _dy_xhat_at(views: tuple, where: tuple[slice, slice, slice], piece: tuple[sl
     return dy, np.multiply(xhat, invstd[channel], out=xhat)
 
 
-def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str, flushed_below: float,
+def _regression_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str, flushed_below: float = 0.0,
                      stop: threading.Event | None = None) -> ChannelRegression | None:
     """The bias regression's sums over diff_src (judge/bias.py), a pass of its own: it needs no error scale, so with
     two threads it runs beside the channel facts and the judging pass. Its blocks and pieces are the judging pass's,
