@@ -57,7 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     import numpy as np
 
-    from bnbwd_cli.judge.where import Coordinates, heat_map, localize
+    from bnbwd_cli.judge.heat_map import heat_map
+    from bnbwd_cli.judge.where import Coordinates, localize
 
     n, c, h, w = (8, 64, 28, 28) if args.small else (32, 128, 56, 56)
     for layout, shape, names, axis in (("NCX", (n, c, h, w), ("n", "c", "h", "w"), 1),

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from bnbwd_cli.judge.where import Coordinates, _Failures, heat_map, index_ranges, indices_text, localize
+from bnbwd_cli.judge.heat_map import heat_map
+from bnbwd_cli.judge.where import Coordinates, _Failures, index_ranges, indices_text, localize
 
 NCX, NXC = ("n", "c", "h", "w"), ("n", "h", "w", "c")
 SEEDS = range(12)

@@ -28,7 +28,8 @@ from bnbwd_cli.judge.accumulators import (
 from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
-from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, heat_map, localize
+from bnbwd_cli.judge.heat_map import heat_map
+from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, localize
 from bnbwd_cli.scratch import Scratch
 
 __all__ = ["Accumulator", "Coordinates", "Setup", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
@@ -85,7 +86,7 @@ class _Judged:
 
 class _DetailStats:
     """Max relative error, worst elements, per-channel table, histogram; the failing masks, and from them where the
-    failures sit and the heat map (judge/where.py)."""
+    failures sit and the heat map (judge/where.py, judge/heat_map.py)."""
 
     def __init__(self, shape: tuple[int, ...], setup: Setup) -> None:
         self.max_rel, self.worst, self.decades = MaxLocated(), Worst(setup.top_k), Decades()

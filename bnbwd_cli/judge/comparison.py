@@ -15,7 +15,8 @@ import numpy as np
 from bnbwd_cli.judge.accumulators import ChannelStat, Element, HistogramBin, Located, NonFinite
 from bnbwd_cli.judge.criteria import Criterion, criteria_of, deciding
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, bias_threshold
-from bnbwd_cli.judge.where import HeatMap, Where
+from bnbwd_cli.judge.heat_map import HeatMap
+from bnbwd_cli.judge.where import Where
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "ElementErrors", "Hint", "HistogramBin",
            "Located", "NonFinite", "Once"]

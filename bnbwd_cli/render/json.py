@@ -46,7 +46,8 @@ from bnbwd_cli.spec import OUTPUT_NAMES
 if TYPE_CHECKING:  # annotations only: `run --json` writes its document without loading the comparison
     from bnbwd_cli.judge import SetComparison
     from bnbwd_cli.judge.comparison import Bias, Comparison, Located
-    from bnbwd_cli.judge.where import HeatMap, Where
+    from bnbwd_cli.judge.heat_map import HeatMap
+    from bnbwd_cli.judge.where import Where
     from bnbwd_cli.render.run import RunFacts
 
 SCHEMA_VERSION = 4  # the comparison report (verify, run --reference, the API) and check's document

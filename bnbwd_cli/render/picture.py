@@ -1,6 +1,6 @@
 """The picture of a failing output: its failing share over channel groups (rows) x blocks of each channel's positions
 (columns: the other axes flattened in storage order), one character a cell, so that a stride, a tail or a tile shows
-at a glance. The counts are judge/where.py's HeatMap; here they are only drawn."""
+at a glance. The counts are judge/heat_map.py's HeatMap; here they are only drawn."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from bnbwd_cli.judge.comparison import Comparison
-    from bnbwd_cli.judge.where import HeatMap
+    from bnbwd_cli.judge.heat_map import HeatMap
 
 # the failing share of a cell: none, then up to a quarter, a half, three quarters, more
 SHADES = ("·", "░", "▒", "▓", "█")
