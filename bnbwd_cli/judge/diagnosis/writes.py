@@ -1,7 +1,7 @@
 """Bugs in what reaches memory: channels never written, a sign flipped, a truncating conversion, output or
 inputs with the spatial axes swapped, the other layout.
 
-Tested by predicting the whole output under the bug (judge/diagnosis/case.py's ``assess``), or for
+Tested by predicting the whole output under the bug (judge/diagnosis/assess.py), or for
 truncation by its exact signature (every differing element one ulp toward zero).
 """
 
@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, channel_ratio, percent, sixteen_bit_types
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.layout import view3
 
@@ -30,7 +31,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
 def _unwritten(case: Case) -> Iterator[Candidate]:
     """Channels of diff_src that are all zeros, or an exact copy of another channel's output."""
     out = case.outputs["diff_src"]
-    a, r = out.actual, out.reference
+    a, r = out.given, out.expected  # as written (zeros and copies are the same in float64)
     c = case.channels
     zero = np.array([not np.any(a[:, k]) and np.any(r[:, k]) for k in range(c)])
     copies: dict[int, int] = {}
@@ -40,11 +41,13 @@ def _unwritten(case: Case) -> Iterator[Candidate]:
     for same in digests.values():
         if len(same) > 1 and not zero[same[0]]:
             for k in same:  # which one holds its own values: the one matching its reference
-                if not np.allclose(a[:, k], r[:, k], rtol=1e-2, atol=0):
+                channel = (slice(None), k, slice(None))
+                if not np.allclose(out.actual_at(channel), out.reference_at(channel), rtol=1e-2, atol=0):
                     copies[k] = next(j for j in same if j != k)
     hit = sorted(set(np.flatnonzero(zero).tolist()) | set(copies))
     if not hit:
         return
+    a, r = out.actual, out.reference
     p = r.copy()
     p[:, hit] = a[:, hit]
     zeros = [k for k in hit if zero[k]]
@@ -103,6 +106,8 @@ def _spatial(case: Case) -> Iterator[Candidate]:
     """H and W swapped (non-square images): in the output written, or in an input read."""
     fmt, shape = case.inputs.data_format, case.inputs.src.shape
     out = case.outputs["diff_src"]
+    if len(shape) < 4 or (shape[-2] == shape[-1] if fmt == "NCX" else shape[-3] == shape[-2]):
+        return  # (what _swap_spatial says: no two spatial axes, or square ones)
     full = _full(out.reference, shape, fmt)
     if _swap_spatial(full, fmt) is None:
         return
