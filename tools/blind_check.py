@@ -9,14 +9,17 @@ Each kernel's inputs and outputs are written as .npz files and judged by `python
   bug is in the elementwise pass" for a bug with no named cause); `wrong` when any hint names a cause the bug
   does not have (or the right family with the wrong numbers); `none` otherwise;
 - place (failing runs with a planted region): the `where` of the output (or of its NaN/Inf) is turned back into
-  a mask from its JSON fields; `right` when it and the planted region overlap both ways by >= 80%, `wrong` when
-  most of what it names lies outside the region, `none` when there is no usable `where` (or a scattered one);
+  a mask from its JSON fields; `right` when it covers >= 80% of the region's failing elements (from
+  `--save-error`) and >= 80% of what it names lies in the region, `wrong` when most of what it names lies
+  outside the region, `none` when there is no usable `where` (or a scattered one);
 - correct kernels: `hinted` when they get any hint or `where`.
 
     python -m tools.blind_check                     # the whole zoo, 2 processes at once; a table and the rates
     python -m tools.blind_check --only skip_sample  # entries whose name starts so
     python -m tools.blind_check --gaps FILE.md      # also write the runs with neither cause nor place right
     python -m tools.blind_check --write DIR NAME    # write NAME's .npz files to DIR (to reproduce one run)
+    python -m tools.blind_check --draws 2           # also each entry redrawn with 2 other seeds (other data and,
+                                                    # for the bugs that draw them, other offsets, strides, channels)
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def write_case(entry: Entry, folder: Path) -> tuple[Path, Path, object]:
     return src, out, planted
 
 
-def command(src: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "bnbwd_cli", "run", str(src), "--reference", str(out), "--json", "-", "-q"]
+def command(src: Path, out: Path, errors: Path) -> list[str]:
+    return [sys.executable, "-m", "bnbwd_cli", "run", str(src), "--reference", str(out), "--json", "-", "-q",
+            "--save-error", str(errors)]
 
 
 def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis: int | None) -> np.ndarray | None:
@@ -110,10 +114,20 @@ def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis:
                 sel[lo:hi + 1] = True
             mask &= sel.reshape([-1 if a == channel_axis else 1 for a in range(len(shape))])
         return mask
-    return None  # scattered, elements (a few by name) or a kind this tool does not read
+    if kind == "elements":  # "2 elements: n=0 c=1 h=0 w=1; n=3 c=2 h=5 w=5"
+        mask = np.zeros(shape, bool)
+        for item in where["text"].split(":", 1)[1].split(";"):
+            coords = dict(re.findall(r"(\w+)=(\d+)", item))
+            if set(coords) == set(axis_names):
+                mask[tuple(int(coords[name]) for name in axis_names)] = True
+        return mask if mask.any() else None
+    return None  # scattered, or a kind this tool does not read
 
 
-def judge_place(planted, outputs: dict) -> tuple[str, str]:
+def judge_place(planted, outputs: dict, failing: np.ndarray | None = None) -> tuple[str, str]:
+    """`failing`: diff_src's failing (or non-finite) elements as bnbwd saved them; the `where` must cover the planted
+    region's failing elements (a planted element whose error a correct kernel could make does not count) and name
+    few elements outside the region."""
     if planted.region is None:
         return "n.a.", ""
     out = outputs.get("diff_src")
@@ -125,9 +139,9 @@ def judge_place(planted, outputs: dict) -> tuple[str, str]:
     mask = where_mask(where, tuple(comp["shape"]), comp["axis_names"], comp["channel_axis"])
     if mask is None:
         return "none", text
-    both = np.count_nonzero(mask & planted.region)
-    recall = both / max(np.count_nonzero(planted.region), 1)
-    precision = both / max(np.count_nonzero(mask), 1)
+    target = planted.region if failing is None or not (failing & planted.region).any() else failing & planted.region
+    recall = np.count_nonzero(mask & target) / np.count_nonzero(target)
+    precision = np.count_nonzero(mask & planted.region) / max(np.count_nonzero(mask), 1)
     if recall >= 0.8 and precision >= 0.8:
         return "right", text
     if precision < 0.5:
@@ -159,7 +173,8 @@ def judge_cause(planted, hints: list[dict]) -> str:
 
 def judge(entry: Entry, folder: Path) -> Outcome:
     src, out, planted = write_case(entry, folder)
-    proc = subprocess.run(command(src, out), cwd=ROOT, capture_output=True, text=True)
+    errors = folder / f"{entry.name}.errors.npz"
+    proc = subprocess.run(command(src, out, errors), cwd=ROOT, capture_output=True, text=True)
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -174,9 +189,21 @@ def judge(entry: Entry, folder: Path) -> Outcome:
         return Outcome(entry, planted.what, proc.returncode, proc.returncode == 0, "-", "n.a.",
                        bool(hints) or any(wheres), said or proc.stderr.strip()[-300:], where_texts,
                        [h["cause"] for h in hints])
-    place, _ = judge_place(planted, outputs)
+    failing = None
+    if errors.exists():
+        with np.load(errors) as saved:
+            if "diff_src.failing" in saved:
+                failing = saved["diff_src.failing"] | saved["diff_src.nonfinite"]
+    place, _ = judge_place(planted, outputs, failing)
     return Outcome(entry, planted.what, proc.returncode, proc.returncode == 1, judge_cause(planted, hints), place,
                    False, said or proc.stderr.strip()[-300:], where_texts, [h["cause"] for h in hints])
+
+
+def redrawn(entries: list[Entry], draws: int) -> list[Entry]:
+    """The entries, then each again with `draws` other seeds (named NAME#k: `--write DIR NAME#k` reproduces one)."""
+    more = [dataclasses.replace(e, name=f"{e.name}#{k}", seed=e.seed + 1000 * k)
+            for k in range(1, draws + 1) for e in entries]
+    return entries + more
 
 
 def run_all(entries: list[Entry], jobs: int = 2) -> list[Outcome]:
@@ -269,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gaps", type=Path, help="write the runs where bnbwd missed (markdown) to this file")
     parser.add_argument("--json", type=Path, help="write every outcome as JSON")
     parser.add_argument("--write", nargs=2, metavar=("DIR", "NAME"), help="write one entry's .npz files and stop")
+    parser.add_argument("--draws", type=int, default=0, help="also run each entry with this many other seeds")
     args = parser.parse_args(argv)
-    entries = zoo()
+    entries = redrawn(zoo(), args.draws)
     if args.write:
         folder, name = Path(args.write[0]), args.write[1]
         (entry,) = [e for e in entries if e.name == name]
