@@ -124,21 +124,27 @@ def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis:
     return None  # scattered, or a kind this tool does not read
 
 
-def judge_place(planted, outputs: dict, failing: np.ndarray | None = None) -> tuple[str, str]:
-    """`failing`: diff_src's failing (or non-finite) elements as bnbwd saved them; the `where` must cover the planted
-    region's failing elements (a planted element whose error a correct kernel could make does not count) and name
-    few elements outside the region."""
+def judge_place(planted, outputs: dict, saved: dict | None = None) -> tuple[str, str]:
+    """`saved`: what --save-error wrote. The `where` must cover the planted region's failing (or non-finite)
+    elements (a planted element whose error a correct kernel could make does not count) and name few elements
+    outside the region."""
     if planted.region is None:
         return "n.a.", ""
-    out = outputs.get("diff_src")
+    name, _, nonfinite = planted.region_output.partition(":")
+    if name == "nonfinite":
+        name, nonfinite = "diff_src", "nonfinite"
+    out = outputs.get(name)
     if out is None:
         return "none", ""
     comp = out["comparison"]
-    where = comp["nonfinite"]["where"] if planted.region_output == "nonfinite" else comp["where"]
+    where = comp["nonfinite"]["where"] if nonfinite else comp["where"]
     text = where["text"] if where else ""
     mask = where_mask(where, tuple(comp["shape"]), comp["axis_names"], comp["channel_axis"])
     if mask is None:
         return "none", text
+    failing = None
+    if saved and f"{name}.failing" in saved:
+        failing = saved[f"{name}.failing"] | saved[f"{name}.nonfinite"]
     target = planted.region if failing is None or not (failing & planted.region).any() else failing & planted.region
     recall = np.count_nonzero(mask & target) / np.count_nonzero(target)
     precision = np.count_nonzero(mask & planted.region) / max(np.count_nonzero(mask), 1)
@@ -189,12 +195,11 @@ def judge(entry: Entry, folder: Path) -> Outcome:
         return Outcome(entry, planted.what, proc.returncode, proc.returncode == 0, "-", "n.a.",
                        bool(hints) or any(wheres), said or proc.stderr.strip()[-300:], where_texts,
                        [h["cause"] for h in hints])
-    failing = None
+    saved = None
     if errors.exists():
-        with np.load(errors) as saved:
-            if "diff_src.failing" in saved:
-                failing = saved["diff_src.failing"] | saved["diff_src.nonfinite"]
-    place, _ = judge_place(planted, outputs, failing)
+        with np.load(errors) as archive:
+            saved = dict(archive)
+    place, _ = judge_place(planted, outputs, saved)
     return Outcome(entry, planted.what, proc.returncode, proc.returncode == 1, judge_cause(planted, hints), place,
                    False, said or proc.stderr.strip()[-300:], where_texts, [h["cause"] for h in hints])
 
@@ -271,6 +276,23 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def markdown(outcomes: list[Outcome]) -> str:
+    """The rates per kind as a markdown table (docs/held-out.md)."""
+    total, per_kind = rates(outcomes)
+    lines = ["| kind | failing runs | cause right | place right | either | coarse only | wrong cause | wrong place |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, r in sorted(per_kind.items()):
+        if r.failing:
+            lines.append(f"| {kind} | {r.failing} | {r.cause_right} | {r.place_right} | {r.either} | "
+                         f"{r.cause_coarse} | {r.wrong_cause} | {r.wrong_place} |")
+    lines.append(f"| **all failing** | **{total.failing}** | **{total.cause_right}** | **{total.place_right}** | "
+                 f"**{total.either} ({100 * total.either / max(total.failing, 1):.1f}%)** | {total.cause_coarse} | "
+                 f"**{total.wrong_cause}** | **{total.wrong_place}** |")
+    lines.append(f"\nVerdicts wrong: {total.verdicts_wrong}; correct kernels {total.correct}, hinted or located "
+                 f"{total.correct_hinted}.")
+    return "\n".join(lines)
+
+
 def gaps(outcomes: list[Outcome]) -> str:
     out = []
     for o in outcomes:
@@ -295,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--gaps", type=Path, help="write the runs where bnbwd missed (markdown) to this file")
     parser.add_argument("--json", type=Path, help="write every outcome as JSON")
+    parser.add_argument("--markdown", action="store_true", help="also print the rates as a markdown table")
     parser.add_argument("--write", nargs=2, metavar=("DIR", "NAME"), help="write one entry's .npz files and stop")
     parser.add_argument("--draws", type=int, default=0, help="also run each entry with this many other seeds")
     args = parser.parse_args(argv)
@@ -313,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report(outcomes))
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     print(f"{len(outcomes)} runs: {cpu:.1f} s CPU in the CLI processes, {time.perf_counter() - wall0:.1f} s wall")
+    if args.markdown:
+        print(markdown(outcomes))
     if args.gaps:
         args.gaps.write_text(gaps(outcomes))
     if args.json:

@@ -94,7 +94,8 @@ class Planted:
     coarse: tuple = ()  # true but less precise answers: "cause" or "cause:words in its evidence"
     words: str = ""  # a regex the naming hint's text must match (the fitted numbers, the subset)
     region: np.ndarray | None = None  # stored-shape mask of diff_src elements the bug spoils (None: not local)
-    region_output: str = "diff_src"  # or diff_gamma / diff_beta (a (C,) mask), or "nonfinite"
+    region_output: str = "diff_src"  # or diff_gamma / diff_beta (a (C,) mask); "NAME:nonfinite" for its NaN/Inf
+    # (plain "nonfinite": diff_src's)
     stored_dx: np.ndarray | None = None  # diff_src already in storage layout and dtype (storage-order bugs)
     what: str = ""
 
@@ -125,10 +126,14 @@ class Entry:
         dy = rng.standard_normal((n, c, h, w)).astype(dt)
         if self.data == "tiny":  # one channel's gradient at subnormal scale (a masked, vanishing gradient)
             dy[:, 3] = (rng.standard_normal((n, h, w)) * 2e-39).astype(F32).astype(dt)
+        if self.data == "smallvar":  # variances near epsilon (a nearly constant channel)
+            x = (rng.standard_normal((n, c, h, w)) * 3e-3 + loc[:, None, None]).astype(dt)
         x64 = x.astype(F64)
         mean = x64.mean((0, 2, 3)).astype(F32)
         var = x64.var((0, 2, 3)).astype(F32)
         gamma = rng.uniform(0.5, 1.5, c).astype(F32)
+        if self.data == "gamma0":  # frozen channels: gamma = 0 in a quarter of them
+            gamma[rng.random(c) < 0.25] = 0
         return Problem(x, dy, mean, var, gamma, self.layout, self.dtype, rng, self)
 
     def run(self) -> tuple[dict, dict, Planted]:
@@ -1123,6 +1128,193 @@ def k_dx_transposed_hw(p):
     return dataclasses.replace(planted, dx=dx, causes=("spatial-axes-swapped",), what="h, w swapped")
 
 
+# --- the third round: CTA tiles, approximations, data-parallel mistakes, sums' own places, edge data -----------------
+
+def k_cta_tile_lost(p):
+    """Channels-last CUDA reduction over a (positions x channels) grid of CTAs: the CTA covering channels
+    c0..c0+15 and positions 1024..2047 has its partial overwritten."""
+    c = p.shape[1]
+    c0 = int(p.rng.integers(0, c // 16)) * 16
+    keep = np.ones((c, p.m))
+    keep[c0:c0 + 16, 1024:2048] = 0
+    db, dg = masked_sums(p, keep)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c0:c0 + 16] = True
+    return Planted(elementwise(p, db, dg), dg, db, causes=("lost-partial-sum", "partial-reduction-missing"),
+                   coarse=("sums-wrong",), words=r"1024", region=region_where(p, mask),
+                   what=f"c={c0}..{c0 + 15} positions 1024..2047 lost")
+
+
+def k_racy_block_per_channel(p):
+    """A race: each channel loses one block of 256 (a different block in each channel)."""
+    c = p.shape[1]
+    keep = np.ones((c, p.m))
+    blocks = p.rng.integers(0, p.m // 256, c)
+    for ci, b in enumerate(blocks):
+        keep[ci, b * 256:(b + 1) * 256] = 0
+    db, dg = masked_sums(p, keep)
+    return Planted(elementwise(p, db, dg), dg, db, causes=("lost-partial-sum", "partial-reduction-missing"),
+                   coarse=("sums-wrong",), what="a different block of 256 lost in each channel")
+
+
+def k_rsqrt_approx(p):
+    """invstd from an approximate reciprocal square root without the Newton step (SSE rsqrtps: ~12 bits)."""
+    exact = invstd_of(p.var)
+    bits = exact.view(np.uint32) & np.uint32(0xFFFFF000)  # keep ~11 mantissa bits, like the estimate's precision
+    invstd = bits.view(F32) * F32(1 + 1.5 * 2.0 ** -13)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("fitted-statistics",),
+                   what="12-bit rsqrt estimate")
+
+
+def k_var_as_std(p):
+    """The kernel expects the standard deviation and is given the variance: invstd = 1/(value + eps)."""
+    invstd = (1 / (p.var + F32(EPS))).astype(F32)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("fitted-statistics",),
+                   what="variance read as the standard deviation")
+
+
+def k_eps_twice(p):
+    invstd = (1 / np.sqrt(p.var + F32(2 * EPS))).astype(F32)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("epsilon", "fitted-statistics"),
+                   words=r"2e-0?5|2\.0e-0?5|0\.00002", what="epsilon added twice")
+
+
+def k_dy_rounded_bf16(p):
+    """An f32 kernel under autocast: its copy of diff_dst is rounded to bfloat16 before everything else."""
+    dy = to16(p.dy, ml_dtypes.bfloat16)
+    q = dataclasses.replace(p, dy=dy)
+    db, dg = sums(q)
+    return Planted(elementwise(q, db, dg), dg, db, what="diff_dst read through bf16")
+
+
+def k_dgamma_unbiased_invstd(p):
+    """diff_gamma computed with an invstd from the unbiased variance (diff_src and diff_beta right)."""
+    db, dg = sums(p)
+    unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
+    _, dg_u = sums(p, invstd=unb)
+    factor = float(np.sqrt((p.m - 1) / p.m))
+    return Planted(elementwise(p, db, dg), dg_u, db, causes=("fitted-terms", "unbiased-variance"),
+                   words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1", what="diff_gamma with the unbiased invstd")
+
+
+def k_syncbn_no_allreduce(p):
+    """SyncBatchNorm without the all-reduce: two devices, each half of the batch normalised by its own half's sums
+    and M/2; the weight gradients are all-reduced (right)."""
+    n = p.shape[0]
+    db, dg = sums(p)
+    dx = np.empty(p.shape, F32)
+    for lo, hi in ((0, n // 2), (n // 2, n)):
+        q = dataclasses.replace(p, x=p.x[lo:hi], dy=p.dy[lo:hi])
+        qb, qg = sums(q)
+        dx[lo:hi] = elementwise(q, qb, qg)
+    return Planted(dx, dg, db, coarse=("unexplained:elementwise pass",), what="each half-batch uses its own sums")
+
+
+def k_stale_dgamma_channels(p):
+    """diff_gamma of channels c0..c0+7 (one CTA's channels) copied from a stale buffer; everything else right."""
+    c = p.shape[1]
+    c0 = int(p.rng.integers(0, c - 8))
+    db, dg = sums(p)
+    dg_out = dg.copy()
+    dg_out[c0:c0 + 8] = p.rng.normal(0, np.abs(dg).mean(), 8)
+    mask = np.zeros(c, bool)
+    mask[c0:c0 + 8] = True
+    return Planted(elementwise(p, db, dg), dg_out, db, coarse=("unexplained:bug is in the sums written",),
+                   region=mask, region_output="diff_gamma", what=f"diff_gamma c={c0}..{c0 + 7} stale")
+
+
+def k_inf_dbeta(p):
+    """One channel's diff_beta overflows to Inf (an accumulator reset to FLT_MAX, not 0)."""
+    c0 = int(p.rng.integers(0, p.shape[1]))
+    db, dg = sums(p)
+    db_out = db.copy()
+    db_out[c0] = np.inf
+    mask = np.zeros(p.shape[1], bool)
+    mask[c0] = True
+    return Planted(elementwise(p, db, dg), dg, db_out, region=mask, region_output="diff_beta:nonfinite",
+                   what=f"diff_beta c={c0} Inf")
+
+
+def k_frozen_dgamma_zero(p):
+    """Channels with gamma = 0 are skipped entirely, diff_gamma included (written 0; it should not be)."""
+    db, dg = sums(p)
+    frozen = p.gamma == 0
+    dg_out = np.where(frozen, F32(0), dg)
+    return Planted(elementwise(p, db, dg), dg_out, db, coarse=("unexplained:bug is in the sums written",),
+                   region=frozen, region_output="diff_gamma", what=f"diff_gamma 0 where gamma = 0 ({frozen.sum()})")
+
+
+def k_last_cta_no_gamma(p):
+    """The last CTA of channels (c = C-16..C-1) forgets gamma in diff_src."""
+    c = p.shape[1]
+    gamma = p.gamma.copy()
+    gamma[c - 16:] = 1
+    planted = reference_kernel(p)
+    dx = elementwise(p, planted.db, planted.dg, gamma=gamma)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c - 16:] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), causes=("fitted-terms",
+                               "gamma-ignored"), words=rf"{c - 16}", what=f"c={c - 16}..{c - 1} without gamma")
+
+
+# --- near misses: bugs that look like a catalogued cause but are not it (a wrong cause named would show here) -------
+
+def k_mean_dy_twice(p):
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg, terms=(1, 2, 1)), dg, db, causes=("fitted-terms",), words=r"\b2\b|twice|doubl",
+                   what="mean(dy) subtracted twice")
+
+
+def k_front_invstd_unbiased(p):
+    """The front factor gamma*invstd uses the unbiased variance, xhat and the sums the biased one."""
+    db, dg = sums(p)
+    invstd = invstd_of(p.var)
+    unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
+    dx = elementwise(p, db, dg) * ch(unb / invstd)
+    factor = float(np.sqrt((p.m - 1) / p.m))
+    return Planted(dx, dg, db, causes=("fitted-terms",), words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1",
+                   what="front invstd unbiased")
+
+
+def k_dy_next_channel(p):
+    """diff_src reads diff_dst of channel c+1 (a channel pointer off by one) in the elementwise pass only."""
+    db, dg = sums(p)
+    dy = np.roll(p.dy.astype(F32), -1, axis=1)
+    return Planted(elementwise(dataclasses.replace(p, dy=dy), db, dg), dg, db, causes=(),
+                   coarse=("unexplained:elementwise pass",), what="dy[c+1] in the elementwise pass")
+
+
+def k_samples_reversed(p):
+    """diff_src's samples written in reverse order (a batch index counted from the end)."""
+    planted = reference_kernel(p)
+    return dataclasses.replace(planted, dx=planted.dx[::-1], coarse=("unexplained:elementwise pass",),
+                               what="samples reversed in diff_src")
+
+
+def k_own_welford_large_m(p):
+    """PyTorch-like channels-last with its own float32 statistics (Welford merged over 64 threads) at M = 102400:
+    correct (its drift stays within what a correct kernel may make; the planted cause is unused)."""
+    x = channel_positions(p, p.x.astype(F32))
+    c, m = x.shape
+    lanes = x.reshape(c, -1, 64)
+    mean = np.zeros((c, 64), F32)
+    m2 = np.zeros((c, 64), F32)
+    for i in range(lanes.shape[1]):
+        d = lanes[:, i] - mean
+        mean = mean + d / F32(i + 1)
+        m2 = m2 + d * (lanes[:, i] - mean)
+    count = F32(lanes.shape[1])
+    mu = mean.mean(1, dtype=F32)
+    var = ((m2.sum(1, dtype=F32) + count * ((mean - mu[:, None]) ** 2).sum(1, dtype=F32)) / F32(m)).astype(F32)
+    invstd = invstd_of(var)
+    db, dg = sums(p, mean=mu, invstd=invstd)
+    return Planted(elementwise(p, db, dg, mean=mu, invstd=invstd), dg, db,
+                   causes=("fitted-statistics", "own-batch-statistics"), what="own f32 Welford stats at M=1e5")
+
+
 # --- the zoo ----------------------------------------------------------------------------------------------------------
 
 def _variants(name, kind, kernel, specs, correct=False, data="normal"):
@@ -1249,6 +1441,34 @@ def zoo() -> list[Entry]:
     e += _variants("stats_shifted", "parameters", k_stats_shifted_struct, [("f16", "NCHW", S, 128)])
     e += _variants("layout_written_nchw", "outputs", k_layout_written_nchw, [("f32", "NHWC", (2, 24, 6, 6), 129)])
     e += _variants("dx_transposed_hw", "outputs", k_dx_transposed_hw, [("f32", "NCHW", (2, 16, 12, 8), 130)])
+    # third round
+    e += _variants("pytorch_offset", "correct", k_pytorch_cpu, [("f32", "NCHW", L, 19, {"data": "offset"})], True)
+    e += _variants("pytorch_smallvar", "correct", k_pytorch_cpu, [("f32", "NHWC", S, 140, {"data": "smallvar"})],
+                   True)
+    e += _variants("pytorch_gamma0", "correct", k_pytorch_cpu, [("bf16", "NCHW", S, 141, {"data": "gamma0"})], True)
+    e += _variants("one_channel", "correct", k_split_blocks, [("f32", "NCHW", (1, 1, 256, 256), 142)], True)
+    e += _variants("f16_m1e5", "correct", k_warp_shuffle, [("f16", "NCHW", (16, 4, 80, 80), 143)], True)
+    e += _variants("f64_rank5", "correct", k_f64_accumulate, [("bf16", "NCHW", (2, 8, 24, 12), 144,
+                                                                        {"rank": 5, "depth": 3})], True)
+    e += _variants("cta_tile_lost", "reduction", k_cta_tile_lost, [("f32", "NHWC", L, 150)])
+    e += _variants("racy_block", "reduction", k_racy_block_per_channel, [("f32", "NCHW", L, 151)])
+    e += _variants("rsqrt_approx", "statistics", k_rsqrt_approx, [("f32", "NCHW", S, 152)])
+    e += _variants("var_as_std", "statistics", k_var_as_std, [("bf16", "NHWC", S, 153)])
+    e += _variants("eps_twice", "statistics", k_eps_twice, [("f32", "NCHW", S, 154, {"data": "smallvar"})])
+    e += _variants("dy_rounded_bf16", "statistics", k_dy_rounded_bf16, [("f32", "NHWC", S, 155)])
+    e += _variants("dgamma_unbiased", "terms", k_dgamma_unbiased_invstd, [("f32", "NCHW", (2, 16, 4, 4), 156)])
+    e += _variants("syncbn_no_allreduce", "reduction", k_syncbn_no_allreduce, [("f32", "NCHW", S, 157)])
+    e += _variants("stale_dgamma_channels", "sums", k_stale_dgamma_channels, [("f32", "NHWC", S, 158)])
+    e += _variants("inf_dbeta", "NaN", k_inf_dbeta, [("f32", "NCHW", S, 159)])
+    e += _variants("frozen_dgamma_zero", "sums", k_frozen_dgamma_zero, [("bf16", "NCHW", S, 160, {"data": "gamma0"})])
+    e += _variants("last_cta_no_gamma", "channel tile", k_last_cta_no_gamma, [("f32", "NHWC", (2, 64, 8, 8), 161)])
+    # near misses
+    e += _variants("mean_dy_twice", "terms", k_mean_dy_twice, [("f32", "NHWC", S, 170)])
+    e += _variants("front_invstd_unbiased", "terms", k_front_invstd_unbiased, [("f32", "NCHW", (2, 16, 4, 4), 171)])
+    e += _variants("dy_next_channel", "parameters", k_dy_next_channel, [("bf16", "NCHW", S, 172)])
+    e += _variants("samples_reversed", "outputs", k_samples_reversed, [("f32", "NHWC", S, 173)])
+    e += _variants("own_welford_m1e5", "correct", k_own_welford_large_m, [("f32", "NHWC", (16, 4, 80, 80), 174,
+                                                                                  {"data": "offset"})], True)
     return e
 
 
