@@ -16,6 +16,7 @@ that the whole zoo runs through the CLI in a few minutes on 2 cores.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 import ml_dtypes
@@ -201,6 +202,13 @@ def masked_sums(p: Problem, keep: np.ndarray):
 
 def region_where(p: Problem, logical_mask: np.ndarray) -> np.ndarray:
     return p.stored(np.broadcast_to(logical_mask, p.shape))
+
+
+def number_words(x: float) -> str:
+    """A regex for x as a hint may print it: 3 or 4 significant digits or 2 to 4 decimals, trailing zeros dropped,
+    never a bare integer (1.0004 is not "1")."""
+    forms = {f"{x:.{d}g}" for d in (3, 4)} | {f"{x:.{d}f}".rstrip("0") for d in (2, 3, 4)}
+    return "|".join(re.escape(f) + r"(?!\d)" for f in sorted(forms) if "." in f and not f.endswith("."))
 
 
 def to16(a, dtype):
@@ -996,7 +1004,7 @@ def k_xhat_term_m_minus_1(p):
     db, dg = sums(p)
     m = p.m
     return Planted(elementwise(p, db, dg, terms=(1, 1, m / (m - 1))), dg, db, causes=("fitted-terms",),
-                   words=rf"M.?1|M-1|M − 1|{m / (m - 1):.3f}", what="M-1 in the xhat term")
+                   words=r"M.?1|M-1|M − 1|" + number_words(m / (m - 1)), what="M-1 in the xhat term")
 
 
 def k_no_xhat_term(p):
@@ -1197,7 +1205,7 @@ def k_dgamma_unbiased_invstd(p):
     _, dg_u = sums(p, invstd=unb)
     factor = float(np.sqrt((p.m - 1) / p.m))
     return Planted(elementwise(p, db, dg), dg_u, db, causes=("fitted-terms", "unbiased-variance"),
-                   words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1", what="diff_gamma with the unbiased invstd")
+                   words=r"M.?1|M-1|" + number_words(factor), what="diff_gamma with the unbiased invstd")
 
 
 def k_syncbn_no_allreduce(p):
@@ -1275,7 +1283,7 @@ def k_front_invstd_unbiased(p):
     unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
     dx = elementwise(p, db, dg) * ch(unb / invstd)
     factor = float(np.sqrt((p.m - 1) / p.m))
-    return Planted(dx, dg, db, causes=("fitted-terms",), words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1",
+    return Planted(dx, dg, db, causes=("fitted-terms",), words=r"M.?1|M-1|" + number_words(factor),
                    what="front invstd unbiased")
 
 
