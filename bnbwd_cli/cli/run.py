@@ -291,7 +291,7 @@ def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared:
     op, kernel = app_run.kernel_under_test(request, prepared, options.reference)
     check_override_names(options.comparison, [*kernel, *computed.arrays])
     # --threads is the judging's too
-    judging = replace(judging_for(options.comparison, options.json_target), threads=options.threads or 0)
+    judging = replace(judging_for(options.comparison, options.json_target), threads=options.threads)
     progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "judging")
     return judge_kernel(op, kernel, judging, required=request.outputs, reference=computed.arrays,
                         progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))
