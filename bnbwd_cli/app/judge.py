@@ -116,15 +116,23 @@ def judge_kernel(op: Op, kernel_outputs: Mapping[str, np.ndarray], judging: Judg
 
 
 def _map_hint(op: Op, kernel_outputs: Mapping[str, np.ndarray], key_map: Mapping[str, str]) -> str:
-    """--map KEY=OUTPUT for the kernel key whose shape and name fit an output best, else the general advice."""
+    """--map KEY=OUTPUT for every output a kernel key fits by shape and name (each key once): the whole line in one
+    error, else the general advice."""
     from bnbwd_cli.spec import suggest_key
 
-    shapes = {key: tuple(np.shape(array)) for key, array in kernel_outputs.items() if key not in key_map}
+    free = {key: tuple(np.shape(array)) for key, array in kernel_outputs.items() if key not in key_map}
+    maps = {}
     for name in OUTPUT_NAMES:
-        key = suggest_key(name, shapes, tuple(op.src.shape if name == "diff_src" else op.mean.shape))
+        key = suggest_key(name, free, tuple(op.src.shape if name == "diff_src" else op.mean.shape))
         if key is not None:
-            return f"--map {key}={name} reads {key} as it"
-    return "--map THEIRS=OURS names your own"
+            maps[key] = name
+            del free[key]
+    if not maps:
+        return "--map THEIRS=OURS names your own"
+    if len(maps) == 1:
+        [(key, name)] = maps.items()
+        return f"--map {key}={name} reads {key} as it"
+    return " ".join(f"--map {key}={name}" for key, name in maps.items()) + " reads them (guessed by shape and name)"
 
 
 def judge_sets(sets: TensorSets, judging: Judging, data_format: str | None = None) -> SetComparison:

@@ -117,7 +117,8 @@ class RunOptions:
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None,
+            kernel=self.reference)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
