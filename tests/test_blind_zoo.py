@@ -16,7 +16,7 @@ HANDFUL = {
     "stride_lane-bf16-NHWC": ("none", "right"),
     "channel_tile-f16-NCHW": ("none", "right"),
     "one_sample-bf16-NHWC": ("none", "right"),
-    "nan_warp-f32-NCHW": ("none", "right"),
+    "one_nan-bf16-NCHW": ("none", "right"),
     "skip_sample-f32-NCHW": ("right", "n.a."),
     "running_stats-f32-NCHW": ("right", "n.a."),
     "sums_lost_atomics-bf16-NCHW": ("right", "right"),
@@ -50,6 +50,8 @@ def test_a_where_is_turned_back_into_the_elements_it_names():
     assert tail.reshape(-1)[100:].all() and not tail.reshape(-1)[:100].any()
     period = where_mask({"kind": "period", "period": 32, "lanes": [[28, 31]]}, shape, names, 1).reshape(-1)
     assert np.array_equal(np.flatnonzero(period), [i for i in range(120) if i % 32 >= 28])
+    named = where_mask({"kind": "elements", "text": "2 elements: n=0 c=1 h=0 w=1; n=1 c=3 h=2 w=4"}, shape, names, 1)
+    assert np.array_equal(np.argwhere(named), [[0, 1, 0, 1], [1, 3, 2, 4]])
     assert where_mask({"kind": "scattered"}, shape, names, 1) is None and where_mask(None, shape, names, 1) is None
 
 

@@ -9,14 +9,17 @@ Each kernel's inputs and outputs are written as .npz files and judged by `python
   bug is in the elementwise pass" for a bug with no named cause); `wrong` when any hint names a cause the bug
   does not have (or the right family with the wrong numbers); `none` otherwise;
 - place (failing runs with a planted region): the `where` of the output (or of its NaN/Inf) is turned back into
-  a mask from its JSON fields; `right` when it and the planted region overlap both ways by >= 80%, `wrong` when
-  most of what it names lies outside the region, `none` when there is no usable `where` (or a scattered one);
+  a mask from its JSON fields; `right` when it covers >= 80% of the region's failing elements (from
+  `--save-error`) and >= 80% of what it names lies in the region, `wrong` when most of what it names lies
+  outside the region, `none` when there is no usable `where` (or a scattered one);
 - correct kernels: `hinted` when they get any hint or `where`.
 
     python -m tools.blind_check                     # the whole zoo, 2 processes at once; a table and the rates
     python -m tools.blind_check --only skip_sample  # entries whose name starts so
     python -m tools.blind_check --gaps FILE.md      # also write the runs with neither cause nor place right
     python -m tools.blind_check --write DIR NAME    # write NAME's .npz files to DIR (to reproduce one run)
+    python -m tools.blind_check --draws 2           # also each entry redrawn with 2 other seeds (other data and,
+                                                    # for the bugs that draw them, other offsets, strides, channels)
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def write_case(entry: Entry, folder: Path) -> tuple[Path, Path, object]:
     return src, out, planted
 
 
-def command(src: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "bnbwd_cli", "run", str(src), "--reference", str(out), "--json", "-", "-q"]
+def command(src: Path, out: Path, errors: Path) -> list[str]:
+    return [sys.executable, "-m", "bnbwd_cli", "run", str(src), "--reference", str(out), "--json", "-", "-q",
+            "--save-error", str(errors)]
 
 
 def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis: int | None) -> np.ndarray | None:
@@ -110,24 +114,40 @@ def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis:
                 sel[lo:hi + 1] = True
             mask &= sel.reshape([-1 if a == channel_axis else 1 for a in range(len(shape))])
         return mask
-    return None  # scattered, elements (a few by name) or a kind this tool does not read
+    if kind == "elements":  # "2 elements: n=0 c=1 h=0 w=1; n=3 c=2 h=5 w=5"
+        mask = np.zeros(shape, bool)
+        for item in where["text"].split(":", 1)[1].split(";"):
+            coords = dict(re.findall(r"(\w+)=(\d+)", item))
+            if set(coords) == set(axis_names):
+                mask[tuple(int(coords[name]) for name in axis_names)] = True
+        return mask if mask.any() else None
+    return None  # scattered, or a kind this tool does not read
 
 
-def judge_place(planted, outputs: dict) -> tuple[str, str]:
+def judge_place(planted, outputs: dict, saved: dict | None = None) -> tuple[str, str]:
+    """`saved`: what --save-error wrote. The `where` must cover the planted region's failing (or non-finite)
+    elements (a planted element whose error a correct kernel could make does not count) and name few elements
+    outside the region."""
     if planted.region is None:
         return "n.a.", ""
-    out = outputs.get("diff_src")
+    name, _, nonfinite = planted.region_output.partition(":")
+    if name == "nonfinite":
+        name, nonfinite = "diff_src", "nonfinite"
+    out = outputs.get(name)
     if out is None:
         return "none", ""
     comp = out["comparison"]
-    where = comp["nonfinite"]["where"] if planted.region_output == "nonfinite" else comp["where"]
+    where = comp["nonfinite"]["where"] if nonfinite else comp["where"]
     text = where["text"] if where else ""
     mask = where_mask(where, tuple(comp["shape"]), comp["axis_names"], comp["channel_axis"])
     if mask is None:
         return "none", text
-    both = np.count_nonzero(mask & planted.region)
-    recall = both / max(np.count_nonzero(planted.region), 1)
-    precision = both / max(np.count_nonzero(mask), 1)
+    failing = None
+    if saved and f"{name}.failing" in saved:
+        failing = saved[f"{name}.failing"] | saved[f"{name}.nonfinite"]
+    target = planted.region if failing is None or not (failing & planted.region).any() else failing & planted.region
+    recall = np.count_nonzero(mask & target) / np.count_nonzero(target)
+    precision = np.count_nonzero(mask & planted.region) / max(np.count_nonzero(mask), 1)
     if recall >= 0.8 and precision >= 0.8:
         return "right", text
     if precision < 0.5:
@@ -159,7 +179,8 @@ def judge_cause(planted, hints: list[dict]) -> str:
 
 def judge(entry: Entry, folder: Path) -> Outcome:
     src, out, planted = write_case(entry, folder)
-    proc = subprocess.run(command(src, out), cwd=ROOT, capture_output=True, text=True)
+    errors = folder / f"{entry.name}.errors.npz"
+    proc = subprocess.run(command(src, out, errors), cwd=ROOT, capture_output=True, text=True)
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -174,9 +195,20 @@ def judge(entry: Entry, folder: Path) -> Outcome:
         return Outcome(entry, planted.what, proc.returncode, proc.returncode == 0, "-", "n.a.",
                        bool(hints) or any(wheres), said or proc.stderr.strip()[-300:], where_texts,
                        [h["cause"] for h in hints])
-    place, _ = judge_place(planted, outputs)
+    saved = None
+    if errors.exists():
+        with np.load(errors) as archive:
+            saved = dict(archive)
+    place, _ = judge_place(planted, outputs, saved)
     return Outcome(entry, planted.what, proc.returncode, proc.returncode == 1, judge_cause(planted, hints), place,
                    False, said or proc.stderr.strip()[-300:], where_texts, [h["cause"] for h in hints])
+
+
+def redrawn(entries: list[Entry], draws: int) -> list[Entry]:
+    """The entries, then each again with `draws` other seeds (named NAME#k: `--write DIR NAME#k` reproduces one)."""
+    more = [dataclasses.replace(e, name=f"{e.name}#{k}", seed=e.seed + 1000 * k)
+            for k in range(1, draws + 1) for e in entries]
+    return entries + more
 
 
 def run_all(entries: list[Entry], jobs: int = 2) -> list[Outcome]:
@@ -244,6 +276,23 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def markdown(outcomes: list[Outcome]) -> str:
+    """The rates per kind as a markdown table (docs/held-out.md)."""
+    total, per_kind = rates(outcomes)
+    lines = ["| kind | failing runs | cause right | place right | either | coarse only | wrong cause | wrong place |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, r in sorted(per_kind.items()):
+        if r.failing:
+            lines.append(f"| {kind} | {r.failing} | {r.cause_right} | {r.place_right} | {r.either} | "
+                         f"{r.cause_coarse} | {r.wrong_cause} | {r.wrong_place} |")
+    lines.append(f"| **all failing** | **{total.failing}** | **{total.cause_right}** | **{total.place_right}** | "
+                 f"**{total.either} ({100 * total.either / max(total.failing, 1):.1f}%)** | {total.cause_coarse} | "
+                 f"**{total.wrong_cause}** | **{total.wrong_place}** |")
+    lines.append(f"\nVerdicts wrong: {total.verdicts_wrong}; correct kernels {total.correct}, hinted or located "
+                 f"{total.correct_hinted}.")
+    return "\n".join(lines)
+
+
 def gaps(outcomes: list[Outcome]) -> str:
     out = []
     for o in outcomes:
@@ -268,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--gaps", type=Path, help="write the runs where bnbwd missed (markdown) to this file")
     parser.add_argument("--json", type=Path, help="write every outcome as JSON")
+    parser.add_argument("--markdown", action="store_true", help="also print the rates as a markdown table")
     parser.add_argument("--write", nargs=2, metavar=("DIR", "NAME"), help="write one entry's .npz files and stop")
+    parser.add_argument("--draws", type=int, default=0, help="also run each entry with this many other seeds")
     args = parser.parse_args(argv)
-    entries = zoo()
+    entries = redrawn(zoo(), args.draws)
     if args.write:
         folder, name = Path(args.write[0]), args.write[1]
         (entry,) = [e for e in entries if e.name == name]
@@ -285,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report(outcomes))
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     print(f"{len(outcomes)} runs: {cpu:.1f} s CPU in the CLI processes, {time.perf_counter() - wall0:.1f} s wall")
+    if args.markdown:
+        print(markdown(outcomes))
     if args.gaps:
         args.gaps.write_text(gaps(outcomes))
     if args.json:

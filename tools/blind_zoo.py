@@ -38,6 +38,7 @@ class Problem:
     layout: str  # NCHW or NHWC
     dtype: str
     rng: np.random.Generator  # the bug's own random choices
+    entry: "Entry"
 
     @property
     def shape(self):
@@ -49,17 +50,36 @@ class Problem:
         return n * h * w
 
     def stored(self, a: np.ndarray) -> np.ndarray:
-        """A logical (N, C, H, W) array as the file stores it (channels last for NHWC)."""
-        return np.ascontiguousarray(a.transpose(0, 2, 3, 1) if self.layout == "NHWC" else a)
+        """A logical (N, C, H, W) array as the file stores it: channels last for NHWC, at the entry's rank (2: the
+        (N, C) of BatchNorm1d, H = W = 1; 5: H holds depth*height)."""
+        s = np.ascontiguousarray(a.transpose(0, 2, 3, 1) if self.layout == "NHWC" else a)
+        n, c, h, w = a.shape
+        if self.entry.rank == 2:
+            return s.reshape(n, c)
+        if self.entry.rank == 5:
+            d = self.entry.depth
+            return s.reshape((n, d, h // d, w, c) if self.layout == "NHWC" else (n, c, d, h // d, w))
+        return s
 
     def logical(self, a: np.ndarray) -> np.ndarray:
-        return a.transpose(0, 3, 1, 2) if self.layout == "NHWC" else a
+        """A stored array back in the kernel's logical (N, C, H, W) view."""
+        n, c, h, w = self.x.shape
+        s = a.reshape((n, h, w, c) if self.layout == "NHWC" else (n, c, h, w))
+        return s.transpose(0, 3, 1, 2) if self.layout == "NHWC" else s
+
+    @property
+    def data_format(self) -> str:
+        if self.entry.rank == 2:
+            return "NC"
+        if self.entry.rank == 5:
+            return "NDHWC" if self.layout == "NHWC" else "NCDHW"
+        return self.layout
 
     def inputs(self) -> dict:
         return {
             "src": self.stored(self.x), "diff_dst": self.stored(self.dy), "mean": self.mean,
             "variance": self.var, "gamma": self.gamma, "epsilon": np.float32(EPS),
-            "data_format": np.array(self.layout),
+            "data_format": np.array(self.data_format),
         }
 
 
@@ -74,7 +94,8 @@ class Planted:
     coarse: tuple = ()  # true but less precise answers: "cause" or "cause:words in its evidence"
     words: str = ""  # a regex the naming hint's text must match (the fitted numbers, the subset)
     region: np.ndarray | None = None  # stored-shape mask of diff_src elements the bug spoils (None: not local)
-    region_output: str = "diff_src"  # or diff_gamma / diff_beta (a (C,) mask), or "nonfinite"
+    region_output: str = "diff_src"  # or diff_gamma / diff_beta (a (C,) mask); "NAME:nonfinite" for its NaN/Inf
+    # (plain "nonfinite": diff_src's)
     stored_dx: np.ndarray | None = None  # diff_src already in storage layout and dtype (storage-order bugs)
     what: str = ""
 
@@ -90,6 +111,8 @@ class Entry:
     shape: tuple = (4, 32, 16, 16)
     seed: int = 0
     data: str = "normal"  # normal | offset (|mean|/sd large) | tiny (a channel at subnormal scale)
+    rank: int = 4  # 2: shape (N, C, 1, 1) stored as (N, C); 5: H split into (depth, H / depth)
+    depth: int = 1
 
     def problem(self) -> Problem:
         rng = np.random.default_rng(self.seed)
@@ -103,11 +126,15 @@ class Entry:
         dy = rng.standard_normal((n, c, h, w)).astype(dt)
         if self.data == "tiny":  # one channel's gradient at subnormal scale (a masked, vanishing gradient)
             dy[:, 3] = (rng.standard_normal((n, h, w)) * 2e-39).astype(F32).astype(dt)
+        if self.data == "smallvar":  # variances near epsilon (a nearly constant channel)
+            x = (rng.standard_normal((n, c, h, w)) * 3e-3 + loc[:, None, None]).astype(dt)
         x64 = x.astype(F64)
         mean = x64.mean((0, 2, 3)).astype(F32)
         var = x64.var((0, 2, 3)).astype(F32)
         gamma = rng.uniform(0.5, 1.5, c).astype(F32)
-        return Problem(x, dy, mean, var, gamma, self.layout, self.dtype, rng)
+        if self.data == "gamma0":  # frozen channels: gamma = 0 in a quarter of them
+            gamma[rng.random(c) < 0.25] = 0
+        return Problem(x, dy, mean, var, gamma, self.layout, self.dtype, rng, self)
 
     def run(self) -> tuple[dict, dict, Planted]:
         """(inputs, kernel outputs, ground truth), the outputs as the kernel writes them."""
@@ -336,7 +363,7 @@ def k_stride_lane(p):
     off = int(p.rng.integers(0, k))
     planted = reference_kernel(p)
     db, dg = planted.db, planted.dg
-    shifted = p.logical(np.roll(p.stored(p.dy.astype(F32)).reshape(-1), -1).reshape(p.stored(p.dy).shape))
+    shifted = p.logical(np.roll(p.stored(p.dy.astype(F32)).reshape(-1), -1))
     q = dataclasses.replace(p, dy=shifted)
     wrong = p.stored(elementwise(q, db, dg).astype(F32)).reshape(-1)
     idx = np.arange(wrong.size)
@@ -350,7 +377,7 @@ def k_stale_tail(p):
     """The grid covers all but the last T elements of the buffer: they hold the previous call's output."""
     t = int(p.rng.integers(100, 700))
     planted = reference_kernel(p)
-    prev = Entry("prev", "", k_pytorch_cpu, True, p.dtype, p.layout, p.shape, seed=int(p.rng.integers(1 << 30)))
+    prev = dataclasses.replace(p.entry, kernel=k_pytorch_cpu, seed=int(p.rng.integers(1 << 30)))
     old = prev.problem()
     stale = p.stored(reference_kernel(old).dx.astype(F32)).reshape(-1)
     mask = np.zeros(stale.size, bool)
@@ -676,7 +703,7 @@ def k_dbeta_mean(p):
 
 def k_stale_outputs(p):
     """The kernel wrote last step's gradients: outputs computed from other inputs."""
-    prev = Entry("prev", "", k_pytorch_cpu, True, p.dtype, p.layout, p.shape, seed=int(p.rng.integers(1 << 30)))
+    prev = dataclasses.replace(p.entry, kernel=k_pytorch_cpu, seed=int(p.rng.integers(1 << 30)))
     q = prev.problem()
     planted = reference_kernel(q)
     return dataclasses.replace(planted, causes=("unexplained:no relation",), what="other inputs")
@@ -813,11 +840,492 @@ def k_mean_shift3(p):
                    what="mean[c+3]")
 
 
+# --- the second round: harder shapes, subtler errors, more realistic variants ----------------------------------------
+
+def k_jax_autodiff(p):
+    """JAX/apex ordering: dx = (gamma*invstd/M) * (M*dy - sum(dy) - xhat*sum(dy*xhat))."""
+    db, dg = sums(p)
+    invstd = invstd_of(p.var)
+    x, dy = p.x.astype(F32), p.dy.astype(F32)
+    xhat = (x - ch(p.mean)) * ch(invstd)
+    m = F32(p.m)
+    dx = ch(p.gamma * invstd / m) * (m * dy - ch(db) - xhat * ch(dg))
+    return Planted(dx, dg, db)
+
+
+def k_sequential_f32(p):
+    """A naive CPU loop: each channel's sums accumulated one element at a time in float32, in storage order."""
+    invstd = invstd_of(p.var)
+    xhat = (p.x.astype(F32) - ch(p.mean)) * ch(invstd)
+    dyc = channel_positions(p, p.dy.astype(F32))
+    prod = dyc * channel_positions(p, xhat)
+    db, dg = np.zeros(dyc.shape[0], F32), np.zeros(dyc.shape[0], F32)
+    for i in range(dyc.shape[1]):
+        db, dg = db + dyc[:, i], dg + prod[:, i]
+    return Planted(elementwise(p, db, dg), dg, db)
+
+
+def k_own_stats_tiny_m(p):
+    """PyTorch with its own saved statistics at M = 2 (two-pass float32 mean and biased variance)."""
+    x = p.x.astype(F32)
+    mean = x.mean((0, 2, 3), dtype=F32)
+    var = ((x - ch(mean)) ** 2).mean((0, 2, 3), dtype=F32)
+    invstd = invstd_of(var)
+    db, dg = sums(p, mean=mean, invstd=invstd)
+    return Planted(elementwise(p, db, dg, mean=mean, invstd=invstd), dg, db)
+
+
+def k_rows_subtle(p):
+    """A row-tiled pass whose last tile (h >= h0) reads the mean of the previous channel for xhat: errors of
+    all sizes, many of its elements still inside the tolerance."""
+    h0 = int(p.rng.integers(p.shape[2] // 2, p.shape[2] - 2))
+    planted = reference_kernel(p)
+    mean = p.mean + (np.roll(p.mean, 1) - p.mean) * F32(1e-2 if p.dtype == "f32" else 0.3)
+    wrong = elementwise(p, planted.db, planted.dg, mean=mean)
+    rows = np.zeros(p.shape, bool)
+    rows[:, :, h0:] = True
+    return dataclasses.replace(planted, dx=np.where(rows, wrong, planted.dx), region=region_where(p, rows),
+                               what=f"rows h>={h0}, small errors")
+
+
+def k_halo_rows(p):
+    """A stencil-style tiled pass mishandles the halo: the first two and the last row of every image."""
+    planted = reference_kernel(p)
+    rows = np.zeros(p.shape, bool)
+    rows[:, :, :2] = rows[:, :, -1:] = True
+    wrong = planted.dx * F32(0.75)
+    return dataclasses.replace(planted, dx=np.where(rows, wrong, planted.dx), region=region_where(p, rows),
+                               what="h=0..1 and the last row")
+
+
+def k_border_columns(p):
+    """Columns w = 0 and w = W-1 (the image border) computed with diff_dst of their neighbour."""
+    planted = reference_kernel(p)
+    dy = p.dy.astype(F32).copy()
+    dy[..., 0], dy[..., -1] = p.dy[..., 1], p.dy[..., -2]
+    wrong = elementwise(dataclasses.replace(p, dy=dy), planted.db, planted.dg)
+    cols = np.zeros(p.shape, bool)
+    cols[..., 0] = cols[..., -1] = True
+    return dataclasses.replace(planted, dx=np.where(cols, wrong, planted.dx), region=region_where(p, cols),
+                               what="w=0 and w=W-1")
+
+
+def k_partial_last_tile(p):
+    """Tiles of 8 rows over H = 30: the partial last tile (h = 24..29) indexes its rows from the tile's end."""
+    planted = reference_kernel(p)
+    dx = planted.dx.copy()
+    dx[:, :, 24:30] = planted.dx[:, :, 24:30][:, :, ::-1]
+    mask = np.zeros(p.shape, bool)
+    mask[:, :, 24:30] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), what="h=24..29 reversed")
+
+
+def k_channel_remainder(p):
+    """Channels-last, vectorised by 8 channels: the remainder channels C - C%8 .. C-1 use gamma = 1."""
+    c = p.shape[1]
+    r = c % 8
+    planted = reference_kernel(p)
+    gamma = p.gamma.copy()
+    gamma[c - r:] = 1
+    dx = elementwise(p, planted.db, planted.dg, gamma=gamma)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c - r:] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), what=f"c={c - r}..{c - 1}")
+
+
+def k_every_4th_channel(p):
+    """A float4 loop over channels whose 4th component reads gamma of the 1st (c % 4 == 3 wrong)."""
+    c = np.arange(p.shape[1])
+    gamma = np.where(c % 4 == 3, p.gamma[c - 3], p.gamma).astype(F32)
+    planted = reference_kernel(p)
+    dx = elementwise(p, planted.db, planted.dg, gamma=gamma)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c % 4 == 3] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), what="c % 4 == 3")
+
+
+def k_odd_stride(p):
+    """Every 3rd stored element (a 3-wide unrolled loop whose third lane adds the mean term twice)."""
+    planted = reference_kernel(p)
+    wrong = p.stored(elementwise(p, planted.db, planted.dg, terms=(1, 2, 1)).astype(F32)).reshape(-1)
+    off = int(p.rng.integers(0, 3))
+    mask = np.arange(wrong.size) % 3 == off
+    stored, region = _storage_bug(p, planted, mask, wrong[mask])
+    return dataclasses.replace(planted, stored_dx=stored, region=region, what=f"every 3rd stored, offset {off}")
+
+
+def k_one_nan(p):
+    """One NaN (a 0/0 in one thread)."""
+    planted = reference_kernel(p)
+    size = int(np.prod(p.shape))
+    mask = np.zeros(size, bool)
+    mask[int(p.rng.integers(0, size))] = True
+    stored, region = _storage_bug(p, planted, mask, np.array([np.nan]))
+    return dataclasses.replace(planted, stored_dx=stored, region=region, region_output="nonfinite", what="one NaN")
+
+
+def k_nan_sample(p):
+    """Sample n0's diff_dst read past the end of a buffer: its diff_src is all NaN, the sums are right."""
+    n0 = int(p.rng.integers(0, p.shape[0]))
+    planted = reference_kernel(p)
+    dx = planted.dx.copy()
+    dx[n0] = np.nan
+    mask = np.zeros(p.shape, bool)
+    mask[n0] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), region_output="nonfinite",
+                               what=f"n={n0} NaN")
+
+
+def k_epsilon_1e3(p):
+    invstd = (1 / np.sqrt(p.var + F32(1e-3))).astype(F32)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("epsilon", "fitted-statistics"),
+                   words=r"0\.001|1e-0?3", what="epsilon 1e-3")
+
+
+def k_bf16_stats_nearest(p):
+    """Mean and invstd saved in bfloat16, rounded to nearest (PyTorch with bf16 parameters)."""
+    mean, invstd = to16(p.mean, ml_dtypes.bfloat16), to16(invstd_of(p.var), ml_dtypes.bfloat16)
+    db, dg = sums(p, mean=mean, invstd=invstd)
+    return Planted(elementwise(p, db, dg, mean=mean, invstd=invstd), dg, db,
+                   causes=("16-bit-statistics", "fitted-statistics"), what="bf16-nearest stats")
+
+
+def k_xhat_term_m_minus_1(p):
+    """M - 1 in the xhat term only (an unbiased count where the variance's derivative is taken)."""
+    db, dg = sums(p)
+    m = p.m
+    return Planted(elementwise(p, db, dg, terms=(1, 1, m / (m - 1))), dg, db, causes=("fitted-terms",),
+                   words=rf"M.?1|M-1|M − 1|{m / (m - 1):.3f}", what="M-1 in the xhat term")
+
+
+def k_no_xhat_term(p):
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg, terms=(1, 1, 0)), dg, db, causes=("fitted-terms",), what="no xhat term")
+
+
+def k_gamma_twice(p):
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg, gamma=p.gamma * p.gamma), dg, db,
+                   causes=("gamma-applied-twice", "fitted-terms"), what="gamma^2")
+
+
+def k_invstd_squared(p):
+    """k = gamma*invstd^2 (invstd applied once in xhat and twice in front)."""
+    db, dg = sums(p)
+    invstd = invstd_of(p.var)
+    dx = elementwise(p, db, dg) * ch(invstd)
+    return Planted(dx, dg, db, causes=("fitted-terms",), words="invstd", what="extra invstd")
+
+
+def k_dgamma_negated(p):
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg), -dg, db, causes=("fitted-terms",), words=r"negat|sign|-1", what="-dgamma")
+
+
+def k_dbeta_doubled(p):
+    """diff_beta accumulated by two passes into the same buffer: twice the sum."""
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg), dg, 2 * db, causes=("fitted-terms",), words=r"doubl|2", what="2*dbeta")
+
+
+def k_sums_never_written(p):
+    """diff_gamma and diff_beta never copied out: the zeros they were allocated with."""
+    planted = reference_kernel(p)
+    z = np.zeros_like(planted.db)
+    return dataclasses.replace(planted, dg=z, db=z.copy(), causes=("fitted-terms",), words="zero",
+                               coarse=("unexplained:bug is in the sums written",), what="sums never written (zeros)")
+
+
+def k_f16_accumulate(p):
+    """Sums accumulated in float16 (the storage type) in a vectorised loop of 8 lanes."""
+    invstd = invstd_of(p.var)
+    xhat = (p.x.astype(F32) - ch(p.mean)) * ch(invstd)
+    out = []
+    for v in (channel_positions(p, p.dy.astype(F32)), channel_positions(p, p.dy.astype(F32) * xhat)):
+        v = v.astype(np.float16)
+        c, m = v.shape
+        acc = np.zeros((c, 8), np.float16)
+        for i in range(0, m - m % 8, 8):
+            acc = (acc + v[:, i:i + 8]).astype(np.float16)
+        out.append(acc.astype(F32).sum(1, dtype=F32))
+    db, dg = out
+    return Planted(elementwise(p, db, dg), dg, db, causes=("16-bit-accumulation",), coarse=("sums-wrong",),
+                   what="f16 accumulators")
+
+
+def k_warp_per_block_lost(p):
+    """Blocks of 1024 elements, 32 warps each; warp 0's result is overwritten (elements 0..31 of every 1024)."""
+    keep = np.ones((p.shape[1], p.m))
+    keep[:, (np.arange(p.m) % 1024) < 32] = 0
+    db, dg = masked_sums(p, keep)
+    return Planted(elementwise(p, db, dg), dg, db, causes=("partial-reduction-missing",), coarse=("sums-wrong",),
+                   what="elements 0..31 of every 1024")
+
+
+def k_first_column_missing(p):
+    """The reduction's inner loop starts at w = 1."""
+    cols = np.zeros((p.shape[0], p.shape[2], p.shape[3]), bool)
+    cols[..., 0] = True
+    keep = np.where(cols.reshape(1, -1), 0.0, 1.0).repeat(p.shape[1], 0)
+    db, dg = masked_sums(p, keep)
+    return Planted(elementwise(p, db, dg), dg, db, causes=("partial-reduction-missing",), coarse=("sums-wrong",),
+                   words=r"w=0", what="w=0 missing from the sums")
+
+
+def k_last_partials_dropped(p):
+    """Two-level reduction: 16 block partials of 256, reduced 8 at a time; the second group of 8 is dropped when
+    the kernel is launched with too few threads (the last 2048 of 4096 missing)."""
+    keep = np.ones((p.shape[1], p.m))
+    keep[:, p.m // 2:] = 0
+    db, dg = masked_sums(p, keep)
+    return Planted(elementwise(p, db, dg), dg, db,
+                   causes=("partial-reduction-missing", "missing-tail", "lost-partial-sum"), coarse=("sums-wrong",),
+                   what="second half of the reduction missing")
+
+
+def k_mean_clamped(p):
+    """mean read at c - 1 (clamped at 0) in both the sums and diff_src."""
+    mean = p.mean[np.maximum(np.arange(p.shape[1]) - 1, 0)]
+    db, dg = sums(p, mean=mean)
+    return Planted(elementwise(p, db, dg, mean=mean), dg, db, causes=("parameter-misread",), what="mean[c-1] clamped")
+
+
+def k_gamma_by_h(p):
+    """gamma indexed by h (H == C)."""
+    db, dg = sums(p)
+    invstd = invstd_of(p.var)
+    x, dy = p.x.astype(F32), p.dy.astype(F32)
+    xhat = (x - ch(p.mean)) * ch(invstd)
+    m = F32(p.m)
+    dx = p.gamma[None, None, :, None] * ch(invstd) * (dy - ch(db / m) - xhat * ch(dg / m))
+    return Planted(dx, dg, db, causes=("parameter-misread",), words=r"\bh\b|h\]|\[h", what="gamma[h]")
+
+
+def k_stats_shifted_struct(p):
+    """mean and invstd read one channel ahead (an off-by-one into a packed stats array), everywhere."""
+    idx = (np.arange(p.shape[1]) + 1) % p.shape[1]
+    mean, invstd = p.mean[idx], invstd_of(p.var)[idx]
+    db, dg = sums(p, mean=mean, invstd=invstd)
+    return Planted(elementwise(p, db, dg, mean=mean, invstd=invstd), dg, db, causes=("parameter-misread",),
+                   what="mean and invstd at c+1")
+
+
+def k_layout_written_nchw(p):
+    """The kernel computes right but writes diff_src in NCHW order into a channels-last buffer."""
+    planted = reference_kernel(p)
+    dt = DTYPES[p.dtype]
+    nchw = np.ascontiguousarray(planted.dx.astype(F32).astype(dt)).reshape(-1)
+    stored = nchw.reshape(p.stored(p.x).shape)
+    return dataclasses.replace(planted, stored_dx=stored, causes=("layout-mixup",), what="diff_src written NCHW")
+
+
+def k_dx_transposed_hw(p):
+    """diff_src written with h and w swapped (a non-square image)."""
+    planted = reference_kernel(p)
+    n, c, h, w = p.shape
+    dx = np.ascontiguousarray(planted.dx.transpose(0, 1, 3, 2)).reshape(n, c, h, w)
+    return dataclasses.replace(planted, dx=dx, causes=("spatial-axes-swapped",), what="h, w swapped")
+
+
+# --- the third round: CTA tiles, approximations, data-parallel mistakes, sums' own places, edge data -----------------
+
+def k_cta_tile_lost(p):
+    """Channels-last CUDA reduction over a (positions x channels) grid of CTAs: the CTA covering channels
+    c0..c0+15 and positions 1024..2047 has its partial overwritten."""
+    c = p.shape[1]
+    c0 = int(p.rng.integers(0, c // 16)) * 16
+    keep = np.ones((c, p.m))
+    keep[c0:c0 + 16, 1024:2048] = 0
+    db, dg = masked_sums(p, keep)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c0:c0 + 16] = True
+    return Planted(elementwise(p, db, dg), dg, db, causes=("lost-partial-sum", "partial-reduction-missing"),
+                   coarse=("sums-wrong",), words=r"1024", region=region_where(p, mask),
+                   what=f"c={c0}..{c0 + 15} positions 1024..2047 lost")
+
+
+def k_racy_block_per_channel(p):
+    """A race: each channel loses one block of 256 (a different block in each channel)."""
+    c = p.shape[1]
+    keep = np.ones((c, p.m))
+    blocks = p.rng.integers(0, p.m // 256, c)
+    for ci, b in enumerate(blocks):
+        keep[ci, b * 256:(b + 1) * 256] = 0
+    db, dg = masked_sums(p, keep)
+    return Planted(elementwise(p, db, dg), dg, db, causes=("lost-partial-sum", "partial-reduction-missing"),
+                   coarse=("sums-wrong",), what="a different block of 256 lost in each channel")
+
+
+def k_rsqrt_approx(p):
+    """invstd from an approximate reciprocal square root without the Newton step (SSE rsqrtps: ~12 bits)."""
+    exact = invstd_of(p.var)
+    bits = exact.view(np.uint32) & np.uint32(0xFFFFF000)  # keep ~11 mantissa bits, like the estimate's precision
+    invstd = bits.view(F32) * F32(1 + 1.5 * 2.0 ** -13)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("fitted-statistics",),
+                   what="12-bit rsqrt estimate")
+
+
+def k_var_as_std(p):
+    """The kernel expects the standard deviation and is given the variance: invstd = 1/(value + eps)."""
+    invstd = (1 / (p.var + F32(EPS))).astype(F32)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("fitted-statistics",),
+                   what="variance read as the standard deviation")
+
+
+def k_eps_twice(p):
+    invstd = (1 / np.sqrt(p.var + F32(2 * EPS))).astype(F32)
+    db, dg = sums(p, invstd=invstd)
+    return Planted(elementwise(p, db, dg, invstd=invstd), dg, db, causes=("epsilon", "fitted-statistics"),
+                   words=r"2e-0?5|2\.0e-0?5|0\.00002", what="epsilon added twice")
+
+
+def k_dy_rounded_bf16(p):
+    """An f32 kernel under autocast: its copy of diff_dst is rounded to bfloat16 before everything else."""
+    dy = to16(p.dy, ml_dtypes.bfloat16)
+    q = dataclasses.replace(p, dy=dy)
+    db, dg = sums(q)
+    return Planted(elementwise(q, db, dg), dg, db, what="diff_dst read through bf16")
+
+
+def k_dgamma_unbiased_invstd(p):
+    """diff_gamma computed with an invstd from the unbiased variance (diff_src and diff_beta right)."""
+    db, dg = sums(p)
+    unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
+    _, dg_u = sums(p, invstd=unb)
+    factor = float(np.sqrt((p.m - 1) / p.m))
+    return Planted(elementwise(p, db, dg), dg_u, db, causes=("fitted-terms", "unbiased-variance"),
+                   words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1", what="diff_gamma with the unbiased invstd")
+
+
+def k_syncbn_no_allreduce(p):
+    """SyncBatchNorm without the all-reduce: two devices, each half of the batch normalised by its own half's sums
+    and M/2; the weight gradients are all-reduced (right)."""
+    n = p.shape[0]
+    db, dg = sums(p)
+    dx = np.empty(p.shape, F32)
+    for lo, hi in ((0, n // 2), (n // 2, n)):
+        q = dataclasses.replace(p, x=p.x[lo:hi], dy=p.dy[lo:hi])
+        qb, qg = sums(q)
+        dx[lo:hi] = elementwise(q, qb, qg)
+    return Planted(dx, dg, db, coarse=("unexplained:elementwise pass",), what="each half-batch uses its own sums")
+
+
+def k_stale_dgamma_channels(p):
+    """diff_gamma of channels c0..c0+7 (one CTA's channels) copied from a stale buffer; everything else right."""
+    c = p.shape[1]
+    c0 = int(p.rng.integers(0, c - 8))
+    db, dg = sums(p)
+    dg_out = dg.copy()
+    dg_out[c0:c0 + 8] = p.rng.normal(0, np.abs(dg).mean(), 8)
+    mask = np.zeros(c, bool)
+    mask[c0:c0 + 8] = True
+    return Planted(elementwise(p, db, dg), dg_out, db, coarse=("unexplained:bug is in the sums written",),
+                   region=mask, region_output="diff_gamma", what=f"diff_gamma c={c0}..{c0 + 7} stale")
+
+
+def k_inf_dbeta(p):
+    """One channel's diff_beta overflows to Inf (an accumulator reset to FLT_MAX, not 0)."""
+    c0 = int(p.rng.integers(0, p.shape[1]))
+    db, dg = sums(p)
+    db_out = db.copy()
+    db_out[c0] = np.inf
+    mask = np.zeros(p.shape[1], bool)
+    mask[c0] = True
+    return Planted(elementwise(p, db, dg), dg, db_out, region=mask, region_output="diff_beta:nonfinite",
+                   what=f"diff_beta c={c0} Inf")
+
+
+def k_frozen_dgamma_zero(p):
+    """Channels with gamma = 0 are skipped entirely, diff_gamma included (written 0; it should not be)."""
+    db, dg = sums(p)
+    frozen = p.gamma == 0
+    dg_out = np.where(frozen, F32(0), dg)
+    return Planted(elementwise(p, db, dg), dg_out, db, coarse=("unexplained:bug is in the sums written",),
+                   region=frozen, region_output="diff_gamma", what=f"diff_gamma 0 where gamma = 0 ({frozen.sum()})")
+
+
+def k_last_cta_no_gamma(p):
+    """The last CTA of channels (c = C-16..C-1) forgets gamma in diff_src."""
+    c = p.shape[1]
+    gamma = p.gamma.copy()
+    gamma[c - 16:] = 1
+    planted = reference_kernel(p)
+    dx = elementwise(p, planted.db, planted.dg, gamma=gamma)
+    mask = np.zeros(p.shape, bool)
+    mask[:, c - 16:] = True
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), causes=("fitted-terms",
+                               "gamma-ignored"), words=rf"{c - 16}", what=f"c={c - 16}..{c - 1} without gamma")
+
+
+# --- near misses: bugs that look like a catalogued cause but are not it (a wrong cause named would show here) -------
+
+def k_mean_dy_twice(p):
+    db, dg = sums(p)
+    return Planted(elementwise(p, db, dg, terms=(1, 2, 1)), dg, db, causes=("fitted-terms",), words=r"\b2\b|twice|doubl",
+                   what="mean(dy) subtracted twice")
+
+
+def k_front_invstd_unbiased(p):
+    """The front factor gamma*invstd uses the unbiased variance, xhat and the sums the biased one."""
+    db, dg = sums(p)
+    invstd = invstd_of(p.var)
+    unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
+    dx = elementwise(p, db, dg) * ch(unb / invstd)
+    factor = float(np.sqrt((p.m - 1) / p.m))
+    return Planted(dx, dg, db, causes=("fitted-terms",), words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1",
+                   what="front invstd unbiased")
+
+
+def k_dy_next_channel(p):
+    """diff_src reads diff_dst of channel c+1 (a channel pointer off by one) in the elementwise pass only."""
+    db, dg = sums(p)
+    dy = np.roll(p.dy.astype(F32), -1, axis=1)
+    return Planted(elementwise(dataclasses.replace(p, dy=dy), db, dg), dg, db, causes=(),
+                   coarse=("unexplained:elementwise pass",), what="dy[c+1] in the elementwise pass")
+
+
+def k_samples_reversed(p):
+    """diff_src's samples written in reverse order (a batch index counted from the end)."""
+    planted = reference_kernel(p)
+    return dataclasses.replace(planted, dx=planted.dx[::-1], coarse=("unexplained:elementwise pass",),
+                               what="samples reversed in diff_src")
+
+
+def k_own_welford_large_m(p):
+    """PyTorch-like channels-last with its own float32 statistics (Welford merged over 64 threads) at M = 102400:
+    correct (its drift stays within what a correct kernel may make; the planted cause is unused)."""
+    x = channel_positions(p, p.x.astype(F32))
+    c, m = x.shape
+    lanes = x.reshape(c, -1, 64)
+    mean = np.zeros((c, 64), F32)
+    m2 = np.zeros((c, 64), F32)
+    for i in range(lanes.shape[1]):
+        d = lanes[:, i] - mean
+        mean = mean + d / F32(i + 1)
+        m2 = m2 + d * (lanes[:, i] - mean)
+    count = F32(lanes.shape[1])
+    mu = mean.mean(1, dtype=F32)
+    var = ((m2.sum(1, dtype=F32) + count * ((mean - mu[:, None]) ** 2).sum(1, dtype=F32)) / F32(m)).astype(F32)
+    invstd = invstd_of(var)
+    db, dg = sums(p, mean=mu, invstd=invstd)
+    return Planted(elementwise(p, db, dg, mean=mu, invstd=invstd), dg, db,
+                   causes=("fitted-statistics", "own-batch-statistics"), what="own f32 Welford stats at M=1e5")
+
+
 # --- the zoo ----------------------------------------------------------------------------------------------------------
 
 def _variants(name, kind, kernel, specs, correct=False, data="normal"):
-    return [Entry(f"{name}-{dt}-{lay}", kind, kernel, correct, dt, lay, shape, seed, data)
-            for dt, lay, shape, seed in specs]
+    """Entries of one kernel: (dtype, layout, shape, seed) each, and optionally a dict of Entry fields (rank...)."""
+    out = []
+    for dt, lay, shape, seed, *extra in specs:
+        fields = extra[0] if extra else {}
+        suffix = f"-r{fields['rank']}" if "rank" in fields else ""
+        out.append(Entry(f"{name}-{dt}-{lay}{suffix}", kind, kernel, correct, dt, lay, shape, seed,
+                         fields.get("data", data), fields.get("rank", 4), fields.get("depth", 1)))
+    return out
 
 
 S = (4, 32, 16, 16)  # M = 1024
@@ -892,6 +1400,75 @@ def zoo() -> list[Entry]:
     e += _variants("mean_other_axis", "parameters", k_mean_other_axis, [("f32", "NCHW", (4, 16, 8, 16), 92)])
     e += _variants("gamma_reversed", "parameters", k_gamma_reversed, [("bf16", "NHWC", S, 93)])
     e += _variants("mean_shift3", "parameters", k_mean_shift3, [("f32", "NCHW", S, 94)])
+    # second round: other ranks, M from 2 to 1e5, C up to 8192, subtler and more varied bugs
+    e += _variants("jax_autodiff", "correct", k_jax_autodiff, [("f32", "NCHW", (64, 48, 1, 1), 13, {"rank": 2})],
+                   True)
+    e += _variants("sequential_f32", "correct", k_sequential_f32, [("f32", "NCHW", S, 14)], True)
+    e += _variants("own_stats_m2", "correct", k_own_stats_tiny_m, [("f32", "NCHW", (2, 64, 1, 1), 15, {"rank": 2})],
+                   True)
+    e += _variants("split_blocks_c8192", "correct", k_split_blocks, [("bf16", "NHWC", (4, 8192, 2, 2), 16)], True)
+    e += _variants("split_blocks_m1e5", "correct", k_split_blocks, [("f32", "NHWC", (16, 4, 80, 80), 17)], True)
+    e += _variants("warp_shuffle_3d", "correct", k_warp_shuffle, [("f16", "NHWC", (2, 16, 32, 16), 18,
+                                                                           {"rank": 5, "depth": 4})], True)
+    e += _variants("rows_subtle", "rows", k_rows_subtle, [("f32", "NCHW", L, 100), ("bf16", "NHWC", L, 101)])
+    e += _variants("halo_rows", "rows", k_halo_rows, [("f16", "NCHW", S, 102)])
+    e += _variants("border_columns", "spatial tile", k_border_columns, [("f32", "NHWC", S, 103)])
+    e += _variants("partial_last_tile", "spatial tile", k_partial_last_tile, [("f32", "NCHW", (2, 16, 30, 20), 104)])
+    e += _variants("channel_remainder", "channel tile", k_channel_remainder, [("f32", "NHWC", (4, 37, 8, 8), 105),
+                                                                               ("bf16", "NHWC", (2, 100, 6, 6), 106)])
+    e += _variants("every_4th_channel", "channel tile", k_every_4th_channel, [("f32", "NCHW", S, 107)])
+    e += _variants("odd_stride", "strided", k_odd_stride, [("f32", "NCHW", (3, 20, 10, 10), 108)])
+    e += _variants("one_nan", "NaN", k_one_nan, [("bf16", "NCHW", S, 109)])
+    e += _variants("nan_sample", "NaN", k_nan_sample, [("f32", "NHWC", (4, 16, 8, 8), 110, {"rank": 5, "depth": 2})])
+    e += _variants("stride_lane_3d", "strided", k_stride_lane, [("f32", "NCHW", (2, 8, 32, 16), 111,
+                                                                        {"rank": 5, "depth": 4})])
+    e += _variants("one_sample_1d", "sample", k_one_sample, [("f32", "NCHW", (16, 40, 1, 1), 112, {"rank": 2})])
+    e += _variants("epsilon_1e3", "statistics", k_epsilon_1e3, [("f32", "NCHW", S, 113)])
+    e += _variants("bf16_stats_nearest", "statistics", k_bf16_stats_nearest, [("f32", "NHWC", L, 114)])
+    e += _variants("xhat_m_minus_1", "terms", k_xhat_term_m_minus_1, [("f32", "NCHW", (2, 16, 4, 4), 115)])
+    e += _variants("no_xhat_term", "terms", k_no_xhat_term, [("bf16", "NHWC", S, 116)])
+    e += _variants("gamma_twice", "terms", k_gamma_twice, [("f32", "NCHW", S, 117)])
+    e += _variants("invstd_squared", "terms", k_invstd_squared, [("f16", "NHWC", S, 118)])
+    e += _variants("dgamma_negated", "outputs", k_dgamma_negated, [("f32", "NHWC", S, 119)])
+    e += _variants("dbeta_doubled", "outputs", k_dbeta_doubled, [("bf16", "NCHW", S, 120)])
+    e += _variants("sums_never_written", "sums", k_sums_never_written, [("f32", "NCHW", S, 121)])
+    e += _variants("f16_accumulate", "reduction", k_f16_accumulate, [("f16", "NCHW", W, 122)])
+    e += _variants("warp_per_block_lost", "reduction", k_warp_per_block_lost, [("f32", "NHWC", L, 123)])
+    e += _variants("first_column_missing", "reduction", k_first_column_missing, [("f32", "NCHW", S, 124)])
+    e += _variants("last_partials_dropped", "reduction", k_last_partials_dropped, [("bf16", "NHWC", L, 125)])
+    e += _variants("mean_clamped", "parameters", k_mean_clamped, [("f32", "NHWC", S, 126)])
+    e += _variants("gamma_by_h", "parameters", k_gamma_by_h, [("f32", "NCHW", (4, 16, 16, 8), 127)])
+    e += _variants("stats_shifted", "parameters", k_stats_shifted_struct, [("f16", "NCHW", S, 128)])
+    e += _variants("layout_written_nchw", "outputs", k_layout_written_nchw, [("f32", "NHWC", (2, 24, 6, 6), 129)])
+    e += _variants("dx_transposed_hw", "outputs", k_dx_transposed_hw, [("f32", "NCHW", (2, 16, 12, 8), 130)])
+    # third round
+    e += _variants("pytorch_offset", "correct", k_pytorch_cpu, [("f32", "NCHW", L, 19, {"data": "offset"})], True)
+    e += _variants("pytorch_smallvar", "correct", k_pytorch_cpu, [("f32", "NHWC", S, 140, {"data": "smallvar"})],
+                   True)
+    e += _variants("pytorch_gamma0", "correct", k_pytorch_cpu, [("bf16", "NCHW", S, 141, {"data": "gamma0"})], True)
+    e += _variants("one_channel", "correct", k_split_blocks, [("f32", "NCHW", (1, 1, 256, 256), 142)], True)
+    e += _variants("f16_m1e5", "correct", k_warp_shuffle, [("f16", "NCHW", (16, 4, 80, 80), 143)], True)
+    e += _variants("f64_rank5", "correct", k_f64_accumulate, [("bf16", "NCHW", (2, 8, 24, 12), 144,
+                                                                        {"rank": 5, "depth": 3})], True)
+    e += _variants("cta_tile_lost", "reduction", k_cta_tile_lost, [("f32", "NHWC", L, 150)])
+    e += _variants("racy_block", "reduction", k_racy_block_per_channel, [("f32", "NCHW", L, 151)])
+    e += _variants("rsqrt_approx", "statistics", k_rsqrt_approx, [("f32", "NCHW", S, 152)])
+    e += _variants("var_as_std", "statistics", k_var_as_std, [("bf16", "NHWC", S, 153)])
+    e += _variants("eps_twice", "statistics", k_eps_twice, [("f32", "NCHW", S, 154, {"data": "smallvar"})])
+    e += _variants("dy_rounded_bf16", "statistics", k_dy_rounded_bf16, [("f32", "NHWC", S, 155)])
+    e += _variants("dgamma_unbiased", "terms", k_dgamma_unbiased_invstd, [("f32", "NCHW", (2, 16, 4, 4), 156)])
+    e += _variants("syncbn_no_allreduce", "reduction", k_syncbn_no_allreduce, [("f32", "NCHW", S, 157)])
+    e += _variants("stale_dgamma_channels", "sums", k_stale_dgamma_channels, [("f32", "NHWC", S, 158)])
+    e += _variants("inf_dbeta", "NaN", k_inf_dbeta, [("f32", "NCHW", S, 159)])
+    e += _variants("frozen_dgamma_zero", "sums", k_frozen_dgamma_zero, [("bf16", "NCHW", S, 160, {"data": "gamma0"})])
+    e += _variants("last_cta_no_gamma", "channel tile", k_last_cta_no_gamma, [("f32", "NHWC", (2, 64, 8, 8), 161)])
+    # near misses
+    e += _variants("mean_dy_twice", "terms", k_mean_dy_twice, [("f32", "NHWC", S, 170)])
+    e += _variants("front_invstd_unbiased", "terms", k_front_invstd_unbiased, [("f32", "NCHW", (2, 16, 4, 4), 171)])
+    e += _variants("dy_next_channel", "parameters", k_dy_next_channel, [("bf16", "NCHW", S, 172)])
+    e += _variants("samples_reversed", "outputs", k_samples_reversed, [("f32", "NHWC", S, 173)])
+    e += _variants("own_welford_m1e5", "correct", k_own_welford_large_m, [("f32", "NHWC", (16, 4, 80, 80), 174,
+                                                                                  {"data": "offset"})], True)
     return e
 
 
