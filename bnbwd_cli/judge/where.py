@@ -62,6 +62,7 @@ class Where:
     period: int | None = None
     lanes: tuple[tuple[int, int], ...] = ()
     complexity: int = 0  # index ranges the description takes (how simple it is: fewer wins)
+    above: int | None = None  # of the failing elements, those whose actual value is above the reference (with_sign)
 
     @property
     def exact(self) -> bool:
@@ -429,3 +430,23 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     if best.covered < failing:  # say that some are elsewhere
         best = replace(best, text=f"{best.text} ({failing - best.covered} of the {failing} elsewhere)")
     return best
+
+
+ONE_SIGN = 0.9  # share of the failures on one side of the reference that is said ("97% below the reference")
+
+
+def with_sign(where: Where, above: int) -> Where:
+    """``where`` with the sign of its failing elements' errors: how many lie above the reference, and in words when
+    all or nearly all (ONE_SIGN) lie on one side (an error all one way is a bias, a lost or doubled share, a missing
+    term; one that goes both ways is noise, a misread or a wrong sign). Mixed signs add no words."""
+    below = where.failing - above
+    share = max(above, below) / where.failing if where.failing else 0.0
+    side = "above" if above >= below else "below"
+    if share == 1.0:
+        words = f"; all {side} the reference" if where.failing > 1 else f"; {side} the reference"
+    elif share >= ONE_SIGN:
+        words = f"; {100 * share:.3g}% {side} the reference"
+    else:
+        words = ""
+    return replace(where, text=where.text + words, above=above)
+
