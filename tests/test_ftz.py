@@ -100,3 +100,43 @@ def test_the_api(case):
     assert "flushed" not in bnbwd_cli.check(case["outputs"], **inputs).text
     with pytest.raises(bnbwd_cli.InputError, match="ftz is"):
         bnbwd_cli.check(case["flushed"], ftz="no", **inputs)
+
+
+@pytest.mark.parametrize("bug", ["scaled", "unbiased"])
+def test_the_diagnosis_leaves_flushed_elements_out(case, bug):
+    """A buggy kernel built with FTZ: its flushed subnormals (channel 0) pass and must not stop the diagnosis from
+    naming the bug in the other channels (before, a flushed element read as a miss of every hypothesis:
+    "no tested hypothesis ... fails in every channel")."""
+    inputs = dict(case["inputs"], epsilon=1e-5, data_format="NCHW")
+    if bug == "scaled":
+        outputs = {k: (v.astype(np.float64) * (1 + 1e-4)).astype(np.float32) for k, v in case["outputs"].items()}
+        words = "every output is scaled by 1+0.0001"
+    else:
+        m = case["outputs"]["diff_src"].size // 3
+        variance = (case["inputs"]["variance"].astype(np.float64) * m / (m - 1)).astype(np.float32)
+        outputs = {k: np.array(v) for k, v in bnbwd_cli.backward(**dict(inputs, variance=variance)).items()}
+        words = f"an unbiased variance (divided by M-1 = {m - 1}, not M)"
+    src = outputs["diff_src"]
+    outputs["diff_src"] = np.where(case["flushed"]["diff_src"] == 0, np.float32(0), src)
+    report = bnbwd_cli.check(outputs, **inputs)
+    diff_src = next(o for o in report.result.outputs if o.name == "diff_src").comparison
+    assert report.status == "mismatch" and diff_src.flushed == case["count"]
+    assert [h.text for h in diff_src.diagnosis if words in h.text], diff_src.diagnosis
+
+
+def test_the_sums_bias_fit_leaves_flushed_elements_out():
+    """vector_bias: channels whose reference is subnormal, written as 0 (a -100% error, weighed by a subnormal's
+    tiny ulp) are no bias once left out; a 0 where the reference is normal still is."""
+    from bnbwd_cli.judge.bias import vector_bias
+
+    rng = np.random.default_rng(7)
+    reference = rng.uniform(0.5, 2.0, 64) * rng.choice([-1.0, 1.0], 64)
+    reference[:8] *= float(TINY) / 4  # subnormal float32 values
+    actual = reference.copy()
+    actual[:8] = 0.0
+    noise = np.maximum(np.abs(reference) * 2.0**-24, 2.0**-150)
+    unit = 2.0**-24
+    assert vector_bias(actual, reference, noise, unit).significant
+    assert not vector_bias(actual, reference, noise, unit, flushed_below=float(TINY)).significant
+    actual[8] = 0.0  # a normal reference written as 0
+    assert vector_bias(actual, reference, noise, unit, flushed_below=float(TINY)).significant

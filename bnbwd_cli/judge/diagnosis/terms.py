@@ -58,7 +58,7 @@ def fit_terms(case: Case, whole: bool) -> TermsFit | None:
     actual = out.actual[rows]
     noise = case.src_scale[rows] + rounding(out.actual[rows], out.reference[rows], out.comparison.dtype)
     basis = _basis(case, rows)
-    usable = np.isfinite(actual) & (noise > 0) & np.all([np.isfinite(v) for v in basis], axis=0)
+    usable = np.isfinite(actual) & (noise > 0) & np.all([np.isfinite(v) for v in basis], axis=0) & out.kept(rows)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
     actual = np.where(usable, actual, 0.0)
     basis = [np.where(usable, v, 0.0) for v in basis]
@@ -186,7 +186,7 @@ def _whole_scale(case: Case, guess: float) -> float:
     rows = sample_rows(case.x.shape)
     actual, reference = out.actual[rows], out.reference[rows]
     noise = case.src_scale[rows] + rounding(actual, reference, out.comparison.dtype)
-    usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0)
+    usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & out.kept(rows)
     if not usable.any():
         return guess
     weight = 1.0 / noise[usable] ** 2
@@ -339,7 +339,7 @@ def _sum_factors(case: Case, name: str) -> list[tuple[np.ndarray, str]]:
     out = case.outputs[name]
     truth = case.facts.diff_beta if name == "diff_beta" else case.facts.diff_gamma
     noise = case.sum_scale(name) + ulp_spacing(out.reference, out.comparison.dtype) / 2
-    usable = np.isfinite(out.actual) & (np.abs(truth) > 0)
+    usable = np.isfinite(out.actual) & (np.abs(truth) > 0) & out.kept()
     if not usable.any():
         return []
     with np.errstate(invalid="ignore", divide="ignore"):
