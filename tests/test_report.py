@@ -203,6 +203,7 @@ def test_json_schema_pinned():
         "mismatch_fraction": "float",
         "allowed_mismatches": "int",
         "flushed_to_zero": "int",
+        "read_as_zero": "int",
         "max_abs": {"value": "float", "index": ["int"], "where": "str"},
         "max_rel": {"value": "float", "index": ["int"], "where": "str"},
         "max_ulp": {"value": "float", "index": ["int"], "where": "str"},

@@ -156,6 +156,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "mismatch_fraction": finite(c.mismatch_fraction),
         "allowed_mismatches": c.allowed_mismatches,
         "flushed_to_zero": c.flushed,  # subnormal results written as 0 that passed (--no-ftz fails them)
+        "read_as_zero": c.read_as_zero,  # elements that pass only with the subnormal inputs read as 0 (DAZ)
         "max_abs": _located(c.max_abs, c.axis_names),
         "max_rel": _located(c.max_rel, c.axis_names),
         "max_ulp": _located(c.max_ulp, c.axis_names),
