@@ -284,3 +284,23 @@ def test_the_sign_of_the_errors_is_said_when_one_sided(seed):
     half = failing // 2
     assert with_sign(base, half).text == base.text and with_sign(base, half).above == half
 
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_failures_over_the_whole_tensor_say_how_many_not_a_buffer_range(seed):
+    """Nearly every element failing, spread at random (or all but the buffer's two ends): "all but N of the M
+    elements", not "the last M elements of the buffer" nor "elements 1..M-2"; most of them: their share."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(3, 9, size=4))
+    where = Coordinates(shape, ("n", "c", "h", "w"), 1)
+    size = math.prod(shape)
+    mask = np.ones(shape, bool)
+    mask.reshape(-1)[[0, size - 1]] = False
+    found = localize(mask, where)
+    assert (found.kind, found.text) == ("most", f"all but 2 of the {size} elements")
+    share = float(rng.uniform(0.6, 0.8))
+    mask = rng.random(shape) < share
+    found = localize(mask, where)
+    failing = int(mask.sum())
+    assert found.kind == "most" and found.covered == failing and found.region == size
+    assert found.text == f"{100 * failing / size:.3g}% of the {size} elements, spread over the whole tensor"
