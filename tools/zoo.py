@@ -132,7 +132,8 @@ HOOKS = {
     "written_as": "output -> the other sum's name: that sum written in its place",
     "dropped": "channel -> share: a random share of that channel's elements left out of both sums (diff_src uses "
                "those sums)",
-    "read_at": "(param, index): gamma, mean or invstd of channel c read at index[c] ((C,) ints)",
+    "read_at": "(param, index): gamma, mean, invstd or 'mean invstd' (both) of channel c read at index[c] ((C,) "
+               "ints); 'invstd elementwise': invstd read there by the elementwise pass only",
     "param_axis": "(param, axis): gamma or mean indexed by that axis of a channel's (N, *spatial) elements",
     "subset": "(mask, twice, channels): the (M,) bool mask of each channel's elements in storage order left out of "
               "the sums (twice: counted twice), in those channels (None: all)",
@@ -169,10 +170,14 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if "gamma" in h:
         gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
                  "previous": np.roll(gamma, 1)}[h["gamma"]]
+    elementwise_invstd = None  # invstd misread in the elementwise pass only (the sums use the right one)
     if "read_at" in h:
         param, index = h["read_at"]
-        gamma, mean, invstd = (v[index] if name == param else v for name, v in
-                               (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
+        if param == "invstd elementwise":
+            elementwise_invstd = invstd[index]
+        else:
+            gamma, mean, invstd = (v[index] if name in param.split() else v for name, v in
+                                   (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
     mean_at, k = mean[:, None], (gamma * invstd)[:, None]
     if "param_axis" in h:  # a per-channel value taken element by element along another axis
         param, axis = h["param_axis"]
@@ -197,6 +202,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     written_gam = (gam * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
     if h.get("sums_in_src"):
         beta, gam_src = written_beta, written_gam
+    if elementwise_invstd is not None:
+        xhat, k = (x - mean_at) * elementwise_invstd[:, None], (gamma * elementwise_invstd)[:, None]
     diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
