@@ -250,11 +250,14 @@ def spatial_swap(rng, problem, m):
 
 
 def layout_mixup(rng, problem, m):
-    """NHWC buffers read as NCHW or the reverse; needs C equal to the axis read as channels."""
+    """NHWC buffers read as NCHW or the reverse (needs C equal to the axis read as channels), or diff_src computed
+    right and written in the other layout's order (any shape)."""
     shape, fmt = problem["src"].shape, problem["data_format"]
     c = problem["mean"].shape[0]
-    if len(shape) != 4 or (shape[1] if fmt == "NXC" else shape[-1]) != c:
-        return None
+    if rng.random() < 0.5 or len(shape) != 4 or (shape[1] if fmt == "NXC" else shape[-1]) != c:
+        names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
+        words = f"diff_src was written in {names[0]} order into the {names[1]} buffer"
+        return Bug("layout-written", "layout-mixup", {"write_other_layout": True, "_words": words})
     return Bug("layout-mixup", "layout-mixup", {"read_format": "NCX" if fmt == "NXC" else "NXC"})
 
 

@@ -100,6 +100,8 @@ HOOKS = {
     "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
     "swap_write": "diff_src written with H and W swapped",
+    "write_other_layout": "diff_src computed right but written in the other layout's order (NCHW order into an NHWC "
+                          "buffer, or the reverse)",
     "epsilon": "this epsilon instead of the given one",
     "own_stats": "the batch's own mean and variance (float64) instead of the given ones",
     "invstd_given": "the variance input used as invstd (right when the inputs hold invstd)",
@@ -213,6 +215,10 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     diff_src_out = _from_per_channel(written, src, read_fmt)
     if h.get("swap_write"):
         diff_src_out = _swap_write(diff_src_out, fmt)
+    if h.get("write_other_layout"):  # the buffer filled in the other layout's order (its own shape kept)
+        nd = diff_src_out.ndim
+        order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
+        diff_src_out = np.ascontiguousarray(diff_src_out.transpose(order)).reshape(diff_src_out.shape)
     beta, gam = written_beta, written_gam
     if h.get("sum_as_mean"):
         beta = beta / F32(x.shape[1])
