@@ -251,7 +251,7 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     dtype = job.setup(a, r).dtype
     detailed = job.judging.details_up_front
     flushed_below = SMALLEST_NORMAL[dtype] if job.judging.ftz else 0.0  # (flushed subnormals pass: Judging.ftz)
-    if job.judging.threads > 1:
+    if (job.judging.threads or 1) > 1:  # None (a plain compare_sets): one
         with _Beside(_regression_pass, a, r, inputs, dtype, flushed_below) as beside:
             case = _DiffSrc(a, r, job, inputs, facts(), advance)
             state = _diff_src_pass(case, detailed)
