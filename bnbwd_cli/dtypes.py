@@ -36,9 +36,20 @@ def __getattr__(name: str):
 SMALLEST_NORMAL: dict[str, float] = {"f64": 2.0**-1022, "f32": 2.0**-126, "f16": 2.0**-14, "bf16": 2.0**-126}
 
 
+# The short names as NumPy spells them: NumPy alone reads "f16" as float128 (f + 16 bytes), "f32" as an error.
+_NUMPY_SPELLING = {"f64": "f8", "f32": "f4", "f16": "f2"}
+
+
 def dtype_from_name(text: str) -> np.dtype:
-    """np.dtype(text), and "bf16" -> ml_dtypes' bfloat16 (loaded only now): readers' dtype tables hold names."""
-    return __getattr__("BFLOAT16") if text == "bf16" else np.dtype(text)
+    """A dtype from its name: a short name ("f64", "f32", "f16": half, never float128; "bf16": ml_dtypes' bfloat16,
+    loaded only now), optionally after a byte order ('<', '>', '=', '|'), or any name np.dtype reads.
+
+    Readers' dtype tables and the users' raw dumps hold names; a name np.dtype refuses raises its TypeError.
+    """
+    order, name = (text[0], text[1:]) if text[:1] in ("<", ">", "=", "|") else ("", text)
+    if name == "bf16" and order in ("", "=", "|"):  # ml_dtypes has native byte order only
+        return __getattr__("BFLOAT16")
+    return np.dtype(order + _NUMPY_SPELLING.get(name, name))
 
 
 def is_bfloat16(dtype: np.dtype) -> bool:

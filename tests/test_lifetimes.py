@@ -85,6 +85,19 @@ def test_check_jobs_under_an_open_file_limit_starts_what_fits(suite: Path, limit
     assert ("--jobs 1" in note) if limit == 20 else ("worker processes started" in note and "fits" in note)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="the default asks for a pool only with two usable cores or more")
+def test_the_default_jobs_note_does_not_say_a_jobs_the_user_never_gave(suite: Path) -> None:
+    with session([*BNBWD, "check", str(suite)], _limit("RLIMIT_NOFILE", 20),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        code, out, err = finish(process)
+    assert code == 0 and out.count("PASS  ") == CASES, (code, err)
+    [note] = err.splitlines()
+    cores = len(os.sched_getaffinity(0))
+    assert note.startswith(f"note: {cores} workers (the default: one a usable core): no worker process could start "
+                           "(the open-file limit, ulimit -n 20)"), note
+
+
 # A process limit cannot be set for root (the kernel exempts it): fork's EAGAIN is planted instead, for every uid.
 FORK_LIMIT = """
 import errno, os, sys
@@ -131,6 +144,43 @@ def _uid(process: Path) -> int | None:
     with contextlib.suppress(OSError):
         return process.stat().st_uid
     return None
+
+
+# A Python user's own child, then a pool that fails to start its third worker (EAGAIN), then a pool stopped early:
+# bnbwd kills its own workers, never the user's child (it reaped multiprocessing.active_children(), theirs too).
+USER_CHILD = """
+import errno, multiprocessing, os, sys, time
+from bnbwd_cli.app import workers
+mine = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+mine.start()
+real_fork = os.fork
+def fork():
+    with open(f"/proc/self/task/{os.getpid()}/children") as children:
+        if len(children.read().split()) >= 3:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+os.fork = fork
+pool = workers.start_pool(4, "--jobs 4")
+print(pool.workers, pool.note, mine.is_alive())
+os.fork = real_fork
+for _ in workers.results(pool, abs, [1, 2, 3]):
+    break  # the caller stops early: the pool's workers are killed
+mine.join(0.5)
+print(mine.is_alive(), sorted(p.exitcode for p in pool.processes))
+mine.kill()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts children in /proc")
+def test_a_pool_kills_its_own_workers_only(tmp_path: Path) -> None:
+    with session([sys.executable, "-c", USER_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True) as process:
+        code, out, err = finish(process)
+    assert code == 0, (code, err)
+    started, stopped = out.splitlines()
+    assert started.startswith("2 --jobs 4: 2 worker processes started (the process limit") and \
+        started.endswith("True"), started  # the user's child survived the failed start
+    assert stopped == f"True {[-signal.SIGKILL] * 2}", stopped  # ... and the early stop; the workers did not
 
 
 # ---------------------------------------------------------------- workers end with their parent

@@ -119,14 +119,38 @@ def test_raw_bf16_dump(cli, tmp_path, arrays):
     assert_same(got, run_outputs(cli, tmp_path, bundle, name="npz.npz"))
 
 
+def test_raw_f16_names_half_whatever_the_byte_order(cli, tmp_path, arrays):
+    """NumPy alone reads "f16" as float128 (f + 16 bytes): f16, <f16 and >f16 are half, >f16 big-endian."""
+    half = {k: v.astype(np.float16) if k in ("src", "diff_dst") else v for k, v in arrays.items()}
+    bundle = save_bundle(tmp_path / "b.npz", half)
+    half["src"].tofile(tmp_path / "x.bin")
+    half["src"].astype(">f2").tofile(tmp_path / "x.be")
+    expected = run_outputs(cli, tmp_path, bundle, name="npz.npz")
+    assert expected["diff_src"].dtype == np.float16
+    for source in (f"raw:f16:2x3x4x5:{tmp_path / 'x.bin'}", f"raw:<F16:2x3x4x5:{tmp_path / 'x.bin'}",
+                   f"raw:>f16:2x3x4x5:{tmp_path / 'x.be'}"):
+        assert_same(run_outputs(cli, tmp_path, bundle, "--src", source, name="raw.npz"), expected)
+
+
+def test_dtype_from_name_reads_the_short_names():
+    from bnbwd_cli.dtypes import dtype_from_name
+
+    assert [dtype_from_name(name) for name in ("f16", "f32", "f64", "bf16")] == [
+        np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16]
+    assert dtype_from_name(">f16") == np.dtype(">f2") and dtype_from_name("float16") == np.float16
+    with pytest.raises(TypeError):
+        dtype_from_name(">bf16")  # ml_dtypes has native byte order only
+
+
 @pytest.mark.parametrize("source, pattern", [
     ("raw:f32:2x3x4x4:{x}", r"shape \(2, 3, 4, 4\) float32 needs 384 bytes, the file holds 480"),
     ("raw:f32:2x3x4x5x2:{x}", r"needs 960 bytes, the file holds 480"),
     ("raw:f32:{x}", r"expected raw:DTYPE:SHAPE:PATH"),
     ("raw:f32:2xfour:{x}", r"shape '2xfour' is not dimensions joined by 'x'"),
     ("raw:complex:2x3x4x5:{x}", r"dtype 'complex' is not a number type"),
+    ("raw:g:2x3x4x5:{x}", r"dtype 'g' is float128, which bnbwd does not read; expected f16 \(half\)"),
     ("raw:f32:2x3x4x5:{x}.missing", r"cannot read .*x\.bin\.missing"),
-], ids=["too-small", "too-large", "no-shape", "bad-shape", "bad-dtype", "missing-file"])
+], ids=["too-small", "too-large", "no-shape", "bad-shape", "bad-dtype", "float128", "missing-file"])
 def test_bad_raw_sources(cli, tmp_path, arrays, source, pattern):
     bundle = save_bundle(tmp_path / "b.npz", arrays)
     arrays["src"].tofile(tmp_path / "x.bin")

@@ -181,11 +181,12 @@ def judge_file(case: Case | str, request: CaseRequest) -> CaseOutcome:
 
 
 def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
-                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int = 1,
+                on_case: Callable[[CaseOutcome], None] | None = None, jobs: int | None = 1,
                 on_note: Callable[[str], None] | None = None) -> tuple[CaseOutcome, ...]:
     """Every case, in order; on_case sees each outcome as soon as it and those before it are known (a line per
     case as they go). jobs > 1: that many worker processes, one core thread each, or as many as the machine's
-    limits let start (on_note hears which limit stopped the others); the outcomes are the same."""
+    limits let start (on_note hears which limit stopped the others); None: one a usable core, the CLI's default
+    (its note says so, not `--jobs N`); the outcomes are the same."""
     outcomes = []
     for outcome in _outcomes(cases, request, jobs, on_note or (lambda note: None)):
         outcomes.append(outcome)
@@ -194,13 +195,18 @@ def judge_cases(cases: Sequence[Case | str], request: CaseRequest,
     return tuple(outcomes)
 
 
-def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int,
+def _outcomes(cases: Sequence[Case | str], request: CaseRequest, jobs: int | None,
               on_note: Callable[[str], None]) -> Iterator[CaseOutcome]:
-    pool = None
+    pool, asked = None, f"--jobs {jobs}"
+    if jobs is None:
+        from bnbwd_cli.runtime import usable_cores
+
+        jobs = usable_cores()
+        asked = f"{jobs} workers (the default: one a usable core)"
     if min(jobs, len(cases)) > 1:  # a plain check never starts a pool
         from bnbwd_cli.app import workers
 
-        pool = workers.start_pool(min(jobs, len(cases)), f"--jobs {jobs}")
+        pool = workers.start_pool(min(jobs, len(cases)), asked)
         if pool.note is not None:
             on_note(pool.note)
     if pool is None or pool.executor is None:

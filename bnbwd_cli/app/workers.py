@@ -19,7 +19,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bnbwd_cli.files.common import reason
 
@@ -39,16 +39,19 @@ class Pool:
     executor: ProcessPoolExecutor | None
     workers: int
     note: str | None = None
+    processes: list = field(default_factory=list)  # the executor's worker processes, as it started them
 
 
 def start_pool(asked: int, asked_text: str) -> Pool:
     """A pool of at most `asked` workers, every one started now; fewer when a limit stops them (with a note)."""
     workers, limit = min(asked, _descriptors_fit()), OPEN_FILES
     while workers >= 2:
+        context = _TrackedContext()
         try:
-            return Pool(_started(workers), workers, _fewer(asked, asked_text, workers, limit))
+            return Pool(_started(workers, context), workers, _fewer(asked, asked_text, workers, limit),
+                        context.processes)
         except OSError as exc:
-            started, limit = _reap(), _limit_name(exc)
+            started, limit = _reap(context.processes), _limit_name(exc)
             workers = min(started, workers - 1)
     return Pool(None, 1, _fewer(asked, asked_text, 1, limit))
 
@@ -60,19 +63,36 @@ def results(pool: Pool, function: Callable, *arguments: Iterable) -> Iterator:
         yield from pool.executor.map(function, *arguments)
     except BaseException:
         pool.executor.shutdown(wait=False, cancel_futures=True)
-        _reap()
+        _reap(pool.processes)
         raise
     pool.executor.shutdown()
 
 
-def _started(workers: int) -> ProcessPoolExecutor:
-    """A pool whose workers have all started (fork starts them at the first task; a no-op task starts them now)."""
-    import multiprocessing
+class _TrackedContext:
+    """A start method's context that records every process it makes: a pool's own workers, so that a failed
+    start or an early stop kills them and never the other children of the process (an API user's own)."""
 
-    # fork where there is one: a worker starts in milliseconds with bnbwd already imported
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
-                                   initializer=_end_with_parent, initargs=(os.getpid(),))
+    def __init__(self) -> None:
+        import multiprocessing
+
+        # fork where there is one: a worker starts in milliseconds with bnbwd already imported
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        self._context = multiprocessing.get_context(method)
+        self.processes: list = []
+
+    def __getattr__(self, name: str):  # the queues, get_start_method, ...: the context's own
+        return getattr(self._context, name)
+
+    def Process(self, *args, **kwargs):  # the name ProcessPoolExecutor calls
+        process = self._context.Process(*args, **kwargs)
+        self.processes.append(process)
+        return process
+
+
+def _started(workers: int, context: _TrackedContext) -> ProcessPoolExecutor:
+    """A pool whose workers have all started (fork starts them at the first task; a no-op task starts them now)."""
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_end_with_parent,
+                                   initargs=(os.getpid(),))
     try:
         executor.submit(int).result()
     except BaseException:
@@ -81,16 +101,15 @@ def _started(workers: int) -> ProcessPoolExecutor:
     return executor
 
 
-def _reap() -> int:
-    """Kill and wait for the workers of a pool that failed to start (none may outlive it); how many had started."""
-    import multiprocessing
-
-    children = multiprocessing.active_children()
-    for child in children:
-        child.kill()
-    for child in children:
-        child.join()
-    return len(children)
+def _reap(processes: list) -> int:
+    """Kill and wait for a pool's workers (none may outlive it, nor another process be touched); how many had
+    started."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        process.kill()
+    for process in started:
+        process.join()
+    return len(started)
 
 
 def _descriptors_fit() -> int:

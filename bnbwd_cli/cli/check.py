@@ -16,7 +16,6 @@ from bnbwd_cli.cli.params import (ComparisonOptions, ReportTargets, ShardValue, 
                                   op_options, report_options)
 from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports
 from bnbwd_cli.literal import literal, literal_line
-from bnbwd_cli.runtime import usable_cores
 from bnbwd_cli.status import Status, exit_code
 
 # The reports (render/, rich) are imported when a check runs.
@@ -107,7 +106,7 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
         if not (targets.quiet and outcome.status == Status.PASS):
             writer.write(_print_case, console, outcome, comparison)
 
-    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs or usable_cores(),
+    outcomes = app_check.judge_cases(found, request, on_case=on_case, jobs=jobs,
                                       on_note=lambda note: echo_error(f"note: {note}"))
     code = exit_code(app_check.suite_verdict(outcomes))
     record_verdict(code)

@@ -1,7 +1,7 @@
 """Raw binary dumps (`tensor.tofile()`, `.bin` from a kernel): `raw:DTYPE:SHAPE:PATH`, e.g. `raw:f32:8x64x56x56:x.bin`.
 
-The source names everything a headerless file cannot: the dtype (f16, bf16, f32, f64, int16, uint16 or any
-NumPy name such as '>f4' for big-endian), the shape (dimensions joined by 'x' or ','), then the path, last so
+The source names everything a headerless file cannot: the dtype (f16, bf16, f32, f64, int16, uint16, a short
+name after a byte order such as '>f16' for big-endian half, or any NumPy name such as '>f4'), the shape (dimensions joined by 'x' or ','), then the path, last so
 that it may hold ':' itself. The file's size must be exactly the shape's element count times the item size,
 checked before any data is read; data is C-ordered (row-major), as `tofile()` and `torch`'s `numpy().tofile()` write it.
 """
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_from_name
+from bnbwd_cli.dtypes import dtype_from_name, is_bfloat16
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files.common import clip, memory_cap, open_regular, reason, short_repr
 
 PREFIX = "raw:"
 SYNTAX = "raw:DTYPE:SHAPE:PATH, e.g. raw:f32:8x64x56x56:x.bin"
-# Names, not dtypes: bfloat16 needs ml_dtypes, loaded only when a raw bf16 dump is read.
 MAX_DIMENSIONS = 32  # NumPy's own limit is 64
 MAX_BYTES = 1 << 62  # a shape whose byte count passes this (zeros as ones, as NumPy counts) is no file's
-SHORT_DTYPES = {"f16": "<f2", "bf16": "bf16", "f32": "<f4", "f64": "<f8", "i16": "<i2", "u16": "<u2"}
+# Aliases of dtype_from_name's names; short names little-endian, as the dumps of every machine a kernel runs on.
+SHORT_DTYPES = {"f16": "<f16", "f32": "<f32", "f64": "<f64", "i16": "<i2", "u16": "<u2"}
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,20 @@ def is_raw(source: str) -> bool:
 
 
 def _dtype(text: str, source: str) -> np.dtype:
-    if text.lower() in SHORT_DTYPES:
-        return dtype_from_name(SHORT_DTYPES[text.lower()])
+    short = text.lower()  # the short names in any case (F16, BF16), NumPy's names as NumPy spells them
+    name = SHORT_DTYPES.get(short, short) if short.lstrip("<>=|") in ("f16", "f32", "f64", "bf16", "i16", "u16") else text
     try:
-        dtype = np.dtype(text)
+        dtype = dtype_from_name(name)
     except TypeError:
         dtype = None
+    if dtype is not None and is_bfloat16(dtype):
+        return dtype
     if dtype is None or dtype.kind not in "fiu" or dtype.itemsize == 0:
         raise BnbwdError(f"{clip(source)}: dtype {short_repr(text)} is not a number type; expected f16, bf16, f32, f64, int16, "
                          f"uint16 or a NumPy name such as '>f4' ({SYNTAX})")
+    if dtype.itemsize > 8:  # float128 / long double ('g'): no kernel's output, and no reader downstream takes it
+        raise BnbwdError(f"{clip(source)}: dtype {short_repr(text)} is {dtype.name}, which bnbwd does not read; "
+                         f"expected f16 (half), bf16, f32, f64, int16, uint16 ({SYNTAX})")
     return dtype
 
 
