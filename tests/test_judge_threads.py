@@ -82,11 +82,18 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
     assert finished == [None] and threading.active_count() == before
 
 
-@pytest.mark.parametrize("judging_threads, beside", [(1, False), (2, True)])
+@pytest.mark.parametrize("judging_threads, beside", [(1, False), (2, True), (None, "machine")])
 def test_judge_kernel_keeps_a_judgings_threads(judging_threads, beside, monkeypatch: pytest.MonkeyPatch) -> None:
     """judge_kernel (run --reference, verify --inputs, check and the API): the Judging's threads (check's workers
-    set 1); with one thread the judging pass regresses its own pieces (no pass of the regression's own)."""
+    set 1); with one thread the judging pass regresses its own pieces (no pass of the regression's own). None, the
+    default of Judging as of core.Settings (one sentinel), is the machine's usable cores."""
+    from bnbwd_cli.app import judge as app_judge
     from bnbwd_cli.app.judge import judge_kernel
+
+    assert Judging().threads is None
+    if beside == "machine":
+        monkeypatch.setattr(app_judge, "usable_cores", lambda: 2)
+        beside = True
 
     inputs, actual, _ = _outputs("NCX", 34)
     where = []

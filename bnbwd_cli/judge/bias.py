@@ -415,14 +415,19 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
 
 
 def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, unit: float,
-                systematic: np.ndarray | None = None) -> Bias | None:
+                systematic: np.ndarray | None = None, flushed_below: float = 0.0) -> Bias | None:
     """One scale over the channels of a (C,) output: actual ~ (1 + scale) * reference, noise = its sd.
 
     ``systematic``: per-channel errors a correct kernel may make *in the same direction* on every
     channel (a float32 accumulator's correlated roundings, judge/model.py); a scale up to
-    SYSTEMATIC_UNITS times what they would fit to is not a deviation.
+    SYSTEMATIC_UNITS times what they would fit to is not a deviation. ``flushed_below`` > 0: an actual 0 where
+    the reference is below it (a subnormal flushed to zero, which the judge lets pass: Judging.ftz) is left out,
+    as ChannelRegression leaves it out of diff_src's fit (its noise is the subnormal's tiny ulp: a -100% error
+    there would weigh as a bias).
     """
     usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & (reference != 0)
+    if flushed_below > 0:
+        usable &= ~((actual == 0) & (np.abs(reference) < flushed_below))
     if usable.sum() < MIN_CHANNELS:
         return None
     r, d, w = reference[usable], actual[usable] - reference[usable], 1.0 / noise[usable] ** 2

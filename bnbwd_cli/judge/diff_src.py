@@ -291,7 +291,7 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     flushed_below = SMALLEST_NORMAL[dtype] if job.judging.ftz else 0.0  # (flushed subnormals pass: Judging.ftz)
     # a kernel that reproduces bnbwd's diff_src bit for bit: the regression's cheaper unmoved sums (the same fit)
     unmoved = _unmoved(a, r)
-    if job.judging.threads > 1:
+    if (job.judging.threads or 1) > 1:  # None (a plain compare_sets): one
         beside_pass = (_unmoved_pass, a, r, inputs, dtype) if unmoved else (_regression_pass, a, r, inputs, dtype,
                                                                             flushed_below)
         with _Beside(*beside_pass) as beside:
