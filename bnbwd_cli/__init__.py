@@ -13,7 +13,7 @@ InputError (a ValueError) is what a bad input raises, with the message the comma
 from bnbwd_cli._version import __version__ as __version__  # re-exported: the package's version
 from bnbwd_cli.errors import InputError
 
-__all__ = ["Case", "InputError", "Report", "assert_backward_close", "backward", "cases", "check"]
+__all__ = ["Case", "InputError", "NumbaFallbackWarning", "Report", "assert_backward_close", "backward", "cases", "check"]
 
 
 def __getattr__(name: str):

@@ -275,6 +275,24 @@ class _QuietNumerics:
 _quiet_numerics = _QuietNumerics.held
 
 
+class NumbaFallbackWarning(UserWarning):
+    """numba could not start in this process (its own settings: NUMBA_NUM_THREADS=0, a threading layer that is not
+    installed, no home for its cache) and the NumPy core ran instead: the same bits, slower. Warned once a process,
+    as the CLI's note is printed once a command; a category of its own, so that a test suite can filter it."""
+
+
+_fallback_warned = threading.Event()
+
+
+def _warn_numba_fallback() -> None:
+    """The CLI's numba note as the API's warning, once a process (outside _quiet_numerics: it is no numerics noise)."""
+    runtime = sys.modules.get("bnbwd_cli.runtime")
+    notes = getattr(runtime, "NUMBA_FALLBACK", ())
+    if notes and not _fallback_warned.is_set():
+        _fallback_warned.set()
+        warnings.warn(f"bnbwd: {notes[0]}", NumbaFallbackWarning, stacklevel=3)
+
+
 def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, epsilon: float | None = None,
              data_format: str | None = None, training: bool = True, variance_is_invstd: bool = False,
              spec: str = "generic", **named: Any) -> dict[str, np.ndarray]:
@@ -301,7 +319,9 @@ def backward(src=None, diff_dst=None, mean=None, variance=None, gamma=None, *, e
     arrays = {"src": src, "diff_dst": diff_dst, "mean": mean, "variance": variance, "gamma": gamma, **named}
     op = _checked_op(_Call(arrays, _settings(epsilon, data_format, spec, training, variance_is_invstd), {}))
     with _quiet_numerics():
-        return app_judge.reference_outputs(op, OUTPUT_NAMES)
+        outputs = app_judge.reference_outputs(op, OUTPUT_NAMES)
+    _warn_numba_fallback()
+    return outputs
 
 
 def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gamma=None,
@@ -346,7 +366,9 @@ def check(actual: Any, *, src=None, diff_dst=None, mean=None, variance=None, gam
         raise InputError(f"ftz is {short_repr(ftz)}, expected True or False")
     judging = Judging(max_units=PerOutput(max_units, {}), key_map=key_map, only=only, ftz=ftz)
     with _quiet_numerics():
-        return Report(app_judge.judge_kernel(op, _outputs(actual), judging))
+        report = Report(app_judge.judge_kernel(op, _outputs(actual), judging))
+    _warn_numba_fallback()
+    return report
 
 
 def assert_backward_close(actual: Mapping[str, Any], **inputs: Any) -> Report:

@@ -79,11 +79,14 @@ def usable_numba_core():
 def numba_judging(elements: int) -> bool:
     """Whether the judge's bias regression sums diff_src's ``elements`` compiled (judge/numba_sums.py, the same
     numbers): numba installed and $BNBWD_CORE not "numpy", and either $BNBWD_CORE is "numba", the numba core
-    has run in this process (numba's start-up is paid), or there are AUTO_NUMBA_MIN_ELEMENTS elements or more."""
+    has run in this process (numba's start-up is paid), or there are AUTO_NUMBA_MIN_ELEMENTS elements or more;
+    and numba can start here (its own settings may keep it from it: then the NumPy sums, and NUMBA_FALLBACK's note,
+    where the compiled sums' import failed as an internal error)."""
     choice = os.environ.get("BNBWD_CORE", "").lower()
     if choice == "numpy" or not numba_available():
         return False
-    return choice == "numba" or "bnbwd_cli.core.numba_core" in sys.modules or elements >= AUTO_NUMBA_MIN_ELEMENTS
+    wanted = choice == "numba" or "bnbwd_cli.core.numba_core" in sys.modules or elements >= AUTO_NUMBA_MIN_ELEMENTS
+    return wanted and usable_numba_core() is not None
 
 
 def prepare_numba() -> None:

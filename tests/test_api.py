@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +19,7 @@ from bnbwd_cli import api
 from tests.conftest import make_inputs, save_bundle
 
 EPS = 1e-5
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -148,3 +152,42 @@ def test_api_verdict_equals_the_cli(cli, tmp_path, problem, change):
             row["comparison"].pop("worst", None)  # identical too, but labelled by file; the verdict is what matters
     assert [(o["name"], o["status"], o["comparison"]["max_units"]) for o in from_cli["outputs"]] == \
            [(o["name"], o["status"], o["comparison"]["max_units"]) for o in from_api["outputs"]]
+
+
+# numba's own settings keep it from starting (NUMBA_NUM_THREADS=0 fails its import); AUTO_NUMBA_MIN_ELEMENTS = 0
+# sends a small problem where a large one goes. The CLI prints a note; the API was silent.
+NUMBA_FALLBACK_SCRIPT = """
+import json, warnings
+import numpy as np
+import bnbwd_cli
+from bnbwd_cli import runtime
+runtime.AUTO_NUMBA_MIN_ELEMENTS = 0
+rng = np.random.default_rng(3)
+x = rng.normal(size=(4, 3, 5, 5)).astype(np.float32)
+dy = rng.normal(size=x.shape).astype(np.float32)
+inputs = dict(src=x, diff_dst=dy, mean=x.mean((0, 2, 3)), variance=x.var((0, 2, 3)), epsilon=1e-5, data_format="NCHW")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    grads = bnbwd_cli.backward(**inputs)
+    report = bnbwd_cli.check(grads, **inputs)
+    bnbwd_cli.backward(**inputs)
+print(json.dumps([[w.category.__name__, str(w.message), w.filename] for w in caught]))
+print(bool(report), grads["diff_src"].tobytes() == bnbwd_cli.backward(**inputs).get("diff_src").tobytes())
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
+def test_the_api_warns_once_when_numba_cannot_start(tmp_path):
+    env = {**os.environ, "NUMBA_NUM_THREADS": "0", "BNBWD_CORE": "", "PYTHONPATH": str(ROOT)}
+    script = tmp_path / "user_test.py"
+    script.write_text(NUMBA_FALLBACK_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    caught, verdict = result.stdout.splitlines()
+    [(category, message, filename)] = json.loads(caught)  # once, for three calls
+    assert category == "NumbaFallbackWarning" and issubclass(bnbwd_cli.NumbaFallbackWarning, UserWarning)
+    assert message.startswith("bnbwd: numba cannot start here (") and message.endswith(
+        "the NumPy core ran instead (the same bits, slower)")
+    assert filename == str(script)  # the warning points at the caller's line, not bnbwd's
+    assert verdict == "True True"

@@ -11,16 +11,17 @@ import pytest
 from tools.blind_check import judge_cause, rates, run_all, where_mask
 from tools.blind_zoo import DTYPES, Planted, zoo
 
-# One blind kernel per kind the issue lists (small shapes), and one correct kernel: ~0.4 s CPU each.
+# One blind kernel per kind the issue lists (small shapes), and one correct kernel: ~0.4 s CPU each. Each maps to
+# what was measured right on it (docs/held-out.md): a later diagnosis may name more, never less, and nothing wrong.
 HANDFUL = {
-    "stride_lane-bf16-NHWC": ("none", "right"),
-    "channel_tile-f16-NCHW": ("none", "right"),
-    "one_sample-bf16-NHWC": ("none", "right"),
-    "one_nan-bf16-NCHW": ("none", "right"),
-    "skip_sample-f32-NCHW": ("right", "n.a."),
-    "running_stats-f32-NCHW": ("right", "n.a."),
-    "sums_lost_atomics-bf16-NCHW": ("right", "right"),
-    "pytorch_cpu-bf16-NHWC": ("-", "n.a."),
+    "stride_lane-bf16-NHWC": {"place"},
+    "channel_tile-f16-NCHW": {"place"},
+    "one_sample-bf16-NHWC": {"place"},
+    "one_nan-bf16-NCHW": {"place"},
+    "skip_sample-f32-NCHW": {"cause"},
+    "running_stats-f32-NCHW": {"cause"},
+    "sums_lost_atomics-bf16-NCHW": {"cause", "place"},
+    "pytorch_cpu-bf16-NHWC": set(),
 }
 
 
@@ -77,8 +78,11 @@ def handful():
 
 
 def test_a_handful_of_blind_kernels_keep_their_measured_outcomes(handful):
-    got = {o.entry.name: (o.cause, o.place) for o in handful}
-    assert got == HANDFUL, {o.entry.name: (o.cause, o.place, o.said, o.where) for o in handful}
+    said = {o.entry.name: (o.cause, o.place, o.said, o.where) for o in handful}
+    for o in handful:
+        right = {aspect for aspect, got in (("cause", o.cause), ("place", o.place)) if got == "right"}
+        assert HANDFUL[o.entry.name] <= right, said[o.entry.name]
+        assert o.cause != "wrong" and o.place != "wrong", said[o.entry.name]
     total, _ = rates(handful)
     assert total.verdicts_wrong == 0 and total.wrong_cause == 0 and total.wrong_place == 0
     assert total.either == total.failing == 7 and total.correct == 1 and total.correct_hinted == 0

@@ -311,7 +311,7 @@ def test_raw_reader(spec: str, data: bytes, expected, tmp_path: Path) -> None:
 
 def test_raw_file_missing_is_one_line(tmp_path: Path) -> None:
     source = f"raw:f32:3:{tmp_path / 'nope.bin'}"
-    assert_read(lambda: read_raw(source, "x"), r"^x \(raw:f32:3:.*nope\.bin\): cannot read .*nope\.bin \(No such file")
+    assert_read(lambda: read_raw(source, "x"), r"^x \(raw:f32:3:.*nope\.bin\): cannot read \(No such file")  # the path once
 
 
 # ---------------------------------------------------------------- read_array and read_bundle: the reader by name and content

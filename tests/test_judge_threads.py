@@ -82,11 +82,18 @@ def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPat
     assert finished == [None] and threading.active_count() == before
 
 
-@pytest.mark.parametrize("judging_threads, beside", [(1, False), (2, True)])
+@pytest.mark.parametrize("judging_threads, beside", [(1, False), (2, True), (None, "machine")])
 def test_judge_kernel_keeps_a_judgings_threads(judging_threads, beside, monkeypatch: pytest.MonkeyPatch) -> None:
     """judge_kernel (run --reference, verify --inputs, check and the API): the Judging's threads (check's workers
-    set 1); with one thread the judging pass regresses its own pieces (no pass of the regression's own)."""
+    set 1); with one thread the judging pass regresses its own pieces (no pass of the regression's own). None, the
+    default of Judging as of core.Settings (one sentinel), is the machine's usable cores."""
+    from bnbwd_cli.app import judge as app_judge
     from bnbwd_cli.app.judge import judge_kernel
+
+    assert Judging().threads is None
+    if beside == "machine":
+        monkeypatch.setattr(app_judge, "usable_cores", lambda: 2)
+        beside = True
 
     inputs, actual, _ = _outputs("NCX", 34)
     where = []
@@ -116,10 +123,17 @@ def test_run_reference_reports_the_same_with_one_thread_and_two(cli, tmp_path, m
     np.savez(tmp_path / "in.npz", **{name: getattr(inputs, name) for name in names})
     np.savez(tmp_path / "kernel.npz", **actual)
     started = []
-    regression_pass = diff_src._regression_pass
-    monkeypatch.setattr(diff_src, "_regression_pass", lambda *args, stop: started.append(1) or regression_pass(*args, stop=stop))
+    for name in ("_regression_pass", "_unmoved_pass"):  # (an unmoved output's regression: the second)
+        def recording(*args, stop=None, _name=name, _function=getattr(diff_src, name)):
+            started.append((_name, stop is not None))  # (a thread's pass is given its stop event)
+            return _function(*args, stop=stop)
+
+        monkeypatch.setattr(diff_src, name, recording)
     results = [cli("run", tmp_path / "in.npz", "--epsilon", "1e-5", "--format", "NCX", "-q", "--threads", threads,
                    "--reference", tmp_path / "kernel.npz", "--json", "-") for threads in ("1", "2")]
     assert results[0].exit_code == results[1].exit_code == (0 if change == "none" else 1), results[0].stderr
     assert results[0].stdout == results[1].stdout
-    assert started == [1]
+    if change == "none":  # one thread: a pass of its own after the judging pass; two: on the second thread
+        assert started == [("_unmoved_pass", False), ("_unmoved_pass", True)]
+    else:
+        assert started == [("_regression_pass", True)]

@@ -1,8 +1,9 @@
 """Names fixed in one try: every missing input and output in one error with the whole --map line that reads them
 (guessed by shape and name), a kernel that wrote no NAME.out.npz said so, and PyTorch's names read channels-first.
 
-Through the real CLI: a JAX user's file (x, dy, var, dx, dgamma, dbeta) gets its verdict in two runs, the second
-with the --map line the first printed; a PyTorch dump folder in one run without --format.
+Through the real CLI: a JAX user's file (x, dy, var, dx, dgamma, dbeta), or its two files under run --reference,
+gets its verdict in two runs, the second with the --map line the first printed; a PyTorch dump folder in one run
+without --format.
 """
 
 from __future__ import annotations
@@ -43,6 +44,31 @@ def test_a_jax_users_file_gets_its_verdict_in_two_runs(cli, rng, tmp_path):
                                        "--map dbeta=diff_beta")
     second = cli("check", case, *maps.split())
     assert second.exit_code == 1 and "dbeta=diff_beta FAIL" in second.stdout, second.output
+
+
+def test_a_jax_users_two_files_get_their_verdict_in_two_runs(cli, rng, tmp_path):
+    """run --reference with the inputs in one file and the kernel's outputs in another, both by JAX's names: the
+    first error names the missing inputs and outputs together (it named the inputs, then a run later the outputs,
+    then one output a time), and its --map line gives the verdict in the second run."""
+    inputs, grads = _problem(rng)
+    grads["diff_beta"] = grads["diff_beta"] * np.float32(1.5)
+    names = _jax_names(inputs, grads)
+    bundle = save_bundle(tmp_path / "in.npz", {k: names[k] for k in ("x", "dy", "mean", "var", "gamma")},
+                         epsilon=EPS, data_format="NCHW")
+    kernel = save_bundle(tmp_path / "out.npz", {k: names[k] for k in ("dx", "dgamma", "dbeta")})
+    first = cli("run", bundle, "-q", "--reference", kernel)
+    assert_one_error(first, r"^error: missing inputs diff_dst, variance and the kernel's outputs \(diff_src, "
+                     r"diff_gamma, diff_beta\) \(spec generic\): no arrays by these names or a spec's names for them; "
+                     r"(--map \S+ )+reads them \(guessed by shape and name\)$")
+    maps = re.search(r"; ((?:--map \S+ ?)+) reads them", first.stderr).group(1)
+    assert maps.split() == shlex.split("--map dy=diff_dst --map var=variance --map dx=diff_src --map dgamma=diff_gamma "
+                                       "--map dbeta=diff_beta")
+    second = cli("run", bundle, "-q", "--reference", kernel, *maps.split(), "--brief")
+    assert second.exit_code == 1 and "dbeta=diff_beta: FAIL" in second.stdout, second.output
+    # the inputs right, the outputs by unknown names: every output's --map in the one error (it gave dx's alone)
+    outputs_only = cli("run", bundle, "-q", "--reference", kernel, *maps.split()[:4])
+    assert_one_error(outputs_only, r"; --map dx=diff_src --map dgamma=diff_gamma --map dbeta=diff_beta reads them "
+                     r"\(guessed by shape and name\)$")
 
 
 def test_outputs_by_unknown_names_get_their_maps(cli, rng, tmp_path):

@@ -88,6 +88,22 @@ def test_numba_settings_that_keep_it_from_starting_fall_back_to_the_numpy_core(t
     assert out.read_bytes() == reference.read_bytes()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
+def test_the_judging_falls_back_too_when_numba_cannot_start(tmp_path: Path) -> None:
+    """$BNBWD_CORE=numba asks the judge's bias sums for numba as well: with NUMBA_NUM_THREADS=0 their import
+    failed as an internal error (exit 4) while the core had fallen back. Now both fall back, with the one note."""
+    cases = ROOT / "fixtures" / "cases"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "0", "BNBWD_CORE": "numba"}
+    result = subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", str(cases / "bn1.npz"), "-q", "--reference",
+                             str(cases / "bn1.out.npz"), "--brief"], capture_output=True, text=True, timeout=120,
+                            env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("PASS: 3 output(s) within tolerance")
+    [note] = result.stderr.splitlines()
+    assert note.startswith("note: numba cannot start here (ValueError: ") and note.endswith("the NumPy core ran "
+                                                                                              "instead (the same bits, slower)")
+
+
 @pytest.mark.parametrize("args", [["check", str(ROOT / "fixtures" / "cases"), "--shard", f"1/{DIGITS}"],
                                   ["check", str(ROOT / "fixtures" / "cases"), "--shard", f"{DIGITS}/{DIGITS}"],
                                   ["run", str(BUNDLE), "-q", "-o", "{out}", "--block-size", DIGITS],

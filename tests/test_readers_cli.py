@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -149,7 +150,8 @@ def test_dtype_from_name_reads_the_short_names():
     ("raw:f32:2xfour:{x}", r"shape '2xfour' is not dimensions joined by 'x'"),
     ("raw:complex:2x3x4x5:{x}", r"dtype 'complex' is not a number type"),
     ("raw:g:2x3x4x5:{x}", r"dtype 'g' is float128, which bnbwd does not read; expected f16 \(half\)"),
-    ("raw:f32:2x3x4x5:{x}.missing", r"cannot read .*x\.bin\.missing"),
+    ("raw:f32:2x3x4x5:{x}.missing", r"^error: src \(raw:f32:2x3x4x5:[^ ]*x\.bin\.missing\): cannot read \(No such file "
+                                    r"or directory\)$"),
 ], ids=["too-small", "too-large", "no-shape", "bad-shape", "bad-dtype", "float128", "missing-file"])
 def test_bad_raw_sources(cli, tmp_path, arrays, source, pattern):
     bundle = save_bundle(tmp_path / "b.npz", arrays)
@@ -247,3 +249,20 @@ def test_damaged_npz_member_is_one_line(cli, tmp_path, arrays, method, where, pa
     """Errors of zipfile and zlib (imported only when an archive is read: files/npz.zip_errors) stay one line, exit 3."""
     bundle = _damaged_member_bundle(tmp_path, arrays, method, where)
     assert_one_error(cli("run", str(bundle), *NCHW, "-q", "-o", tmp_path / "out.npz"), pattern)
+
+
+@pytest.mark.parametrize("command", ["run", "verify", "verify-raw"])
+def test_a_bad_file_is_named_once(cli, tmp_path, arrays, command):
+    """A read error names the file once: it was `src (x.npy): cannot read x.npy (src (x.npy): not a valid .npy
+    file ...)` (three times) and, as a verify side, `x.npy: cannot read x.npy (x.npy: ...)`."""
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY\x01")
+    if command == "run":
+        bundle = save_bundle(tmp_path / "b.npz", arrays)
+        result, shown = cli("run", bundle, "--src", bad, *NCHW), f"src ({bad})"
+    elif command == "verify":
+        result, shown = cli("verify", bad, bad), str(bad)
+    else:
+        result, shown = cli("verify", f"raw:f32:5:{bad}", bad), f"raw:f32:5:{bad}"
+    assert_one_error(result, "^error: " + re.escape(shown) + ": (not a valid .npy file|shape .* needs 20 bytes)")
+    assert result.stderr.count(str(bad)) == 1, result.stderr

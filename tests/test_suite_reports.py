@@ -167,8 +167,16 @@ def test_the_summary_names_three_cases_then_how_many_more(tmp_path):
 
 @pytest.mark.parametrize("args", [("--json", "-", "--junit", "-"), ("--junit", "-", "--markdown", "-")])
 def test_two_reports_on_stdout_are_a_usage_error(cli, suite, args):
+    """The one rule of every command's outputs (cli/destinations.vet_outputs), in its one message."""
     result = cli("check", suite, *args)
-    assert result.exit_code == 2 and "both write to stdout" in result.stderr
+    assert result.exit_code == 2
+    assert f"error: {args[0]} - and {args[2]} - both want stdout; send one to a file" in result.stderr
+
+
+def test_two_reports_in_one_file_are_a_usage_error(cli, suite, tmp_path):
+    assert_one_error(cli("check", suite, "--json", tmp_path / "r", "--markdown", tmp_path / "r"),
+                     r"--markdown .*/r is also another output of this command \(--json\); give each output its own "
+                     r"file", 2)
 
 
 def test_a_report_over_a_case_file_is_refused(cli, suite):

@@ -16,6 +16,7 @@ that the whole zoo runs through the CLI in a few minutes on 2 cores.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 import ml_dtypes
@@ -126,6 +127,8 @@ class Entry:
         dy = rng.standard_normal((n, c, h, w)).astype(dt)
         if self.data == "tiny":  # one channel's gradient at subnormal scale (a masked, vanishing gradient)
             dy[:, 3] = (rng.standard_normal((n, h, w)) * 2e-39).astype(F32).astype(dt)
+        if self.data == "small":  # one channel's gradient at 1e-8 scale (normal float32 numbers, far from subnormal)
+            dy[:, 3] = (rng.standard_normal((n, h, w)) * 1e-8).astype(F32).astype(dt)
         if self.data == "smallvar":  # variances near epsilon (a nearly constant channel)
             x = (rng.standard_normal((n, c, h, w)) * 3e-3 + loc[:, None, None]).astype(dt)
         x64 = x.astype(F64)
@@ -201,6 +204,13 @@ def masked_sums(p: Problem, keep: np.ndarray):
 
 def region_where(p: Problem, logical_mask: np.ndarray) -> np.ndarray:
     return p.stored(np.broadcast_to(logical_mask, p.shape))
+
+
+def number_words(x: float) -> str:
+    """A regex for x as a hint may print it: 3 or 4 significant digits or 2 to 4 decimals, trailing zeros dropped,
+    never a bare integer (1.0004 is not "1")."""
+    forms = {f"{x:.{d}g}" for d in (3, 4)} | {f"{x:.{d}f}".rstrip("0") for d in (2, 3, 4)}
+    return "|".join(re.escape(f) + r"(?!\d)" for f in sorted(forms) if "." in f and not f.endswith("."))
 
 
 def to16(a, dtype):
@@ -996,7 +1006,7 @@ def k_xhat_term_m_minus_1(p):
     db, dg = sums(p)
     m = p.m
     return Planted(elementwise(p, db, dg, terms=(1, 1, m / (m - 1))), dg, db, causes=("fitted-terms",),
-                   words=rf"M.?1|M-1|M − 1|{m / (m - 1):.3f}", what="M-1 in the xhat term")
+                   words=r"M.?1|M-1|M − 1|" + number_words(m / (m - 1)), what="M-1 in the xhat term")
 
 
 def k_no_xhat_term(p):
@@ -1197,7 +1207,7 @@ def k_dgamma_unbiased_invstd(p):
     _, dg_u = sums(p, invstd=unb)
     factor = float(np.sqrt((p.m - 1) / p.m))
     return Planted(elementwise(p, db, dg), dg_u, db, causes=("fitted-terms", "unbiased-variance"),
-                   words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1", what="diff_gamma with the unbiased invstd")
+                   words=r"M.?1|M-1|" + number_words(factor), what="diff_gamma with the unbiased invstd")
 
 
 def k_syncbn_no_allreduce(p):
@@ -1275,7 +1285,7 @@ def k_front_invstd_unbiased(p):
     unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
     dx = elementwise(p, db, dg) * ch(unb / invstd)
     factor = float(np.sqrt((p.m - 1) / p.m))
-    return Planted(dx, dg, db, causes=("fitted-terms",), words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1",
+    return Planted(dx, dg, db, causes=("fitted-terms",), words=r"M.?1|M-1|" + number_words(factor),
                    what="front invstd unbiased")
 
 
@@ -1313,6 +1323,74 @@ def k_own_welford_large_m(p):
     db, dg = sums(p, mean=mu, invstd=invstd)
     return Planted(elementwise(p, db, dg, mean=mu, invstd=invstd), dg, db,
                    causes=("fitted-statistics", "own-batch-statistics"), what="own f32 Welford stats at M=1e5")
+
+
+# --- the issue's own patterns with small errors: "off" by a few units, so part of the region still passes ----------
+
+SMALL_OFF = {"f32": 4e-6, "f16": 2.5e-3, "bf16": 1.6e-2}  # a relative error of ~2-30 units of each dtype
+
+
+def _small_off(p, mask_stored, what):
+    planted = reference_kernel(p)
+    exact = p.stored(planted.dx.astype(F32)).reshape(-1)
+    flat = mask_stored.reshape(-1)
+    stored, region = _storage_bug(p, planted, flat, exact[flat] * F32(1 + SMALL_OFF[p.dtype]))
+    # scaling a region by 1 + rel: where the region is whole channels, "diff_src scaled by ... in c=..." is the bug
+    return dataclasses.replace(planted, stored_dx=stored, region=region, what=what + " (small error)",
+                               causes=("fitted-terms",), words=r"scaled by")
+
+
+def _stored_mask(p, logical_mask):
+    return p.stored(np.broadcast_to(logical_mask, p.shape))
+
+
+def k_off_every_32nd(p):
+    size = int(np.prod(p.shape))
+    off = int(p.rng.integers(0, 32))
+    return _small_off(p, (np.arange(size) % 32 == off).reshape(p.stored(p.x).shape), f"every 32nd, offset {off}")
+
+
+def k_off_last_256(p):
+    size = int(np.prod(p.shape))
+    return _small_off(p, (np.arange(size) >= size - 256).reshape(p.stored(p.x).shape), "last 256")
+
+
+def k_off_rows(p):
+    mask = np.zeros(p.shape, bool)
+    h0 = p.shape[2] * 3 // 4
+    mask[:, :, h0:] = True
+    return _small_off(p, _stored_mask(p, mask), f"h>={h0}")
+
+
+def k_off_channels(p):
+    mask = np.zeros(p.shape, bool)
+    c0 = p.shape[1] // 2
+    mask[:, c0:] = True
+    return _small_off(p, _stored_mask(p, mask), f"c={c0}..")
+
+
+def k_off_sample(p):
+    mask = np.zeros(p.shape, bool)
+    n0 = int(p.rng.integers(0, p.shape[0]))
+    mask[n0] = True
+    return _small_off(p, _stored_mask(p, mask), f"n={n0}")
+
+
+def k_off_tile(p):
+    mask = np.zeros(p.shape, bool)
+    mask[:, :, 16:32, 16:32] = True
+    return _small_off(p, _stored_mask(p, mask), "tile h=16..31 w=16..31")
+
+
+def k_flush_threshold(p):
+    """A hand-written "flush" that zeroes every |diff_src| < 1e-8 (normal numbers, not subnormals: a bug)."""
+    planted = reference_kernel(p)
+    dx = planted.dx.astype(F32)
+    flushed = np.abs(dx) < 1e-8
+    mask = np.zeros(p.shape, bool)
+    mask[:, 3] = True
+    return dataclasses.replace(planted, dx=np.where(flushed, F32(0), dx), region=region_where(p, mask),
+                               what=f"|dx| < 1e-8 flushed ({int(flushed.sum())} elements)")
 
 
 # --- the zoo ----------------------------------------------------------------------------------------------------------
@@ -1469,6 +1547,16 @@ def zoo() -> list[Entry]:
     e += _variants("samples_reversed", "outputs", k_samples_reversed, [("f32", "NHWC", S, 173)])
     e += _variants("own_welford_m1e5", "correct", k_own_welford_large_m, [("f32", "NHWC", (16, 4, 80, 80), 174,
                                                                                   {"data": "offset"})], True)
+    # the issue's patterns, off by a few units only
+    e += _variants("off_every_32nd", "strided", k_off_every_32nd, [("f32", "NCHW", L, 180), ("bf16", "NHWC", L, 181)])
+    e += _variants("off_last_256", "tail", k_off_last_256, [("f32", "NHWC", L, 182), ("f16", "NCHW", L, 183)])
+    e += _variants("off_rows", "rows", k_off_rows, [("f32", "NCHW", L, 184), ("bf16", "NHWC", L, 185)])
+    e += _variants("off_channels", "channel tile", k_off_channels, [("f32", "NHWC", L, 186), ("f16", "NCHW", L, 187)])
+    e += _variants("off_sample", "sample", k_off_sample, [("f32", "NCHW", L, 188), ("bf16", "NHWC", L, 189)])
+    e += _variants("off_tile", "spatial tile", k_off_tile, [("f32", "NHWC", L, 190), ("f16", "NCHW", L, 191)])
+    # flushing
+    e += _variants("ftz_bf16", "correct", k_ftz, [("bf16", "NHWC", S, 192, {"data": "tiny"})], True)
+    e += _variants("flush_threshold", "channel tile", k_flush_threshold, [("f32", "NCHW", S, 193, {"data": "small"})])
     return e
 
 

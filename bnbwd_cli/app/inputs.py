@@ -172,13 +172,15 @@ def read_inputs(source: str, request: SplitRequest, what: str = "bundle", declar
 
 
 def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[str, ...] = OUTPUT_NAMES,
-             others: Mapping[str, tuple[int, ...] | None] | None = None, outputs_missing: tuple[str, ...] = ()) -> Op:
+             others: Mapping[str, tuple[int, ...] | None] | None = None, outputs_missing: tuple[str, ...] = (),
+             kernel_keys: Mapping[str, tuple[int, ...] | None] | None = None) -> Op:
     """Check the inputs (names, shapes, dtypes, the spec's rules, an epsilon) and bundle them: the one way
     from named arrays to an Op. src and diff_dst may be files.blocks.NpyBlocks (a streamed run). others: the
     file's unused keys and their shapes (None: unknown), for the missing input's suggested --map;
-    outputs_missing: the kernel outputs a file that should hold them lacks (check), named in the same error."""
+    outputs_missing: the kernel outputs a file that should hold them lacks (check; run --reference: the kernel's
+    own file, whose keys are kernel_keys), named in the same error."""
     profile = PROFILES[op.spec]
-    _check_present(inputs, op, others or {}, outputs_missing)
+    _check_present(inputs, op, others or {}, outputs_missing, kernel_keys)
     canonical = validate_inputs(dict(inputs), profile, op.format_or_default, variance_is_invstd=op.variance_is_invstd,
                                 outputs=outputs)
     epsilon = resolve_epsilon(op.epsilon, profile, op.variance_is_invstd)
@@ -190,9 +192,11 @@ def build_op(inputs: Mapping[str, np.ndarray], op: OpSettings, outputs: tuple[st
 
 
 def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Mapping[str, tuple[int, ...] | None],
-                   outputs_missing: tuple[str, ...] = ()) -> None:
+                   outputs_missing: tuple[str, ...] = (),
+                   kernel_keys: Mapping[str, tuple[int, ...] | None] | None = None) -> None:
     """Every missing input (and, judging a file that should hold them, the outputs it lacks) in one error, with
-    the --map THEIRS=OURS line that reads the unused keys most likely to hold them (by shape and name)."""
+    the --map THEIRS=OURS line that reads the unused keys most likely to hold them (by shape and name): the
+    outputs' among kernel_keys when the kernel has a file of its own."""
     profile = PROFILES[op.spec]
     missing = [name for name in _required(op) if name not in inputs]
     if not missing and not outputs_missing:
@@ -207,7 +211,11 @@ def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Map
         one = len(missing) == 1
         raise InputError(f"{message}; {keys} {'is' if one else 'are'} PyTorch's statistic{'' if one else 's'} for {mode}",
                          hint=f"{flag} if the kernel ran in {mode}, or {maps} to use {'it' if one else 'them'}")
-    maps = _suggested_maps([*missing, *outputs_missing], inputs, op, others)
+    if kernel_keys is None:
+        maps = _suggested_maps([*missing, *outputs_missing], inputs, op, others)
+    else:
+        maps = _suggested_maps(missing, inputs, op, others) | _suggested_maps(list(outputs_missing), inputs, op,
+                                                                               kernel_keys)
     if len(missing) == 1 and not outputs_missing:
         key = maps.get(missing[0])
         if key is None:
@@ -220,6 +228,23 @@ def _check_present(inputs: Mapping[str, np.ndarray], op: OpSettings, others: Map
 
 def _required(op: OpSettings) -> tuple[str, ...]:
     return ("src", "diff_dst", "mean", "variance", *PROFILES[op.spec].required)
+
+
+def missing_inputs(inputs: Collection[str], op: OpSettings) -> list[str]:
+    """The inputs the op needs (by the spec) that are not among these names."""
+    return [name for name in _required(op) if name not in inputs]
+
+
+def kernel_candidates(kernel: Mapping[str, np.ndarray], naming: Naming,
+                      wanted: tuple[str, ...]) -> tuple[tuple[str, ...], Mapping[str, tuple[int, ...] | None]]:
+    """A kernel's file read beside the inputs (run --reference): the outputs it lacks when it gives none of the
+    wanted ones (named in a missing input's error, as check names a case's), and its keys with their shapes (where
+    their --map is guessed); nothing when it gives some (judge_kernel says which it lacks)."""
+    from bnbwd_cli.judge.keys import canonical_key
+
+    if any(canonical_key(key, naming.key_map) in wanted for key in kernel):
+        return (), {}
+    return wanted, ShapesOnDemand((kernel,), [key for key in kernel if key not in naming.ignore])
 
 
 def _missing_message(missing: list[str], outputs_missing: tuple[str, ...], spec: str) -> str:

@@ -76,7 +76,7 @@ def compare(sets: TensorSets, judging: Judging, data_format: str | None = None,
     progress: told (done, total) elements as the judging goes (a bar's callback, as app/run.py's)."""
     from bnbwd_cli.judge.sets import compare_sets
 
-    if not judging.threads:
+    if judging.threads is None:
         judging = replace(judging, threads=usable_cores())
     return compare_sets(sets.actual, sets.reference, judging, data_format=data_format, inputs=sets.inputs,
                         progress=progress)
@@ -101,7 +101,7 @@ def judge_kernel(op: Op, kernel_outputs: Mapping[str, np.ndarray], judging: Judg
     a structural problem naming it and how to judge fewer (exit 3, a falsy Report), never a silent pass; run's
     --outputs and --no-param-grads narrow it. reference: bnbwd's outputs when known already (run computed them,
     verify read them), else computed here for the outputs the kernel gave. A kernel that gave none of the outputs
-    is an InputError. Threads: judging.threads (0: the machine's), the core's and the judging's."""
+    is an InputError. Threads: judging.threads (None: the machine's), the core's and the judging's."""
     from bnbwd_cli.judge.keys import canonical_key
 
     given = {canonical_key(key, judging.key_map) for key in kernel_outputs}
@@ -110,21 +110,46 @@ def judge_kernel(op: Op, kernel_outputs: Mapping[str, np.ndarray], judging: Judg
         raise InputError("no kernel outputs to judge: expected diff_src, diff_gamma or diff_beta (or a spec's name "
                          "for them)", hint=_map_hint(op, kernel_outputs, judging.key_map))
     if reference is None:
-        reference = reference_outputs(op, present, judging.threads or None)
+        reference = reference_outputs(op, present, judging.threads)
     judging = replace(judging, required=tuple(required))
-    return compare(TensorSets(kernel_outputs, reference, inputs=op), judging, progress=progress)
+    result = compare(TensorSets(kernel_outputs, reference, inputs=op), judging, progress=progress)
+    if judging.ftz and result.status == "mismatch":
+        result = _inputs_read_as_zero(op, kernel_outputs, judging, present, result)
+    return result
+
+
+def _inputs_read_as_zero(op: Op, kernel_outputs: Mapping[str, np.ndarray], judging: Judging, present: tuple[str, ...],
+                         result: SetComparison) -> SetComparison:
+    """A failing run judged again against the op of its inputs with the subnormal ones read as zero (DAZ, a correct
+    kernel built with fast math): that judgement when it passes (judge/daz.py), else ``result``. Only a failing
+    run whose inputs hold a subnormal pays for it (a pass over the inputs, then one over the outputs)."""
+    from bnbwd_cli.judge import daz
+
+    flushed = daz.inputs_read_as_zero(op)
+    if flushed is None:
+        return result
+    reference = reference_outputs(flushed, present, judging.threads or None)
+    return daz.accepted(result, compare(TensorSets(kernel_outputs, reference, inputs=flushed), judging))
 
 
 def _map_hint(op: Op, kernel_outputs: Mapping[str, np.ndarray], key_map: Mapping[str, str]) -> str:
-    """--map KEY=OUTPUT for the kernel key whose shape and name fit an output best, else the general advice."""
+    """--map KEY=OUTPUT for every output a kernel key fits by shape and name (each key once): the whole line in one
+    error, else the general advice."""
     from bnbwd_cli.spec import suggest_key
 
-    shapes = {key: tuple(np.shape(array)) for key, array in kernel_outputs.items() if key not in key_map}
+    free = {key: tuple(np.shape(array)) for key, array in kernel_outputs.items() if key not in key_map}
+    maps = {}
     for name in OUTPUT_NAMES:
-        key = suggest_key(name, shapes, tuple(op.src.shape if name == "diff_src" else op.mean.shape))
+        key = suggest_key(name, free, tuple(op.src.shape if name == "diff_src" else op.mean.shape))
         if key is not None:
-            return f"--map {key}={name} reads {key} as it"
-    return "--map THEIRS=OURS names your own"
+            maps[key] = name
+            del free[key]
+    if not maps:
+        return "--map THEIRS=OURS names your own"
+    if len(maps) == 1:
+        [(key, name)] = maps.items()
+        return f"--map {key}={name} reads {key} as it"
+    return " ".join(f"--map {key}={name}" for key, name in maps.items()) + " reads them (guessed by shape and name)"
 
 
 def judge_sets(sets: TensorSets, judging: Judging, data_format: str | None = None) -> SetComparison:

@@ -17,7 +17,8 @@ import numpy as np
 
 from bnbwd_cli import core as compute_core
 from bnbwd_cli.app import streaming
-from bnbwd_cli.app.inputs import Naming, OpSettings, SplitRequest, build_op, read_inputs
+from bnbwd_cli.app.inputs import (Naming, OpSettings, SplitRequest, build_op, kernel_candidates, missing_inputs,
+                                  read_inputs)
 from bnbwd_cli.core.summary import OutputStats
 from bnbwd_cli.core.summary import scan as output_stats
 from bnbwd_cli.files import blocks as files_blocks
@@ -72,6 +73,7 @@ class RunRequest:
     naming: Naming = Naming()
     bf16_keys: tuple[str, ...] = ()
     keep_outputs: bool = False
+    kernel: str | None = None  # --reference KERNEL_OUT: a missing input's error also names the outputs it lacks
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,11 @@ def prepare(request: RunRequest, stack: contextlib.ExitStack) -> Prepared:
     bf16_names = [key for key in request.bf16_keys if key in INPUT_NAMES]
     check_found(bf16_names, reinterpret_bf16(bf16_names, {"the inputs": inputs}), "the inputs")
     read_declared(inputs, keep=("src", "diff_dst"))  # large src/diff_dst: checked by their headers before a read
-    op = build_op(inputs, settings, request.outputs, split.candidates if split else {})
+    outputs_missing, kernel_keys = (), None
+    if request.kernel is not None and missing_inputs(inputs, settings):  # one error names every missing name
+        outputs_missing, kernel_keys = kernel_candidates(read_tensor_set(request.kernel), request.naming,
+                                                         request.outputs)
+    op = build_op(inputs, settings, request.outputs, split.candidates if split else {}, outputs_missing, kernel_keys)
     if read_declared(inputs):
         op = build_op(inputs, settings, request.outputs)
     if PROFILES[settings.spec].paired_param_grads and "diff_gamma" not in request.outputs:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,19 +226,6 @@ def _option_list(with_format: bool, with_json: bool) -> list[Callable]:
     return options
 
 
-def vet_save_error(target: str | None, inputs: list, others: list) -> None:
-    """--save-error FILE.npz, checked before any work: a file name (not stdout), no input, not another output."""
-    if target is None:
-        return
-    if target == "-":
-        raise click.UsageError("--save-error -: the arrays go to a file; give --save-error FILE.npz")
-    from bnbwd_cli.files import write as files_write
-
-    path = files_write.vet_destination(target, inputs, "--save-error")
-    if any(other not in (None, "-") and Path(other).resolve() == path.resolve() for other in others):
-        raise click.UsageError(f"--save-error {target} is also another output of this command; give it another name")
-
-
 save_error_option = click.option("--save-error", "save_error", metavar="FILE.npz", default=None, help=SAVE_ERROR_HELP)
 
 
@@ -321,16 +307,27 @@ class ReportTargets:
         return "-" in self.named.values()
 
 
+def report_file_options(f: Callable) -> Callable:
+    """--junit and --markdown: a verdict as CI's reports (check and report: a suite's cases; run --reference and
+    verify: one case, the kernel's); the command receives junit_target and markdown_target."""
+    for option in reversed((
+        click.option("--junit", "junit_target", metavar="PATH|-", default=None,
+                     help="Also write JUnit XML to PATH (one testcase per case, run --reference and verify: the "
+                     "kernel's file; a mismatch is a failure, a case that cannot be judged an error); '-' writes it "
+                     "to stdout. Exit code unchanged."),
+        click.option("--markdown", "markdown_target", metavar="PATH|-", default=None,
+                     help="Also write a markdown summary to PATH (the failing cases with verdict and hint, then the "
+                     "counts; e.g. $GITHUB_STEP_SUMMARY or a pull request's comment); '-' writes it to stdout."),
+    )):
+        f = option(f)
+    return f
+
+
 def report_options(f: Callable) -> Callable:
     """--junit, --markdown and -q of a suite's report (--json is comparison_options'); the command receives
     junit_target, markdown_target and quiet."""
     for option in reversed((
-        click.option("--junit", "junit_target", metavar="PATH|-", default=None,
-                     help="Also write JUnit XML to PATH (one testcase per case: a mismatch is a failure, a case that "
-                     "cannot be judged an error); '-' writes it to stdout. Exit code unchanged."),
-        click.option("--markdown", "markdown_target", metavar="PATH|-", default=None,
-                     help="Also write a markdown summary to PATH (the failing cases with verdict and hint, then the "
-                     "counts; e.g. $GITHUB_STEP_SUMMARY or a pull request's comment); '-' writes it to stdout."),
+        report_file_options,
         click.option("-q", "--quiet", is_flag=True, help="Print only the FAIL and ERROR lines and the summary."),
     )):
         f = option(f)
@@ -366,35 +363,3 @@ def op_options(f: Callable) -> Callable:
     for option in reversed((epsilon_option, format_option, spec_option, inference_option, invstd_option, bf16_option)):
         f = option(f)
     return f
-
-
-@dataclass(frozen=True)
-class Destinations:
-    """A command's outputs, vetted: its files, its --json ('-' if it resolves to stdout), whether stdout is taken."""
-
-    files: list
-    json_target: str | None
-    stdout_busy: bool
-
-
-def vet_outputs(outputs: list[tuple[str, Any]], json_target: str | None, inputs: list) -> Destinations:
-    """Every output of run, verify and check, vetted before any work by one rule: a name that resolves to stdout
-    ('-', /dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, two there are a usage error; others must be
-    writable, no input, named once. outputs: (flag, target) pairs, e.g. ("-o", "-"), ("--out-dir", DIR/NAME.npy)."""
-    from pathlib import Path
-
-    from bnbwd_cli.files import write as files_write
-    from bnbwd_cli.files.through import is_stdout
-
-    named = [*outputs, *([("--json", json_target)] if json_target is not None else [])]
-    on_stdout = [f"{flag} {target}" for flag, target in named if is_stdout(target)]
-    if len(on_stdout) > 1:
-        raise click.UsageError(f"{' and '.join(on_stdout)} both want stdout; send one to a file")
-    files = files_write.vet_destinations([target for _, target in outputs if str(target) != "-"], inputs)
-    if json_target is not None and is_stdout(json_target):
-        json_target = "-"  # written as --json - is: the report then goes to stderr
-    elif json_target is not None:
-        json_path = files_write.vet_destination(json_target, inputs, "--json")
-        if any(json_path.resolve() == Path(path).resolve() for path in files):
-            raise click.UsageError(f"--json {json_target} is also the output file; give it another name")
-    return Destinations(files, json_target, bool(on_stdout))

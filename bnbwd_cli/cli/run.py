@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,11 +15,11 @@ import click
 from bnbwd_cli import runtime
 from bnbwd_cli.app import run as app_run
 from bnbwd_cli.app.inputs import Naming, OpSettings
+from bnbwd_cli.cli.destinations import Destinations, vet_outputs
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, Destinations,
-                                  OutputList, bf16_option, comparison_options, epsilon_option, format_option,
-                                  fsync_option, inference_option, invstd_option, spec_option, vet_outputs,
-                                  vet_save_error)
+from bnbwd_cli.cli.params import (CONTEXT, MIN_BLOCK_BYTES, ArraySource, ByteSize, ComparisonOptions, OutputList,
+                                  bf16_option, comparison_options, epsilon_option, format_option, fsync_option,
+                                  inference_option, invstd_option, report_file_options, spec_option)
 from bnbwd_cli.errors import InputError
 from bnbwd_cli.files import write as files_write
 from bnbwd_cli.files.read import source_files
@@ -90,6 +91,8 @@ class RunOptions:
     stream: bool | None
     fsync: bool
     reference: str | None
+    junit_target: str | None
+    markdown_target: str | None
     comparison: ComparisonOptions
 
     @property
@@ -114,7 +117,8 @@ class RunOptions:
             bundle=self.bundle, sources=self.sources, op=op, outputs=self.outputs,
             destination=app_run.Destination(self.output, self.out_dir, self.fsync),
             compute=app_run.Compute(self.threads, self.block_size, self.core, self.stream),
-            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None)
+            naming=Naming(self.comparison.judging.key_map, self.comparison.judging.ignore), bf16_keys=self.bf16_keys, keep_outputs=self.reference is not None,
+            kernel=self.reference)
 
 
 @click.command("run", epilog=RUN_EPILOG, context_settings=CONTEXT)
@@ -154,6 +158,7 @@ class RunOptions:
 @click.option("--reference", metavar="KERNEL_OUT", help="Judge KERNEL_OUT (your kernel's outputs: .npz, .npy or a "
               "directory) against bnbwd's, by the problem's own error scale, as `bnbwd verify --inputs` does; exit 1 "
               "on mismatch, 3 when it lacks one of --outputs (--only judges fewer). The options below tune it (--map THEIRS=OURS also renames the bundle's inputs).")
+@report_file_options
 @comparison_options(with_format=False, with_json=False)
 def run(no_param_grads: bool, **kwargs) -> None:
     """Compute diff_src, diff_gamma and diff_beta from the forward input, the output gradient and the batch stats."""
@@ -163,6 +168,7 @@ def run(no_param_grads: bool, **kwargs) -> None:
     _check_usage(options)
     vetted = _vet_paths(options)
     options, destinations = replace(options, json_target=vetted.json_target), vetted.files
+    started = time.perf_counter()
     request = options.request()
     click.get_current_context().with_resource(files_write.one_commit())  # outputs and --json: one set (LIFO: before --out-dir's cleanup)
     with contextlib.ExitStack() as stack:
@@ -191,10 +197,12 @@ def run(no_param_grads: bool, **kwargs) -> None:
 
             writer.write(render_run, report_console, stderr_console, facts)
         if result is not None:
-            from bnbwd_cli.cli.show import ReportTarget, show_comparison
+            from bnbwd_cli.cli.show import Judged, ReportTarget, show_comparison
 
             show_comparison(result, (options.reference, "bnbwd run"), options.comparison,
-                            ReportTarget(report_console, options.json_target, options.fsync), writer)
+                            ReportTarget(report_console, options.json_target, options.fsync, vetted.reports,
+                                         Judged(options.reference, prepared.op, time.perf_counter() - started)),
+                            writer)
         writer.finish()
         if result is not None:
             click.get_current_context().exit(result.exit_code)
@@ -229,10 +237,13 @@ def _vet_paths(options: RunOptions) -> Destinations:
         click.get_current_context().with_resource(files_write.output_directory(options.out_dir))
     input_paths = _input_paths(options) + _reference_paths(options)
     outputs = [("-o", options.output)] if options.output is not None else [("--out-dir", p) for p in _output_paths(options)]
-    destinations = vet_outputs(outputs, options.json_target, input_paths)
-    if options.comparison.save_error is not None and options.reference is None:
-        raise click.UsageError("--save-error saves a judgement: give --reference KERNEL_OUT")
-    vet_save_error(options.comparison.save_error, input_paths, [*map(str, destinations.files), destinations.json_target])
+    judged = {"--save-error": options.comparison.save_error, "--junit": options.junit_target,
+              "--markdown": options.markdown_target}  # a judgement's files: they need --reference
+    for flag, target in judged.items():
+        if target is not None and options.reference is None:
+            raise click.UsageError(f"{flag} {'saves' if flag == '--save-error' else 'reports'} a judgement: give "
+                                   "--reference KERNEL_OUT")
+    destinations = vet_outputs([*outputs, ("--json", options.json_target), *judged.items()], input_paths)
     if options.reference is not None and not Path(options.reference).exists():
         raise InputError(f"reference {options.reference}: no such file or directory")
     return destinations
@@ -291,7 +302,7 @@ def _judge_reference(options: RunOptions, request: app_run.RunRequest, prepared:
     op, kernel = app_run.kernel_under_test(request, prepared, options.reference)
     check_override_names(options.comparison, [*kernel, *computed.arrays])
     # --threads is the judging's too
-    judging = replace(judging_for(options.comparison, options.json_target), threads=options.threads or 0)
+    judging = replace(judging_for(options.comparison, options.json_target), threads=options.threads)
     progress_bar, on_progress = _progress_bar(prepared, stack, stderr_console, "judging")
     return judge_kernel(op, kernel, judging, required=request.outputs, reference=computed.arrays,
                         progress=on_progress and _stopping_at_the_end(progress_bar, on_progress))

@@ -9,7 +9,7 @@ document goes to a file through files/write.py.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,13 +25,26 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Judged:
+    """What CI's reports of one judgement name besides its verdict: the kernel's file (the one case), the op it was
+    judged on (None: verify without --inputs) and the seconds the command took to reach the verdict."""
+
+    kernel: str
+    op: Any = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class ReportTarget:
     """Where a report goes: the text report's console, and --json (None, a path, or "-": then JSON replaces the
-    text report on stdout), written with fsync or not."""
+    text report on stdout), written with fsync or not; reports: the vetted destinations by flag (--junit and
+    --markdown are written here, as one case, with `judged`)."""
 
     console: Any
     json_target: str | None = None
     fsync: bool = False
+    reports: dict = field(default_factory=dict)
+    judged: Judged | None = None
 
 
 def check_override_names(options: ComparisonOptions, keys: Iterable[str]) -> None:
@@ -84,4 +97,24 @@ def show_comparison(result: SetComparison, labels: tuple[str, str], options: Com
         document = report_json.report_document(result, report_json.Source(tool, *labels))
         text = report_json.document_text(document)
         writer.write(lambda: files_write.write_text(target.json_target, text, fsync=target.fsync))
+    _write_ci_reports(result, target, writer)
     report.print_problems(result)
+
+
+def _write_ci_reports(result: SetComparison, target: ReportTarget, writer: ReportWriter) -> None:
+    """--junit and --markdown of run --reference and verify: the judgement as a suite of one case (the kernel's
+    file), rendered as check's are (render/junit.py, render/markdown.py) from check's document of it."""
+    from bnbwd_cli.cli.params import ReportTargets
+
+    reports = ReportTargets(junit=target.reports.get("--junit"), markdown=target.reports.get("--markdown"))
+    if not reports.wanted or target.judged is None:
+        return
+    from bnbwd_cli.app.check import CaseOutcome, problem_of
+    from bnbwd_cli.cli.suite_reports import write_reports
+    from bnbwd_cli.render.cases import check_document
+
+    judged = target.judged
+    outcome = CaseOutcome(judged.kernel, result, problem=None if judged.op is None else problem_of(judged.op),
+                          seconds=judged.seconds)
+    tool = f"bnbwd {click.get_current_context().info_name}"  # run or verify
+    write_reports(writer, reports, check_document([outcome], tool=tool), target.fsync)

@@ -5,6 +5,7 @@ the verdict, show the comparison (cli/show.py), exit with its code.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import click
 from bnbwd_cli.app.inputs import Naming, OpSettings
 from bnbwd_cli.app.judge import FileSets, judge_sets, read_sets
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
-from bnbwd_cli.cli.params import (ComparisonOptions, comparison_options, fsync_option, spec_option, vet_outputs,
-                                  vet_save_error)
+from bnbwd_cli.cli.destinations import vet_outputs
+from bnbwd_cli.cli.params import ComparisonOptions, comparison_options, fsync_option, report_file_options, spec_option
 from bnbwd_cli.judge.tolerance import DEFAULT_MAX_UNITS, DEFAULT_TOLERANCES, SUM_MAX_UNITS, tolerance_text
 
 # The comparison (judge/) and the report (render/, rich) are imported where they are used (cli/show.py).
@@ -103,6 +104,8 @@ class VerifyOptions:
     spec: str
     bf16_keys: tuple[str, ...]
     fsync: bool
+    junit_target: str | None
+    markdown_target: str | None
     comparison: ComparisonOptions
     json_target: str | None
 
@@ -119,6 +122,7 @@ class VerifyOptions:
 @click.option("--bf16", "bf16_keys", multiple=True, metavar="KEY", help="Read KEY's 2-byte raw data (int16/uint16 "
               "bits, as PyTorch bf16 tensors are often dumped) as bfloat16, in ACTUAL, REFERENCE and --inputs. Repeatable.")
 @fsync_option
+@report_file_options
 @comparison_options
 def verify(**kwargs) -> None:
     options = VerifyOptions(**kwargs)
@@ -128,9 +132,10 @@ def verify(**kwargs) -> None:
                                "BUNDLE")
     bundle = [Path(options.inputs_bundle)] if options.inputs_bundle else []
     read = _input_files(options.actual) + _input_files(options.reference) + bundle
-    json_target = vet_outputs([], options.json_target, read).json_target
-    vet_save_error(options.comparison.save_error, read, [json_target])
-    from bnbwd_cli.cli.show import ReportTarget, check_override_names, judging_for, show_comparison
+    destinations = vet_outputs([("--json", options.json_target), ("--save-error", options.comparison.save_error),
+                                ("--junit", options.junit_target), ("--markdown", options.markdown_target)], read)
+    json_target, started = destinations.json_target, time.perf_counter()
+    from bnbwd_cli.cli.show import Judged, ReportTarget, check_override_names, judging_for, show_comparison
     from bnbwd_cli.render.text import make_console
 
     op = OpSettings(options.epsilon, options.comparison.data_format, options.spec, False if options.inference else None,
@@ -143,7 +148,9 @@ def verify(**kwargs) -> None:
     result = judge_sets(sets, judging_for(options.comparison, json_target), options.comparison.data_format)
     record_verdict(result.exit_code)  # decided before a word is printed: no report failure can change it
     writer = ReportWriter()
+    judged = Judged(options.actual, sets.inputs, time.perf_counter() - started)
     show_comparison(result, (sets.actual_label, sets.reference_label), options.comparison,
-                    ReportTarget(make_console(), json_target, options.fsync), writer)
+                    ReportTarget(make_console(stderr=destinations.stdout_busy and json_target != "-"), json_target,
+                                 options.fsync, destinations.reports, judged), writer)
     writer.finish()
     click.get_current_context().exit(result.exit_code)

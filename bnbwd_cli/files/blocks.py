@@ -14,7 +14,7 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
-from bnbwd_cli.files.common import reason
+from bnbwd_cli.files.common import cannot_read, reason
 from bnbwd_cli.files.npy import as_bfloat16_if_void, as_native, read_npy_header
 
 
@@ -31,7 +31,7 @@ class NpyBlocks:
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise BnbwdError(f"{what}: cannot read {path} ({reason(exc)})") from None
+            raise BnbwdError(f"{cannot_read(what, path)} ({reason(exc)})") from None
         self._size = os.fstat(self._fd).st_size
         with os.fdopen(os.dup(self._fd), "rb") as stream:
             self.header = read_npy_header(stream, self._size, what)

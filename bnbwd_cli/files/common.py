@@ -25,6 +25,12 @@ def reason(exc: BaseException) -> str:
     return (text or type(exc).__name__)[:200]
 
 
+def cannot_read(what: str, path: str | os.PathLike) -> str:
+    """"WHAT: cannot read PATH", the path left out where WHAT names it already ("src (x.npy)", or x.npy itself)."""
+    shown = display(path)
+    return f"{what}: cannot read" if shown in what else f"{what}: cannot read {shown}"
+
+
 def display(path: str | os.PathLike) -> str:
     """A file name for a message: bytes that are not UTF-8 shown as Python escapes (out\\xff.npz), never a crash."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")

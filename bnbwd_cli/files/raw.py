@@ -18,7 +18,7 @@ import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name, is_bfloat16
 from bnbwd_cli.errors import BnbwdError
-from bnbwd_cli.files.common import clip, memory_cap, open_regular, reason, short_repr
+from bnbwd_cli.files.common import cannot_read, clip, memory_cap, open_regular, reason, short_repr
 
 PREFIX = "raw:"
 SYNTAX = "raw:DTYPE:SHAPE:PATH, e.g. raw:f32:8x64x56x56:x.bin"
@@ -88,7 +88,7 @@ def parse_raw(source: str) -> RawSource:
 def read_raw(source: str, what: str) -> np.ndarray:
     """The array a raw source describes, its file size checked against shape * itemsize before reading."""
     raw = parse_raw(source)
-    label = f"{clip(what)} ({clip(source)})"
+    label = clip(source) if what == source else f"{clip(what)} ({clip(source)})"  # verify's sides are their names
     try:
         with open_regular(raw.path, label) as stream:
             size = os.fstat(stream.fileno()).st_size
@@ -99,7 +99,7 @@ def read_raw(source: str, what: str) -> np.ndarray:
                 raise BnbwdError(f"{label}: {raw.nbytes} bytes, more than the memory available")
             data = stream.read(raw.nbytes)
     except OSError as exc:
-        raise BnbwdError(f"{label}: cannot read {raw.path} ({reason(exc)})") from None
+        raise BnbwdError(f"{cannot_read(label, raw.path)} ({reason(exc)})") from None
     if len(data) != raw.nbytes:
         raise BnbwdError(f"{label}: the file ended after {len(data)} of {raw.nbytes} bytes (truncated while read)")
     array = np.frombuffer(data, dtype=raw.dtype).reshape(raw.shape)

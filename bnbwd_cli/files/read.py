@@ -30,7 +30,7 @@ import numpy as np
 
 from bnbwd_cli.errors import BnbwdError
 from bnbwd_cli.files import raw, sniff
-from bnbwd_cli.files.common import READ_ERRORS, open_regular, reason
+from bnbwd_cli.files.common import READ_ERRORS, cannot_read, open_regular, reason
 from bnbwd_cli.files.npy import DECLARED_MIN_BYTES, Declared, read_exactly, read_npy_stream
 from bnbwd_cli.files.npz import read_npz, read_npz_key, spool_archive
 from bnbwd_cli.files.safetensors_file import read_safetensors, read_safetensors_key
@@ -145,6 +145,8 @@ def _read_once(source: str, what: str, npz_only: bool = False) -> Iterator[Sniff
             if npz_only and not _is_zip(sniffed.head):
                 raise BnbwdError(f"{what}: not a valid .npz archive (it starts as a .npy); not reading further")
             yield sniffed
+    except BnbwdError:
+        raise  # names the input already: wrapped, it said the name twice
     except (OSError, ValueError) as exc:
         raise BnbwdError(f"{what}: cannot read ({reason(exc)})") from None
 
@@ -203,8 +205,10 @@ def _read_npy_path(path: Path, what: str) -> np.ndarray:
     try:
         with open_regular(path, what) as stream:
             return read_npy_stream(stream, os.fstat(stream.fileno()).st_size, what)
+    except BnbwdError:
+        raise  # names the input already ("src (x.npy): not a valid .npy file"): wrapped, it named x.npy three times
     except READ_ERRORS as exc:
-        raise BnbwdError(f"{what}: cannot read {path} ({reason(exc)})") from None
+        raise BnbwdError(f"{cannot_read(what, path)} ({reason(exc)})") from None
 
 
 def read_array(source: str, what: str) -> np.ndarray:

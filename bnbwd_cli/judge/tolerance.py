@@ -163,9 +163,10 @@ class Judging:
     # Every output's details will be read (--json, --verbose): gather them in the judging pass, not in a second
     # pass on first use (verify --json of a 25.7M-element diff_src: one pass over the arrays less).
     details_up_front: bool = False
-    # Threads the judging may use (0: as many as the machine offers, app/judge.py decides): with two or more,
-    # diff_src's bias regression runs beside its judging pass. The numbers are the same either way.
-    threads: int = 0
+    # Threads the judging may use (None: as many as the machine offers, app/judge.py decides; None is every
+    # layer's "the machine's", core.Settings' too): with two or more, diff_src's bias regression runs beside its
+    # judging pass. The numbers are the same either way.
+    threads: int | None = None
     # Every element's judgement kept in the details (Details.errors: --save-error), not only the failing masks.
     keep_errors: bool = False
 

@@ -178,11 +178,12 @@ def _case_json(outcome: CaseOutcome) -> dict[str, Any]:
                    "outputs": [_output_json(o) for o in result.outputs]}
 
 
-def suite_document(cases: list[dict[str, Any]], shard: tuple[int, int] | None = None) -> dict[str, Any]:
+def suite_document(cases: list[dict[str, Any]], shard: tuple[int, int] | None = None,
+                   tool: str = "bnbwd check") -> dict[str, Any]:
     """The document of a suite from its cases' records (a check's, or merged shards'): the verdict, counts and
     summary follow from them."""
     verdict = suite_status(Status(case["status"]) for case in cases)
-    return {"schema_version": report_json.CHECK_SCHEMA_VERSION, "tool": "bnbwd check", "bnbwd_version": __version__,
+    return {"schema_version": report_json.CHECK_SCHEMA_VERSION, "tool": tool, "bnbwd_version": __version__,
             "status": verdict, "exit_code": int(exit_code(verdict)),
             "summary": summary_of([(case["case"], Status(case["status"])) for case in cases]),
             "counts": counts_of([case["status"] for case in cases]),
@@ -190,11 +191,12 @@ def suite_document(cases: list[dict[str, Any]], shard: tuple[int, int] | None = 
             **report_json.defaults(), "cases": cases}
 
 
-def check_document(outcomes: Sequence[CaseOutcome], shard: tuple[int, int] | None = None) -> dict[str, Any]:
+def check_document(outcomes: Sequence[CaseOutcome], shard: tuple[int, int] | None = None,
+                   tool: str = "bnbwd check") -> dict[str, Any]:
     """Per case its verdict, line, brief report, problem and seconds, its first hint, and per output its worst
     units, tests and hints; the comparison details (worst elements, channels, histogram) only for the outputs
-    that fail."""
-    return suite_document([_case_json(o) for o in outcomes], shard)
+    that fail. tool: the command (run --reference and verify make one case's document for --junit/--markdown)."""
+    return suite_document([_case_json(o) for o in outcomes], shard, tool)
 
 
 def cases_document(outcomes: Sequence[CaseOutcome], shard: tuple[int, int] | None = None) -> str:

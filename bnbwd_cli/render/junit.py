@@ -1,7 +1,8 @@
 """A suite's verdicts as JUnit XML: what Jenkins, GitLab and GitHub's test reporters read.
 
 Made from check's JSON document (render/cases.py), so `check --junit` and `bnbwd report --junit` over merged
-shards write the same XML. The structure every reporter reads (the common JUnit schema): <testsuites> holding
+shards write the same XML (and `run --reference --junit` / `verify --junit` that of a suite of one case, named
+after their command: the document's tool). The structure every reporter reads (the common JUnit schema): <testsuites> holding
 one <testsuite>, each case a <testcase name classname time>; a mismatch is a <failure>, a case that could not
 be judged (exit 3) an <error>, each with its one-line verdict as message and its brief report as text; the
 counts (tests, failures, errors, skipped) and times on both levels.
@@ -13,7 +14,6 @@ import re
 import xml.etree.ElementTree as ElementTree
 from typing import Any
 
-CLASSNAME = "bnbwd.check"
 # Characters XML 1.0 cannot hold even escaped (C0 controls but tab, newline and return; surrogates; U+FFFE/F).
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -44,8 +44,9 @@ def junit_xml(document: dict[str, Any]) -> str:
     errors = sum(case["exit_code"] not in (0, 1) for case in cases)
     counts = {"tests": str(len(cases)), "failures": str(failures), "errors": str(errors), "skipped": "0",
               "time": _seconds(sum(case["seconds"] for case in cases))}
-    root = ElementTree.Element("testsuites", name="bnbwd check", **counts)
-    suite = ElementTree.SubElement(root, "testsuite", name="bnbwd check", **counts)
+    tool = document.get("tool", "bnbwd check")  # bnbwd check (report's merge too), bnbwd run or bnbwd verify
+    root = ElementTree.Element("testsuites", name=tool, **counts)
+    suite = ElementTree.SubElement(root, "testsuite", name=tool, **counts)
     properties = ElementTree.SubElement(suite, "properties")
     shard = document["shard"]
     for name, value in (("bnbwd_version", document["bnbwd_version"]), ("summary", document["summary"]),
@@ -53,7 +54,7 @@ def junit_xml(document: dict[str, Any]) -> str:
         if value is not None:
             ElementTree.SubElement(properties, "property", name=name, value=_xml_text(value))
     for case in cases:
-        testcase = ElementTree.SubElement(suite, "testcase", name=_xml_text(case["case"]), classname=CLASSNAME,
+        testcase = ElementTree.SubElement(suite, "testcase", name=_xml_text(case["case"]), classname=tool.replace(" ", "."),
                                           time=_seconds(case["seconds"]))
         verdict = _verdict_element(case)
         if verdict is not None:

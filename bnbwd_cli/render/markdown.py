@@ -33,7 +33,7 @@ def markdown_report(document: dict[str, Any]) -> str:
     """The markdown text of a check document (render/cases.check_document or a merge of them)."""
     counts, shard = document["counts"], document["shard"]
     mark = "✅" if document["status"] == "pass" else "❌"
-    lines = [f"### {mark} bnbwd check" + (f" (shard {shard['index']}/{shard['count']})" if shard else ""), "",
+    lines = [f"### {mark} {document.get('tool', 'bnbwd check')}" + (f" (shard {shard['index']}/{shard['count']})" if shard else ""), "",
              _cell(document["summary"], None), ""]
     failing = [case for case in document["cases"] if case["status"] != "pass"]
     if failing:

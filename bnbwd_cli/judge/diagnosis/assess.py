@@ -108,16 +108,21 @@ def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.nd
     The tolerance is K*(max(scale, extra) + u|p| + u*sqrt(M)*|p - r|) + ulp(p), a sum of non-negative terms, so
     it is at least K*(u|p|) wherever it is not NaN: an element within that passes, and the scale, the costliest
     term, is formed only at the others. Where the tolerance could be NaN (a non-finite reference, noise, or
-    ingredient of the scale) every element is tested in full. The same count either way."""
+    ingredient of the scale) every element is tested in full. The same count either way. Flushed subnormals (the
+    judge let them pass) are not counted."""
     a, p, r = values
-    k = case.outputs["diff_src"].comparison.scaled.max_units
+    out = case.outputs["diff_src"]
+    k = out.comparison.scaled.max_units
     with np.errstate(invalid="ignore", over="ignore"):
         off = np.abs(a - p)
         elementwise = extra is None or np.shape(extra) == p.shape
         if not (elementwise and _sound(case) and np.isfinite(r).all() and (extra is None or np.isfinite(extra).all())):
             tolerance = _tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
-            return int(np.count_nonzero(~(off <= tolerance)))
-        unsure = np.flatnonzero(~(off <= k * (case.unit * np.abs(p))))
+            return int(np.count_nonzero(~(off <= tolerance) & out.kept(rows)))
+        outside = ~(off <= k * (case.unit * np.abs(p)))
+        if out.flushed is not None:
+            outside &= out.kept(rows)
+        unsure = np.flatnonzero(outside)
         if unsure.size == 0:
             return 0
         n, channels, s = p.shape
@@ -152,7 +157,7 @@ def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None
     if name == "diff_src":
         return confirmed(case, _whole_rows(p, extra), share=False) is not None
     with np.errstate(invalid="ignore", over="ignore"):
-        beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra))
+        beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra)) & out.kept()
     return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
 
 
@@ -170,7 +175,7 @@ def screened(case: Case, prediction: Prediction) -> bool:
         return True  # its noise has no element-wise form to take the sample of
     with np.errstate(invalid="ignore", over="ignore"):
         tolerance = _tolerance(case, "diff_src", p, sample.reference, extra, sample.scale) * (1 + SCREEN_SLACK)
-        beyond = ~(np.abs(sample.actual - p) <= tolerance)
+        beyond = ~(np.abs(sample.actual - p) <= tolerance) & out.kept(sample.rows)
     return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
 
 
@@ -205,6 +210,8 @@ def _bias_left(case: Case, name: str, p: np.ndarray):
     # d = a - p against the reference's basis, p rounded to the output's grid as a and r are (else every
     # element carries p's distance to the grid, noise that a - r does not have)
     shifted = out.actual - rounded(p, out.comparison.dtype) + out.reference
+    if out.flushed is not None:  # a flushed subnormal passed: no deviation there
+        shifted = np.where(out.flushed, out.reference, shifted)
     if name == "diff_src":
         regression = ChannelRegression(case.channels, out.comparison.dtype)
         with np.errstate(invalid="ignore", over="ignore"):

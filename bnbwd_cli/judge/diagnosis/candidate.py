@@ -68,7 +68,7 @@ def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         for rows in blocks(case.shape):  # (blocks: no whole-tensor temporaries)
             d = out.actual_at(rows) - out.reference_at(rows)
             x = case.xhat_at(rows)
-            residual = np.where(np.isfinite(d) & np.isfinite(x), d - offset[:, None] - slope[:, None] * x, 0.0)
+            residual = np.where(np.isfinite(d) & np.isfinite(x) & out.kept(rows), d - offset[:, None] - slope[:, None] * x, 0.0)
             squares += np.einsum("ncs,ncs->c", residual, residual)
         rms = np.sqrt(squares / np.maximum(n - 2, 1))
     return offset, slope, np.where(np.isnan(offset), np.nan, rms)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.dtypes import SMALLEST_NORMAL, to_float64, ulp_spacing
 from bnbwd_cli.judge.comparison import Comparison
 from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks, chunks
 from bnbwd_cli.judge.model import ChannelFacts, DiffSrcScale, diff_src_scale
@@ -47,13 +47,19 @@ def upcast(view: np.ndarray, rows: tuple) -> np.ndarray:
 class Output:
     """One judged output. ``given``/``expected``: actual and reference as given ((N, C, S) views for diff_src,
     (C,) for the sums); ``beyond``: the elements beyond K units of the reference (the judge's failures);
-    ``deviation_norm``: ||a - r|| over the elements a share is measured on (``where``)."""
+    ``deviation_norm``: ||a - r|| over the elements a share is measured on (``where``); ``flushed``: the elements the
+    judge let pass as subnormal results flushed to zero (Judging.ftz), left out of every test and fit (None: none)."""
 
     given: np.ndarray
     expected: np.ndarray
     comparison: Comparison
     beyond: np.ndarray
     deviation_norm: float
+    flushed: np.ndarray | None = None
+
+    def kept(self, index=...) -> np.ndarray | bool:
+        """Which elements (of ``index``) a test or fit reads: all but the flushed ones (True when none is)."""
+        return True if self.flushed is None else ~self.flushed[index]
 
     @property
     def failed(self) -> bool:
@@ -247,7 +253,11 @@ def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.n
         s = s_gamma if name == "diff_gamma" else s_beta
         with np.errstate(invalid="ignore", over="ignore"):
             beyond = ~(np.abs(a - r) <= comparison.scaled.max_units * s + ulp_spacing(r, comparison.dtype))
-        observed[name] = Output(a, r, comparison, beyond, _norm(a, r, beyond if beyond.any() else None))
+        flushed = _flushed(a, r, comparison)
+        if flushed is not None:
+            beyond &= ~flushed
+            flushed = flushed if flushed.any() else None
+        observed[name] = Output(a, r, comparison, beyond, _norm(a, r, beyond if beyond.any() else None), flushed)
     case = Case(inputs, facts, view3(inputs.src, fmt), view3(inputs.diff_dst, fmt), gamma, observed, unit, max_units,
                 diff_src_scale(facts, unit, inputs.training))
     if pending is not None:
@@ -273,8 +283,9 @@ class DiffSrcSums:
     ar: np.ndarray
     rr: np.ndarray
 
-    def add(self, a: np.ndarray, r: np.ndarray, d: np.ndarray, x: np.ndarray) -> None:
-        usable = np.isfinite(d) & np.isfinite(x)
+    def add(self, a: np.ndarray, r: np.ndarray, d: np.ndarray, x: np.ndarray, kept: np.ndarray | bool = True) -> None:
+        """One block's a, r, d = a - r and xhat; ``kept``: the elements the line's fit reads (not the flushed)."""
+        usable = np.isfinite(d) & np.isfinite(x) & kept
         if not usable.all():
             d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
         self.count += usable.sum(axis=(0, 2))
@@ -291,6 +302,7 @@ def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Compa
     """diff_src's Output and its per-channel sums: one pass, chunk by chunk, for the elements beyond K units, the
     deviation's norm (||a - r|| over them, or over all when none is: then a second pass) and DiffSrcSums."""
     beyond = np.empty(a3.shape, bool)
+    flushed = np.zeros(a3.shape, bool) if comparison.flushed else None
     squares = 0.0
     k = comparison.scaled.max_units
     sums = DiffSrcSums(*(np.zeros(case.channels) for _ in range(7)))
@@ -302,11 +314,27 @@ def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Compa
             here = beyond[rows]
             np.less_equal(np.abs(difference), k * scale + ulp_spacing(r, comparison.dtype), out=here)
             np.logical_not(here, out=here)
+            kept = True
+            if flushed is not None:
+                flushed[rows] = _flushed(a, r, comparison)
+                here &= ~flushed[rows]
+                kept = ~flushed[rows]
             squares += _squares(difference if here.all() else difference[here])
-            sums.add(a, r, difference, xhat)
+            sums.add(a, r, difference, xhat, kept)
         if not beyond.any():  # the share is measured on every element
             squares = sum(_squares(upcast(a3, rows) - upcast(r3, rows)) for rows in blocks(a3.shape))
-    return Output(a3, r3, comparison, beyond, math.sqrt(squares)), sums
+    flushed = flushed if flushed is not None and flushed.any() else None
+    return Output(a3, r3, comparison, beyond, math.sqrt(squares), flushed), sums
+
+
+def _flushed(a: np.ndarray, r: np.ndarray, comparison: Comparison) -> np.ndarray | None:
+    """The elements the judge let pass as subnormal results flushed to zero: a == 0 where 0 < |r| < the smallest
+    normal of the output's dtype (judge/rules.pass_flushed); None when the judge let none pass so."""
+    if not comparison.flushed:
+        return None
+    below = SMALLEST_NORMAL.get(comparison.dtype, 0.0)
+    reference = np.abs(r)
+    return (a == 0) & (reference > 0) & (reference < below)
 
 
 def _squares(difference: np.ndarray) -> float:

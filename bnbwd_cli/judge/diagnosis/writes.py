@@ -1,5 +1,5 @@
 """Bugs in what reaches memory: channels never written, a sign flipped, a truncating conversion, output or
-inputs with the spatial axes swapped, the other layout.
+inputs with the spatial axes swapped, the other layout (buffers read in it, or diff_src written in its order).
 
 Tested by predicting the whole output under the bug (judge/diagnosis/assess.py), or for
 truncation by its exact signature (every differing element one ulp toward zero).
@@ -7,10 +7,12 @@ truncation by its exact signature (every differing element one ulp toward zero).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
 
+from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, channel_ratio, percent, sixteen_bit_types
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import Prediction
@@ -25,6 +27,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
         yield from _sign_flips(case)
         yield from _spatial(case)
         yield from _layout(case)
+        yield from _written_in_other_layout(case)
     yield from _truncation(case)
 
 
@@ -160,6 +163,45 @@ def _layout(case: Case) -> Iterator[Candidate]:
     yield Candidate("layout-mixup", Prediction(diff_src, moved.diff_gamma, moved.diff_beta),
                     lambda s: f"{said}: explains {percent(s.share)} of the deviation); {names[other]} files: "
                               f"--format {names[other]}")
+
+
+def _written_in_other_layout(case: Case) -> Iterator[Candidate]:
+    """diff_src computed right and written in the other layout's order into this layout's buffer (an NHWC buffer
+    filled in NCHW order): the reference, laid out in the other order, read back in this buffer's shape. Any shape
+    (unlike a buffer read in the other layout, which needs C channels there too)."""
+    fmt, shape = case.inputs.data_format, case.inputs.src.shape
+    if len(shape) < 3 or math.prod(shape[2:] if fmt == "NCX" else shape[1:-1]) < 2:
+        return
+    nd = len(shape)
+    order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
+    reference = case.outputs["diff_src"].expected.reshape(-1)  # (the tensor's buffer in storage order)
+
+    def diff_src(rows: tuple) -> tuple[np.ndarray, None]:
+        # the buffer written is the reference transposed by ``order``, read back in this shape: its element at flat
+        # position f is the transposed tensor's f-th, i.e. the reference's at the index whose order[k]-th entry is
+        # the transposed index's k-th
+        f = _flat_positions(case.shape, rows)
+        moved = np.unravel_index(f, tuple(shape[k] for k in order))
+        index = [None] * nd
+        for k, axis in enumerate(order):
+            index[axis] = moved[k]
+        return to_float64(reference[np.ravel_multi_index(tuple(index), shape)]), None
+
+    names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
+    yield Candidate("layout-mixup", Prediction(diff_src=diff_src),
+                    lambda s: f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right values "
+                              f"at the wrong places (the reference so laid out explains {percent(s.share)} of the "
+                              "deviation)")
+
+
+def _flat_positions(shape: tuple[int, int, int], rows: tuple) -> np.ndarray:
+    """Flat positions (n*C + c)*S + s in the buffer of the elements ``rows`` (slices or index arrays) select of an
+    (N, C, S) view, in the shape view[rows] has."""
+    axes = []
+    for axis, (size, row) in enumerate(zip(shape, rows)):
+        index = np.arange(size)[row] if isinstance(row, slice) else np.asarray(row)
+        axes.append(index.reshape([-1 if k == axis else 1 for k in range(3)]) if isinstance(row, slice) else index)
+    return (axes[0] * shape[1] + axes[1]) * shape[2] + axes[2]
 
 
 def _toward_zero(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
