@@ -115,3 +115,24 @@ def test_the_whole_run_count_is_the_full_tolerances(fmt):
         r_bad = r.copy()
         r_bad.reshape(-1)[3] = np.nan  # a non-finite reference: the full tolerance everywhere
         assert assess_module._beyond(case, rows, (a, a, r_bad), None) == _full_count(case, rows, a, a, r_bad, None)
+
+
+@pytest.mark.parametrize("fmt, shape", [("NCX", (4, 3, 5, 6)), ("NXC", (4, 5, 6, 3)), ("NCX", (2, 3, 7))])
+def test_diff_src_written_in_the_other_layout_is_computed_at_rows(fmt, shape):
+    """writes._written_in_other_layout gathers its prediction at any rows from the reference's buffer: the whole
+    transposed copy's numbers there."""
+    from bnbwd_cli.judge.diagnosis import writes
+    from bnbwd_cli.layout import view3
+
+    problem = zoo.make_problem(np.random.default_rng(1), shape, fmt, np.float32, np.float32)
+    outputs, reference, inputs = bugs.kernel(problem, {"epsilon": 1e-2}), zoo.bnbwd_outputs(problem), zoo.inputs_of(problem)
+    result = compare_sets(outputs, reference, Judging(), inputs=inputs)
+    case = build_case(inputs, channel_facts(inputs), {o.name: (outputs[o.name], reference[o.name], o.comparison)
+                                                      for o in result.outputs})
+    (candidate,) = writes._written_in_other_layout(case)
+    nd = len(shape)
+    order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
+    full = writes._full(case.outputs["diff_src"].reference, shape, fmt)
+    whole = view3(np.ascontiguousarray(full.transpose(order)).reshape(shape), fmt)
+    for rows in [(slice(None),) * 3, screening_sample(case).rows, *blocks(case.shape, 7)[:3]]:
+        assert np.array_equal(candidate.prediction.diff_src(rows)[0], whole[rows])
