@@ -127,6 +127,8 @@ class Entry:
         dy = rng.standard_normal((n, c, h, w)).astype(dt)
         if self.data == "tiny":  # one channel's gradient at subnormal scale (a masked, vanishing gradient)
             dy[:, 3] = (rng.standard_normal((n, h, w)) * 2e-39).astype(F32).astype(dt)
+        if self.data == "small":  # one channel's gradient at 1e-8 scale (normal float32 numbers, far from subnormal)
+            dy[:, 3] = (rng.standard_normal((n, h, w)) * 1e-8).astype(F32).astype(dt)
         if self.data == "smallvar":  # variances near epsilon (a nearly constant channel)
             x = (rng.standard_normal((n, c, h, w)) * 3e-3 + loc[:, None, None]).astype(dt)
         x64 = x.astype(F64)
@@ -1380,6 +1382,17 @@ def k_off_tile(p):
     return _small_off(p, _stored_mask(p, mask), "tile h=16..31 w=16..31")
 
 
+def k_flush_threshold(p):
+    """A hand-written "flush" that zeroes every |diff_src| < 1e-8 (normal numbers, not subnormals: a bug)."""
+    planted = reference_kernel(p)
+    dx = planted.dx.astype(F32)
+    flushed = np.abs(dx) < 1e-8
+    mask = np.zeros(p.shape, bool)
+    mask[:, 3] = True
+    return dataclasses.replace(planted, dx=np.where(flushed, F32(0), dx), region=region_where(p, mask),
+                               what=f"|dx| < 1e-8 flushed ({int(flushed.sum())} elements)")
+
+
 # --- the zoo ----------------------------------------------------------------------------------------------------------
 
 def _variants(name, kind, kernel, specs, correct=False, data="normal"):
@@ -1541,6 +1554,9 @@ def zoo() -> list[Entry]:
     e += _variants("off_channels", "channel tile", k_off_channels, [("f32", "NHWC", L, 186), ("f16", "NCHW", L, 187)])
     e += _variants("off_sample", "sample", k_off_sample, [("f32", "NCHW", L, 188), ("bf16", "NHWC", L, 189)])
     e += _variants("off_tile", "spatial tile", k_off_tile, [("f32", "NHWC", L, 190), ("f16", "NCHW", L, 191)])
+    # flushing
+    e += _variants("ftz_bf16", "correct", k_ftz, [("bf16", "NHWC", S, 192, {"data": "tiny"})], True)
+    e += _variants("flush_threshold", "channel tile", k_flush_threshold, [("f32", "NCHW", S, 193, {"data": "small"})])
     return e
 
 
