@@ -220,7 +220,7 @@ def _search(case: Case, deviation: SumDeviation, parts: tuple[str, ...], written
     if len(found) > 1 and misfits[best[0]] * CLEAR > misfits[best[1]]:
         return  # several subsets fit the sums: the data cannot tell which
     kind, k, sign, _ = found[int(best[0])]
-    yield _candidate(case, hit, shape, kind, k, sign, parts if written else None)
+    yield _candidate(case, hit, shape, (kind, k, sign), parts if written else None)
 
 
 def _distinct(grammar: list[Kind], alive: dict, keep_tails: bool = False) -> list[tuple[Kind, int, float, float]]:
@@ -241,10 +241,11 @@ def _distinct(grammar: list[Kind], alive: dict, keep_tails: bool = False) -> lis
     return found
 
 
-def _candidate(case: Case, hit: np.ndarray, shape: tuple[int, ...], kind: Kind, k: int, sign: float,
+def _candidate(case: Case, hit: np.ndarray, shape: tuple[int, ...], subset: tuple[Kind, int, float],
                written: tuple[str, ...] | None = None) -> Candidate:
-    """The outputs with the subset's sums taken out (or added twice) in the channels hit; ``written``: in those
-    sums as written only (diff_src used the right ones)."""
+    """The outputs with the subset's sums (subset k of a kind, sign -1: taken out, +1: added twice) in the channels
+    hit; ``written``: in those sums as written only (diff_src used the right ones)."""
+    kind, k, sign = subset
     mask = np.asarray(kind.mask(k))
     beta, gamma = np.zeros(case.channels), np.zeros(case.channels)
     for c in map(int, np.flatnonzero(hit)):
