@@ -168,13 +168,18 @@ def describe_triple(case: Case, coefficients: np.ndarray, errors) -> tuple[np.nd
             return (np.array([1.0, m / shown, m / shown]),
                     f"the mean terms divide by M' = {shown}{said} instead of M = {m} (b = c = M/M' = {m / shown:.6g})")
     exact, words = [1.0], []
+    counts = {m / k: f"{what} (M' = {k})" if not what.startswith("M") else what for k, what in counts_of(case).items()}
     for name, value, error in ((TERMS[1], b, one[1]), (TERMS[2], c, one[2])):
         target = nearest(float(value), error, WORDS)
-        if target is None:
-            return None
-        exact.append(target)
-        if WORDS[target]:
+        if target is None:  # one term divided by another count (M-1 in the xhat term only)
+            target = nearest(float(value), error, counts)
+            if target is None:
+                return None
+            words.append(f"the {name} term divides by {counts[target]} instead of M = {m} (its coefficient "
+                         f"M/M' = {target:.6g})")
+        elif WORDS[target]:
             words.append(WORDS[target].format(name))
+        exact.append(target)
     return (np.array(exact), "diff_src: " + "; ".join(words)) if words else None
 
 
@@ -289,6 +294,19 @@ def _per_channel(case: Case) -> Iterator[Candidate]:
             continue
         exact = np.repeat(factor[:, None], 3, axis=1)
         yield from _with_sums(case, exact, f"diff_src has {said} in every channel")
+    for i in (1, 2):  # one term with a factor of its own in every channel (a term missing an invstd: TF's x_offset)
+        others = [j for j in range(3) if j != i]
+        if not np.all(close(coefficients[:, others], (fit.errors[:, others], fit.resolution[:, others]), 1.0)):
+            continue
+        for factor, said in ((invstd, "an extra factor invstd"), (1 / invstd, "lacks a factor invstd"),
+                             (gamma, "an extra factor gamma"), (1 / gamma, "lacks a factor gamma")):
+            if np.allclose(factor, 1.0) or not np.all(close(coefficients[:, i], (fit.errors[:, i], fit.resolution[:, i]),
+                                                            factor)):
+                continue
+            exact = np.ones((case.channels, 3))
+            exact[:, i] = factor
+            verb = "has " if said.startswith("an") else ""
+            yield from _with_sums(case, exact, f"diff_src: the {TERMS[i]} term {verb}{said} in every channel")
     right = np.all(close(coefficients, errors, 1.0), axis=1)
     hit = np.flatnonzero(~right)
     if hit.size == 0 or hit.size == case.channels:
