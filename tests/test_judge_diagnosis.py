@@ -186,3 +186,14 @@ def test_diff_src_written_in_the_other_layout_s_order_is_named(dtype, fmt):
     assert result.status == "mismatch" and _causes(result) == {"layout-mixup"}, [h.text for h in hints]
     assert hints[0].text.startswith(f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right "
                                     "values at the wrong places"), hints[0].text
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_sums_accumulated_in_16_bits_get_no_second_note_saying_so(seed):
+    """float16 data, the sums accumulated in float16 (tools/zoo's accumulate16) and written as float32: the cause is
+    named, and the computed-narrower note (their values are float16 values) would only say it again."""
+    rng = np.random.default_rng(seed)
+    fmt = ("NCX", "NXC")[seed % 2]
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt, (400, 4000)), fmt, np.dtype(np.float16), np.float32)
+    result = _judge(problem, bugs.kernel(problem, {"accumulate16": np.float16}))
+    assert result.status == "mismatch" and _causes(result) == {"16-bit-accumulation"}
