@@ -197,3 +197,17 @@ def test_sums_accumulated_in_16_bits_get_no_second_note_saying_so(seed):
     problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt, (400, 4000)), fmt, np.dtype(np.float16), np.float32)
     result = _judge(problem, bugs.kernel(problem, {"accumulate16": np.float16}))
     assert result.status == "mismatch" and _causes(result) == {"16-bit-accumulation"}
+
+
+@pytest.mark.parametrize("sixteen", ["bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_diff_dst_read_in_16_bits_is_named(sixteen, fmt):
+    """A float32 kernel that rounds diff_dst to bfloat16 or float16 before use (autocast), at a random shape: named
+    with the type (screened on the sample: the deviation less k*(dy16 - dy) leaves only the sums' change)."""
+    rng = np.random.default_rng(zlib.crc32(f"dy16/{sixteen}/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, np.dtype(np.float32), np.float32)
+    result = _judge(problem, bugs.kernel(problem, {"dy16": bugs.DTYPES[sixteen]}))
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    name = {"bf16": "bfloat16", "f16": "float16"}[sixteen]
+    assert result.status == "mismatch" and _causes(result) == {"16-bit-inputs"}, [h.text for h in hints]
+    assert hints[0].text.startswith(f"the kernel read diff_dst rounded to {name} "), hints[0].text

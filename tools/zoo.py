@@ -100,6 +100,7 @@ HOOKS = {
     "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
     "swap_write": "diff_src written with H and W swapped",
+    "dy16": "a 16-bit dtype: diff_dst rounded to it before use (a float32 kernel under autocast)",
     "write_other_layout": "diff_src computed right but written in the other layout's order (NCHW order into an NHWC "
                           "buffer, or the reverse)",
     "epsilon": "this epsilon instead of the given one",
@@ -169,6 +170,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if h.get("swap_read") == "src":
         src = _swap_read(src, fmt)
     x, g = _per_channel(src, read_fmt), _per_channel(dy, read_fmt)
+    if "dy16" in h:  # diff_dst rounded to a 16-bit type before use (autocast)
+        g = g.astype(h["dy16"]).astype(g.dtype)
     mean, invstd = _statistics(problem, x, h)
     gamma = problem["gamma"].astype(F32)
     if "gamma" in h:

@@ -1,6 +1,6 @@
 """Other statistics than the ones given: variance and invstd confused, an unbiased variance, another
 epsilon, the kernel's own batch statistics, a mean or invstd kept in bfloat16/float16; gamma shifted by a
-channel, ignored, or applied twice.
+channel, ignored, or applied twice; diff_dst read rounded to bfloat16/float16.
 
 Each is a recomputation of the outputs with those statistics (kernels.backward_with), tested as a whole
 (case.assess). bnbwd knows src and the mean, so it also checks what the `variance` input holds: a
@@ -60,6 +60,41 @@ def candidates(case: Case) -> Iterator[Candidate]:
     yield from _sixteen_bit_statistics(case)
     if "diff_src" in case.outputs and case.outputs["diff_src"].suspicious:
         yield from _gamma(case)
+        yield from _sixteen_bit_diff_dst(case)
+
+
+def _sixteen_bit_diff_dst(case: Case) -> Iterator[Candidate]:
+    """diff_dst rounded to bfloat16 or float16 before use (a float32 kernel under autocast, a gradient kept in 16
+    bits): screened on diff_src's sample first, where the deviation less k*(dy16 - dy) must leave only a constant and
+    a multiple of xhat per channel (the sums' change) within the tolerance; only a survivor is recomputed in full."""
+    if case.inputs.diff_dst.dtype.itemsize <= 2 or not case.inputs.training:
+        return
+    out, sample = case.outputs["diff_src"], case.sample
+    rows = sample.rows
+    k = case.facts.scale[None, :, None]
+    d = sample.actual - sample.reference
+    xhat = case.xhat[rows]
+    tolerance = out.comparison.scaled.max_units * sample.scale
+    for name, dtype in sixteen_bit_types():
+        dy = case.dy[rows]
+        with np.errstate(over="ignore", invalid="ignore"):
+            left = d - k * (dy.astype(dtype).astype(np.float64) - dy)
+        if not np.all(np.isfinite(left)) or np.linalg.norm(left) > 0.5 * np.linalg.norm(d):
+            continue
+        # per channel, the least-squares constant and slope in xhat (the sums' change), then what is left
+        x0, l0 = xhat - xhat.mean(axis=2, keepdims=True), left - left.mean(axis=2, keepdims=True)
+        slope = np.sum(x0 * l0, axis=2, keepdims=True) / np.maximum(np.sum(x0 * x0, axis=2, keepdims=True), 1e-300)
+        residual = l0 - slope * x0
+        if np.count_nonzero(np.abs(residual) > tolerance) > out.comparison.allowed_mismatches:
+            continue
+        rounded = np.empty(case.dy.shape)
+        for part in chunks(case.dy.shape):
+            with np.errstate(over="ignore", invalid="ignore"):
+                rounded[part] = case.dy[part].astype(dtype).astype(np.float64)
+        yield Candidate("16-bit-inputs", backward_with(case, Ingredients(dy=rounded)),
+                        lambda s, name=name: f"the kernel read diff_dst rounded to {name} (a float32 kernel under "
+                                             f"autocast, or a gradient kept in {name}); recomputed with it: explains "
+                                             f"{percent(s.share)} of the deviation")
 
 
 def _variance_invstd(case: Case) -> Iterator[Candidate]:
