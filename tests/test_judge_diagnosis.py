@@ -211,3 +211,23 @@ def test_diff_dst_read_in_16_bits_is_named(sixteen, fmt):
     name = {"bf16": "bfloat16", "f16": "float16"}[sixteen]
     assert result.status == "mismatch" and _causes(result) == {"16-bit-inputs"}, [h.text for h in hints]
     assert hints[0].text.startswith(f"the kernel read diff_dst rounded to {name} "), hints[0].text
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_samples_reduced_in_groups_are_named(dtype, fmt):
+    """diff_src from the sums of each of G groups of samples alone (a data-parallel batch norm without its
+    all-reduce), the weight gradients whole; G = N: per-sample statistics. Random shapes and group counts."""
+    rng = np.random.default_rng(zlib.crc32(f"groups/{dtype}/{fmt}".encode()))
+    n = int(rng.choice([4, 6, 8]))
+    shape = bugs.random_shape(rng, fmt, (200, 800))
+    shape = (n, *shape[1:])
+    problem = zoo.make_problem(rng, shape, fmt, bugs.DTYPES[dtype], np.float32)
+    for groups in (int(rng.choice([g for g in (2, 3, 4) if n % g == 0])), n):
+        result = _judge(problem, bugs.kernel(problem, {"sample_groups": groups}))
+        hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+        assert result.status == "mismatch" and _causes(result) == {"sample-group-sums"}, [h.text for h in hints]
+        size = n // groups
+        words = (f"diff_src used the sums of each group of {size} samples alone ({groups} groups" if size > 1 else
+                 "diff_src used each sample's own sums")
+        assert hints[0].text.startswith(words), hints[0].text

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import (fitted_statistics, own_outputs, params, reductions, statistics, subsets, terms,
-                                       writes)
+from bnbwd_cli.judge.diagnosis import (fitted_statistics, groups, own_outputs, params, reductions, statistics,
+                                       subsets, terms, writes)
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.case import Assessment, Case, assess, build_case
 from bnbwd_cli.judge.model import ChannelFacts
@@ -51,6 +51,7 @@ def _candidates(case: Case) -> Iterator[Candidate]:
     yield from subsets.candidates(case)
     yield from statistics.candidates(case)
     yield from params.candidates(case)
+    yield from groups.candidates(case)
 
 
 def diagnose(inputs, facts: ChannelFacts,
