@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction, chunks
+from bnbwd_cli.judge.diagnosis.case import Case, Prediction
 
 MAX_GROUPS = 64  # group counts tried, at most (the divisors of N up to it)
 
