@@ -30,7 +30,7 @@ def as_array(name: str, value: Any) -> np.ndarray:
     with __array__ (NumPy, JAX, TensorFlow), anything with __dlpack__, or what np.asarray takes (lists)."""
     try:
         if type(value).__module__.split(".")[0] == "torch" and "torch" in sys.modules:
-            return _from_torch(value)
+            return from_torch(value)
         if hasattr(value, "__array__") or not hasattr(value, "__dlpack__"):
             return np.asarray(value)
         return np.from_dlpack(value)
@@ -39,7 +39,7 @@ def as_array(name: str, value: Any) -> np.ndarray:
         raise InputError(f"{name}: not an array ({type(value).__name__}: {detail})") from None
 
 
-def _from_torch(tensor: Any) -> np.ndarray:
+def from_torch(tensor: Any) -> np.ndarray:
     """A torch tensor on the host, its values as they are: requires_grad and device (a GPU's is copied) do not
     matter, non-contiguous strides are kept, bfloat16 comes as its 16-bit patterns viewed as bfloat16."""
     torch = sys.modules["torch"]
