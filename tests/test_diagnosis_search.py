@@ -80,3 +80,32 @@ def test_correct_kernels_get_no_hint_from_the_searches(dtype):
         problem = zoo.make_problem(np.random.default_rng(30 + seed), shape, "NCX", bugs.DTYPES[dtype], np.float32)
         result = _judge(problem, bugs.correct(problem))
         assert result.status == "pass" and not _hints(result)
+
+
+PACKED = [(param, dtype, fmt) for param in ("mean invstd", "invstd elementwise", "invstd") for dtype in ("f32", "bf16")
+          for fmt in ("NCX", "NXC")]
+
+
+@pytest.mark.parametrize("param, dtype, fmt", PACKED, ids=["-".join(p).replace(" ", "+") for p in PACKED])
+def test_statistics_read_together_or_in_the_elementwise_pass_only_are_named(param, dtype, fmt):
+    """The mean and invstd read at one wrong index together (a packed array of statistics), invstd read at c XOR 1
+    by the elementwise pass alone (the halves of a float2 load swapped; the sums use the right one), at random
+    shapes and index maps: the cause, the map and which statistics, in words."""
+    rng = np.random.default_rng(zlib.crc32(f"packed/{param}/{dtype}/{fmt}".encode()))
+    shape = bugs.random_shape(rng, fmt, (400, 3000))
+    c = 2 * int(rng.integers(3, 9))
+    shape = (shape[0], c, *shape[2:]) if fmt == "NCX" else (*shape[:-1], c)
+    problem = zoo.make_problem(rng, shape, fmt, bugs.DTYPES[dtype], np.float32)
+    if rng.random() < 0.5 or param == "invstd":
+        index, words = np.arange(c) ^ 1, "c XOR 1 (neighbouring channels swapped in pairs)"
+    else:
+        k = int(rng.integers(2, c // 2))
+        index, words = (np.arange(c) + k) % c, f"c+{k} (wrapped around)"
+    result = _judge(problem, bugs.kernel(problem, {"read_at": (param, index)}))
+    hints = _hints(result)
+    said = {"mean invstd": "the mean and invstd (both) read at the wrong channel: the kernel used mean and invstd",
+            "invstd elementwise": "in the elementwise pass only (the sums use the right one), read at the wrong "
+                                  "channel: the kernel used invstd",
+            "invstd": "invstd (or the variance it comes from) read at the wrong channel: the kernel used invstd"}[param]
+    assert result.status == "mismatch" and {h.cause for h in hints} == {"parameter-misread"}, [h.text for h in hints]
+    assert f"{said}[{words}] for channel c" in hints[0].text, hints[0].text

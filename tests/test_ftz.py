@@ -100,3 +100,102 @@ def test_the_api(case):
     assert "flushed" not in bnbwd_cli.check(case["outputs"], **inputs).text
     with pytest.raises(bnbwd_cli.InputError, match="ftz is"):
         bnbwd_cli.check(case["flushed"], ftz="no", **inputs)
+
+
+@pytest.mark.parametrize("bug", ["scaled", "unbiased"])
+def test_the_diagnosis_leaves_flushed_elements_out(case, bug):
+    """A buggy kernel built with FTZ: its flushed subnormals (channel 0) pass and must not stop the diagnosis from
+    naming the bug in the other channels (before, a flushed element read as a miss of every hypothesis:
+    "no tested hypothesis ... fails in every channel")."""
+    inputs = dict(case["inputs"], epsilon=1e-5, data_format="NCHW")
+    if bug == "scaled":
+        outputs = {k: (v.astype(np.float64) * (1 + 1e-4)).astype(np.float32) for k, v in case["outputs"].items()}
+        words = "every output is scaled by 1+0.0001"
+    else:
+        m = case["outputs"]["diff_src"].size // 3
+        variance = (case["inputs"]["variance"].astype(np.float64) * m / (m - 1)).astype(np.float32)
+        outputs = {k: np.array(v) for k, v in bnbwd_cli.backward(**dict(inputs, variance=variance)).items()}
+        words = f"an unbiased variance (divided by M-1 = {m - 1}, not M)"
+    src = outputs["diff_src"]
+    outputs["diff_src"] = np.where(case["flushed"]["diff_src"] == 0, np.float32(0), src)
+    report = bnbwd_cli.check(outputs, **inputs)
+    diff_src = next(o for o in report.result.outputs if o.name == "diff_src").comparison
+    assert report.status == "mismatch" and diff_src.flushed == case["count"]
+    assert [h.text for h in diff_src.diagnosis if words in h.text], diff_src.diagnosis
+
+
+def test_the_sums_bias_fit_leaves_flushed_elements_out():
+    """vector_bias: channels whose reference is subnormal, written as 0 (a -100% error, weighed by a subnormal's
+    tiny ulp) are no bias once left out; a 0 where the reference is normal still is."""
+    from bnbwd_cli.judge.bias import vector_bias
+
+    rng = np.random.default_rng(7)
+    reference = rng.uniform(0.5, 2.0, 64) * rng.choice([-1.0, 1.0], 64)
+    reference[:8] *= float(TINY) / 4  # subnormal float32 values
+    actual = reference.copy()
+    actual[:8] = 0.0
+    noise = np.maximum(np.abs(reference) * 2.0**-24, 2.0**-150)
+    unit = 2.0**-24
+    assert vector_bias(actual, reference, noise, unit).significant
+    assert not vector_bias(actual, reference, noise, unit, flushed_below=float(TINY)).significant
+    actual[8] = 0.0  # a normal reference written as 0
+    assert vector_bias(actual, reference, noise, unit, flushed_below=float(TINY)).significant
+
+
+# --- subnormal inputs read as zero (DAZ): judge/daz.py --------------------------------------------------------------
+
+
+def _daz_problem(dtype: str, layout: str, seed: int = 11):
+    """Inputs whose channel 1 diff_dst is float32-subnormal (~1e-39: its sum ~1e-37 is normal) and a few src
+    values subnormal; the kernel is bnbwd's backward of the inputs with every subnormal read as zero, its subnormal
+    results written as zero (a correct float32 kernel built with x86 fast math)."""
+    from bnbwd_cli.dtypes import dtype_from_name
+
+    kind = dtype_from_name(dtype)
+    fmt = "NCX" if layout == "NCHW" else "NXC"
+    shape = (4, 3, 6, 5) if fmt == "NCX" else (4, 6, 5, 3)
+    inputs = make_inputs(np.random.default_rng(seed), shape, fmt, dtype=np.float32)
+    channel = (slice(None), 1) if fmt == "NCX" else (Ellipsis, 1)
+    inputs["diff_dst"][channel] = np.abs(inputs["diff_dst"][channel]) * np.float32(1e-39)  # one sign: normal sums
+    inputs["src"].reshape(-1)[:3] = np.float32(3e-39)
+    inputs = {k: (v.astype(kind) if k in ("src", "diff_dst") else v) for k, v in inputs.items()}
+    settings = dict(epsilon=1e-5, data_format=layout)
+    tiny = float(np.finfo(np.float32).tiny)
+    read = {k: (np.where(np.abs(v.astype(np.float32)) < tiny, 0, v).astype(v.dtype) if k != "beta" else v)
+            for k, v in inputs.items()}
+    outputs = {k: np.array(v) for k, v in bnbwd_cli.backward(**read, **settings).items()}
+    subnormal = {"f32": tiny, "bf16": tiny, "f16": 2.0**-14}[dtype]
+    outputs = {k: np.where(np.abs(v.astype(np.float32)) < subnormal, 0, v).astype(v.dtype) for k, v in outputs.items()}
+    return inputs, outputs, settings
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_kernel_reading_subnormal_inputs_as_zero_passes_with_a_note(dtype, layout):
+    inputs, outputs, settings = _daz_problem(dtype, layout)
+    ieee = bnbwd_cli.check(outputs, **inputs, **settings, ftz=False)
+    assert ieee.status == "mismatch"  # against the inputs as given: diff_gamma and diff_beta of c=1 are 0, not ~1e-37
+    report = bnbwd_cli.check(outputs, **inputs, **settings)
+    assert report.status == "pass", report.text
+    counts = {o.name: o.comparison.read_as_zero for o in report.result.outputs}
+    failed = {o.name: o.comparison.mismatches for o in ieee.result.outputs}  # (those include the flushed results)
+    assert counts["diff_beta"] == failed["diff_beta"] == 1 and all(counts[k] <= failed[k] for k in counts), counts
+    assert "of subnormal inputs read as zero (DAZ; judged against the inputs so flushed): allowed" in report.text
+    assert "ftz=False to fail them" in report.text
+
+
+def test_daz_through_the_cli_and_a_buggy_daz_kernel_still_fails(tmp_path):
+    inputs, outputs, settings = _daz_problem("f32", "NCHW")
+    bundle = save_bundle(tmp_path / "in.npz", inputs, epsilon=1e-5, data_format="NCHW")
+    np.savez(tmp_path / "daz.npz", **outputs)
+    brief = bnbwd("run", "-q", bundle, "--reference", tmp_path / "daz.npz", "--brief")
+    assert brief.returncode == 0, brief.stdout + brief.stderr
+    assert "of subnormal inputs read as zero (DAZ; judged against the inputs so flushed): allowed; --no-ftz to fail" \
+        in brief.stdout
+    document = json.loads(bnbwd("run", "-q", bundle, "--reference", tmp_path / "daz.npz", "--json", "-").stdout)
+    assert {o["name"]: o["comparison"]["read_as_zero"] > 0 for o in document["outputs"]}["diff_beta"]
+    assert bnbwd("run", "-q", bundle, "--reference", tmp_path / "daz.npz", "--no-ftz", "--brief").returncode == 1
+    buggy = dict(outputs, diff_src=outputs["diff_src"] * np.float32(1.01))
+    np.savez(tmp_path / "buggy.npz", **buggy)
+    failed = bnbwd("run", "-q", bundle, "--reference", tmp_path / "buggy.npz", "--brief")
+    assert failed.returncode == 1 and "DAZ" not in failed.stdout, failed.stdout

@@ -171,3 +171,18 @@ def test_every_cause_is_documented():
     assert len(causes) >= 20, causes
     docs = (root / "docs" / "tolerances.md").read_text()
     assert not [c for c in causes if f"`{c}`" not in docs]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_diff_src_written_in_the_other_layout_s_order_is_named(dtype, fmt):
+    """diff_src computed right and written in the other layout's order (an NHWC buffer filled in NCHW order), at
+    random shapes: the right values at the wrong places, said so (not "no relation to these inputs")."""
+    rng = np.random.default_rng(zlib.crc32(f"written-layout/{dtype}/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    result = _judge(problem, bugs.kernel(problem, {"write_other_layout": True}))
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
+    assert result.status == "mismatch" and _causes(result) == {"layout-mixup"}, [h.text for h in hints]
+    assert hints[0].text.startswith(f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right "
+                                    "values at the wrong places"), hints[0].text

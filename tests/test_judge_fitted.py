@@ -219,6 +219,21 @@ def test_every_output_scaled_alike_is_said_with_its_factor():
     assert {h.cause for h in hints} == {"fitted-terms"} and "every output is scaled by 1+0.0001" in hints[0].text, hints
 
 
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_a_float64_kernel_scaled_alike_is_said_with_its_factor(fmt):
+    """float64 outputs times 1 + 3e-6: the three terms' fitted coefficients carry ~1e-12 of noise, hundreds of
+    float64 units on the output, so the one scale is fitted directly against the reference (terms._whole_scale)."""
+    rng = np.random.default_rng(zlib.crc32(f"scaled-f64/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, np.float64, np.float64)
+    truth = _truth(problem)
+    scale = 1 + float(rng.choice([3e-6, -2e-5, 7e-4]))
+    outputs = {k: v * scale for k, v in truth.items()}
+    hints = _hints(_judge(problem, outputs))
+    assert {h.cause for h in hints} == {"fitted-terms"}, hints
+    said = _number(hints[0].text, r"every output is scaled by 1([-+][0-9.]+(?:e[-+][0-9]+)?)")  # 1+3e-06: 1 + 3e-06
+    assert said == pytest.approx(scale - 1, rel=0.01), hints[0].text
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_correct_kernels_get_no_fitted_hint(dtype):
     rng = np.random.default_rng(zlib.crc32(f"correct-fitted/{dtype}".encode()))

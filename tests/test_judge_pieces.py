@@ -165,3 +165,101 @@ def test_compiled_regression_sums_are_the_numpy_sums_bit_for_bit(non_finite: boo
             result = sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, Judging(threads=threads), inputs=op)
             rows.append(repr(result.outputs[0]) + repr(result.outputs[0].comparison.details))
     assert rows[1:] == rows[:-1]
+
+
+def _unmoved_problems():
+    """(op, diff_src reference) of small problems where a fit's decisions vary: f32/bf16/f16 in both layouts,
+    coarse diff_dst, a channel whose diff_dst is constant (r a multiple of xhat: collinear) and a tiny M."""
+    import ml_dtypes
+
+    from bnbwd_cli.op import Op
+
+    rng = np.random.default_rng(31)
+    for dtype in (np.float32, ml_dtypes.bfloat16, np.float16):
+        for data_format in ("NCX", "NXC"):
+            for shape in ((6, 5, 40), (2, 9, 3)):
+                full = shape if data_format == "NCX" else (shape[0], shape[2], shape[1])
+                src = (rng.standard_normal(full) * 2 + 0.5).astype(dtype)
+                dy = np.round(rng.standard_normal(full) * 2).astype(dtype)  # coarse: few distinct values
+                channels = (slice(None), 1) if data_format == "NCX" else (slice(None), slice(None), 1)
+                dy[channels] = 1  # constant over a channel
+                axes = (0, 2) if data_format == "NCX" else (0, 1)
+                stats = src.astype(np.float32)
+                op = Op(src, dy, stats.mean(axes), stats.var(axes), rng.uniform(0.5, 1.5, shape[1]).astype(np.float32),
+                        epsilon=1e-5, data_format=data_format)
+                yield op, reference_outputs(op, ("diff_src",), threads=1)["diff_src"]
+
+
+def test_an_unmoved_outputs_fit_is_the_exact_sums_fit() -> None:
+    """diff_src equal to the reference bit for bit (and finite): the regression's unmoved sums (counts exact, the
+    other sums in any order) give each channel's scale and stderr bit for bit as the exact sums do, the channels
+    that cannot be fitted (collinear, tiny) included; a moved or non-finite output is not unmoved."""
+    seen_unfitted = False
+    for op, reference in _unmoved_problems():
+        name = {2: "bf16" if "bfloat16" in str(reference.dtype) else "f16", 4: "f32"}[reference.dtype.itemsize]
+        assert diff_src._unmoved(reference.copy(), reference)
+        exact = diff_src._regression_pass(reference.copy(), reference, op, name).fit()
+        unmoved = diff_src._unmoved_pass(reference.copy(), reference, op, name).fit()
+        assert unmoved is not None
+        assert exact.scale.tobytes() == unmoved.scale.tobytes() and exact.stderr.tobytes() == unmoved.stderr.tobytes()
+        seen_unfitted |= bool(np.isnan(exact.scale).any())
+        moved = reference.copy()
+        moved.reshape(-1).view(f"u{moved.itemsize}")[7] += 1  # one ULP (bf16 has no nextafter)
+        nan = reference.copy()
+        nan.reshape(-1)[3] = np.nan
+        assert not diff_src._unmoved(moved, reference) and not diff_src._unmoved(nan, nan.copy())
+        assert not diff_src._unmoved(reference.copy()[::-1], reference[::-1])  # not contiguous: not looked at
+    assert seen_unfitted  # (the problems do reach fit's refusals)
+
+
+@pytest.mark.parametrize("decided", [True, False])  # False: every unmoved fit is undecided, the exact sums decide
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_unmoved_output_is_judged_as_by_the_exact_sums(decided: bool, threads: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole judgement of an unmoved diff_src (every number, the bias fit's included) is the one the exact sums
+    give, with one thread and two; an undecided unmoved fit falls back to a pass of exact sums."""
+    op, reference = next(_unmoved_problems())
+    passes = []
+    for name in ("_unmoved_pass", "_regression_pass"):
+        def counted(*args, _name=name, _function=getattr(diff_src, name), **kwargs):
+            passes.append(_name)
+            return _function(*args, **kwargs)
+
+        monkeypatch.setattr(diff_src, name, counted)
+
+    def judged(unmoved: bool) -> str:
+        monkeypatch.setattr(diff_src, "_unmoved", lambda a, r: unmoved)
+        result = sets.compare_sets({"diff_src": reference.copy()}, {"diff_src": reference}, Judging(threads=threads),
+                                   inputs=op)
+        assert result.outputs[0].comparison.bias is not None
+        return repr(result.outputs[0]) + repr(result.outputs[0].comparison.details)
+
+    exact = judged(False)
+    assert passes == ["_regression_pass"] * (threads > 1)  # (one thread: the judging pass regresses its pieces)
+    passes.clear()
+    if not decided:
+        monkeypatch.setattr(bias, "_decided", lambda *args: False)
+    assert judged(True) == exact
+    assert passes == ["_unmoved_pass"] + ["_regression_pass"] * (not decided)
+
+
+def test_unmoved_sums_decide_only_far_from_each_threshold() -> None:
+    """bias._decided: a determinant or a resolution ratio within the two orders' rounding of its threshold, or a
+    sum that is not finite, is undecided; far from them, decided; channels not checked do not count."""
+    count = 1000.0
+    gram = np.tile(np.diag([count, 50.0, 40.0]), (3, 1, 1))
+    norms = np.sqrt(np.diagonal(gram, axis1=1, axis2=2))
+    checked = np.array([True, True, False])
+    ulp_squares = np.full(3, 1e-6)
+    far = np.array([0.5, 0.9, bias.COLLINEAR])  # the unchecked channel sits on the threshold: not looked at
+    assert bias._decided(gram, norms, far, ulp_squares, checked)
+    near = far.copy()
+    near[1] = bias.COLLINEAR * (1 + 1e-9)
+    assert not bias._decided(gram, norms, near, ulp_squares, checked)
+    at_resolution = ulp_squares.copy()
+    at_resolution[0] = (norms[0, 2] / bias.RESOLUTION) ** 2
+    assert not bias._decided(gram, norms, far, at_resolution, checked)
+    overflowing = gram.copy()
+    overflowing[0, 1, 2] = overflowing[0, 2, 1] = np.inf
+    assert not bias._decided(overflowing, norms, far, ulp_squares, checked)
+    assert bias._decided(gram, norms, far, ulp_squares, np.zeros(3, bool))

@@ -123,10 +123,17 @@ def test_run_reference_reports_the_same_with_one_thread_and_two(cli, tmp_path, m
     np.savez(tmp_path / "in.npz", **{name: getattr(inputs, name) for name in names})
     np.savez(tmp_path / "kernel.npz", **actual)
     started = []
-    regression_pass = diff_src._regression_pass
-    monkeypatch.setattr(diff_src, "_regression_pass", lambda *args, stop: started.append(1) or regression_pass(*args, stop=stop))
+    for name in ("_regression_pass", "_unmoved_pass"):  # (an unmoved output's regression: the second)
+        def recording(*args, stop=None, _name=name, _function=getattr(diff_src, name)):
+            started.append((_name, stop is not None))  # (a thread's pass is given its stop event)
+            return _function(*args, stop=stop)
+
+        monkeypatch.setattr(diff_src, name, recording)
     results = [cli("run", tmp_path / "in.npz", "--epsilon", "1e-5", "--format", "NCX", "-q", "--threads", threads,
                    "--reference", tmp_path / "kernel.npz", "--json", "-") for threads in ("1", "2")]
     assert results[0].exit_code == results[1].exit_code == (0 if change == "none" else 1), results[0].stderr
     assert results[0].stdout == results[1].stdout
-    assert started == [1]
+    if change == "none":  # one thread: a pass of its own after the judging pass; two: on the second thread
+        assert started == [("_unmoved_pass", False), ("_unmoved_pass", True)]
+    else:
+        assert started == [("_regression_pass", True)]

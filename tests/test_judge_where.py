@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge.heat_map import heat_map
-from bnbwd_cli.judge.where import Coordinates, _Failures, index_ranges, indices_text, localize
+from bnbwd_cli.judge.where import Coordinates, Where, _Failures, index_ranges, indices_text, localize
 
 NCX, NXC = ("n", "c", "h", "w"), ("n", "h", "w", "c")
 SEEDS = range(12)
@@ -263,3 +263,44 @@ def test_a_stride_across_channels_last_says_both(offset):
     assert where.kind == "axes" and where.axes == (("c", tuple((c, c) for c in range(offset, 128, 32))),)
     assert where.text == (f"c={offset}, {offset + 32}, ..., {offset + 96} (every 32nd) only (4 of 128 channels); "
                           f"all n, h, w; also every 32nd element in storage order, offset {offset}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_sign_of_the_errors_is_said_when_one_sided(seed):
+    """with_sign: all on one side -> "all above/below the reference"; at least ONE_SIGN -> its percent; fewer: no
+    words; the count is kept either way."""
+    from bnbwd_cli.judge.where import ONE_SIGN, with_sign
+
+    rng = np.random.default_rng(seed)
+    failing = int(rng.integers(10, 1000))
+    base = Where("axes", "c=3 only (1 of 8 channels); all n, h, w", failing, failing, failing)
+    side = ("above", "below")[seed % 2]
+    one = failing if side == "above" else 0
+    assert with_sign(base, one).text == f"{base.text}; all {side} the reference" and with_sign(base, one).above == one
+    most = int(np.ceil(ONE_SIGN * failing)) + 1
+    if most < failing:
+        said = with_sign(base, most if side == "above" else failing - most)
+        assert said.text == f"{base.text}; {100 * most / failing:.3g}% {side} the reference", said.text
+    half = failing // 2
+    assert with_sign(base, half).text == base.text and with_sign(base, half).above == half
+
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_failures_over_the_whole_tensor_say_how_many_not_a_buffer_range(seed):
+    """Nearly every element failing, spread at random (or all but the buffer's two ends): "all but N of the M
+    elements", not "the last M elements of the buffer" nor "elements 1..M-2"; most of them: their share."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(3, 9, size=4))
+    where = Coordinates(shape, ("n", "c", "h", "w"), 1)
+    size = math.prod(shape)
+    mask = np.ones(shape, bool)
+    mask.reshape(-1)[[0, size - 1]] = False
+    found = localize(mask, where)
+    assert (found.kind, found.text) == ("most", f"all but 2 of the {size} elements")
+    share = float(rng.uniform(0.6, 0.8))
+    mask = rng.random(shape) < share
+    found = localize(mask, where)
+    failing = int(mask.sum())
+    assert found.kind == "most" and found.covered == failing and found.region == size
+    assert found.text == f"{100 * failing / size:.3g}% of the {size} elements, spread over the whole tensor"

@@ -203,6 +203,7 @@ def test_json_schema_pinned():
         "mismatch_fraction": "float",
         "allowed_mismatches": "int",
         "flushed_to_zero": "int",
+        "read_as_zero": "int",
         "max_abs": {"value": "float", "index": ["int"], "where": "str"},
         "max_rel": {"value": "float", "index": ["int"], "where": "str"},
         "max_ulp": {"value": "float", "index": ["int"], "where": "str"},
@@ -221,7 +222,8 @@ def test_json_schema_pinned():
         "inf": {"actual": "int", "reference": "int", "mismatches": "int"},
         "nonfinite": {"mismatches": "int", "first": [], "nan_channels": [], "where": "NoneType"},
         "where": {"kind": "str", "text": "str", "failing": "int", "covered": "int", "region": "int", "axes": {},
-                  "start": "NoneType", "stop": "NoneType", "period": "NoneType", "lanes": []},
+                  "start": "NoneType", "stop": "NoneType", "period": "NoneType", "lanes": [], "above": "int",
+                  "below": "int"},
         "heat_map": {"channels": [["int"]], "positions": [["int"]], "failing": [["int"]], "elements": [["int"]]},
         "axis_names": ["str"],
         "channel_axis": "int",
@@ -268,4 +270,4 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     assert loaded["nonfinite"] == {"mismatches": 1, "first": [{"index": [0], "where": "(0)"}], "nan_channels": [],
                                    "where": {"kind": "elements", "text": "1 element: dim0=0", "failing": 1, "covered": 1,
                                              "region": 1, "axes": {}, "start": None, "stop": None, "period": None,
-                                             "lanes": []}}
+                                             "lanes": [], "above": None, "below": None}}

@@ -60,6 +60,30 @@ def test_run_reference_places_the_failures_in_every_form(cli, problem):
                for o in json.loads(correct.stdout)["outputs"])
 
 
+def test_the_errors_sign_is_said_when_one_sided_and_not_when_mixed(cli, problem):
+    """Rows h>=4 lowered by 1% of their size (every error negative) read "all below the reference" in every form,
+    with the counts in JSON; the same rows scaled by 1.01 (diff_src takes both signs: errors both ways) add no
+    words but the counts."""
+    directory, bundle, _, grads = problem
+
+    def lowered(outputs):
+        d = outputs["diff_src"]
+        d[:, :, 4:] -= np.float32(0.01) * np.abs(d[:, :, 4:]) + np.float32(1e-3)
+
+    kernel = _kernel(directory, "lowered", grads, lowered)
+    words = "where: h=4..5 only (2 of 6 rows); all n, c, w; all below the reference"
+    assert words in cli("run", bundle, "-q", "--reference", kernel).stdout
+    assert f"  {words}" in cli("run", bundle, "-q", "--reference", kernel, "--brief").stdout.splitlines()
+    document = json.loads(cli("run", bundle, "-q", "--reference", kernel, "--json", "-").stdout)
+    where = next(o for o in document["outputs"] if o["name"] == "diff_src")["comparison"]["where"]
+    assert where["above"] == 0 and where["below"] == where["failing"] > 0
+    mixed = json.loads(cli("run", bundle, "-q", "--reference", _kernel(directory, "rows", grads, _rows), "--json",
+                           "-").stdout)
+    where = next(o for o in mixed["outputs"] if o["name"] == "diff_src")["comparison"]["where"]
+    assert where["text"] == "h=4..5 only (2 of 6 rows); all n, c, w"
+    assert 0 < where["above"] < where["failing"] and where["above"] + where["below"] == where["failing"]
+
+
 def test_a_nan_leads_run_reference_verify_and_check(cli, problem, tmp_path):
     directory, bundle, inputs, grads = problem
     kernel = _kernel(directory, "nan", grads, _nan)
@@ -138,6 +162,9 @@ def test_planted_patterns_are_placed_through_the_api(dtype, layout, pattern):
     document = json.loads(report.to_json())
     where = next(o for o in document["outputs"] if o["name"] == "diff_src")["comparison"]["where"]
     assert where["text"].startswith(words) and where["covered"] == where["failing"] == c.finite_mismatches
+    # every spoiled element is 1.0 too large: the errors' sign is said and counted
+    assert where["text"].endswith("; all above the reference") and where["above"] == where["failing"]
+    assert where["below"] == 0
 
 
 def test_save_error_writes_every_element_s_judgement_in_the_output_s_shape(cli, problem, tmp_path):

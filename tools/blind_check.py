@@ -28,6 +28,7 @@ import argparse
 import collections
 import concurrent.futures
 import dataclasses
+import importlib
 import json
 import re
 import resource
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.blind_zoo import Entry, zoo
+from tools.blind_zoo import Entry
 
 ROOT = Path(__file__).resolve().parent.parent
 NEUTRAL = {"unexplained", "not-diagnosed", "ambiguous"}  # answers that name no cause
@@ -320,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="also print the rates as a markdown table")
     parser.add_argument("--write", nargs=2, metavar=("DIR", "NAME"), help="write one entry's .npz files and stop")
     parser.add_argument("--draws", type=int, default=0, help="also run each entry with this many other seeds")
+    parser.add_argument("--zoo", default="tools.blind_zoo", help="the module whose zoo() to run (another blind set)")
     args = parser.parse_args(argv)
-    entries = redrawn(zoo(), args.draws)
+    entries = redrawn(importlib.import_module(args.zoo).zoo(), args.draws)
     if args.write:
         folder, name = Path(args.write[0]), args.write[1]
         (entry,) = [e for e in entries if e.name == name]

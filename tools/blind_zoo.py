@@ -16,6 +16,7 @@ that the whole zoo runs through the CLI in a few minutes on 2 cores.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 import ml_dtypes
@@ -126,6 +127,8 @@ class Entry:
         dy = rng.standard_normal((n, c, h, w)).astype(dt)
         if self.data == "tiny":  # one channel's gradient at subnormal scale (a masked, vanishing gradient)
             dy[:, 3] = (rng.standard_normal((n, h, w)) * 2e-39).astype(F32).astype(dt)
+        if self.data == "small":  # one channel's gradient at 1e-8 scale (normal float32 numbers, far from subnormal)
+            dy[:, 3] = (rng.standard_normal((n, h, w)) * 1e-8).astype(F32).astype(dt)
         if self.data == "smallvar":  # variances near epsilon (a nearly constant channel)
             x = (rng.standard_normal((n, c, h, w)) * 3e-3 + loc[:, None, None]).astype(dt)
         x64 = x.astype(F64)
@@ -201,6 +204,13 @@ def masked_sums(p: Problem, keep: np.ndarray):
 
 def region_where(p: Problem, logical_mask: np.ndarray) -> np.ndarray:
     return p.stored(np.broadcast_to(logical_mask, p.shape))
+
+
+def number_words(x: float) -> str:
+    """A regex for x as a hint may print it: 3 or 4 significant digits or 2 to 4 decimals, trailing zeros dropped,
+    never a bare integer (1.0004 is not "1")."""
+    forms = {f"{x:.{d}g}" for d in (3, 4)} | {f"{x:.{d}f}".rstrip("0") for d in (2, 3, 4)}
+    return "|".join(re.escape(f) + r"(?!\d)" for f in sorted(forms) if "." in f and not f.endswith("."))
 
 
 def to16(a, dtype):
@@ -996,7 +1006,7 @@ def k_xhat_term_m_minus_1(p):
     db, dg = sums(p)
     m = p.m
     return Planted(elementwise(p, db, dg, terms=(1, 1, m / (m - 1))), dg, db, causes=("fitted-terms",),
-                   words=rf"M.?1|M-1|M − 1|{m / (m - 1):.3f}", what="M-1 in the xhat term")
+                   words=r"M.?1|M-1|M − 1|" + number_words(m / (m - 1)), what="M-1 in the xhat term")
 
 
 def k_no_xhat_term(p):
@@ -1197,7 +1207,7 @@ def k_dgamma_unbiased_invstd(p):
     _, dg_u = sums(p, invstd=unb)
     factor = float(np.sqrt((p.m - 1) / p.m))
     return Planted(elementwise(p, db, dg), dg_u, db, causes=("fitted-terms", "unbiased-variance"),
-                   words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1", what="diff_gamma with the unbiased invstd")
+                   words=r"M.?1|M-1|" + number_words(factor), what="diff_gamma with the unbiased invstd")
 
 
 def k_syncbn_no_allreduce(p):
@@ -1275,7 +1285,7 @@ def k_front_invstd_unbiased(p):
     unb = invstd_of((p.var.astype(F64) * p.m / (p.m - 1)).astype(F32))
     dx = elementwise(p, db, dg) * ch(unb / invstd)
     factor = float(np.sqrt((p.m - 1) / p.m))
-    return Planted(dx, dg, db, causes=("fitted-terms",), words=rf"{factor:.4f}|{factor:.3f}|M.?1|M-1",
+    return Planted(dx, dg, db, causes=("fitted-terms",), words=r"M.?1|M-1|" + number_words(factor),
                    what="front invstd unbiased")
 
 
@@ -1370,6 +1380,17 @@ def k_off_tile(p):
     mask = np.zeros(p.shape, bool)
     mask[:, :, 16:32, 16:32] = True
     return _small_off(p, _stored_mask(p, mask), "tile h=16..31 w=16..31")
+
+
+def k_flush_threshold(p):
+    """A hand-written "flush" that zeroes every |diff_src| < 1e-8 (normal numbers, not subnormals: a bug)."""
+    planted = reference_kernel(p)
+    dx = planted.dx.astype(F32)
+    flushed = np.abs(dx) < 1e-8
+    mask = np.zeros(p.shape, bool)
+    mask[:, 3] = True
+    return dataclasses.replace(planted, dx=np.where(flushed, F32(0), dx), region=region_where(p, mask),
+                               what=f"|dx| < 1e-8 flushed ({int(flushed.sum())} elements)")
 
 
 # --- the zoo ----------------------------------------------------------------------------------------------------------
@@ -1533,6 +1554,9 @@ def zoo() -> list[Entry]:
     e += _variants("off_channels", "channel tile", k_off_channels, [("f32", "NHWC", L, 186), ("f16", "NCHW", L, 187)])
     e += _variants("off_sample", "sample", k_off_sample, [("f32", "NCHW", L, 188), ("bf16", "NHWC", L, 189)])
     e += _variants("off_tile", "spatial tile", k_off_tile, [("f32", "NHWC", L, 190), ("f16", "NCHW", L, 191)])
+    # flushing
+    e += _variants("ftz_bf16", "correct", k_ftz, [("bf16", "NHWC", S, 192, {"data": "tiny"})], True)
+    e += _variants("flush_threshold", "channel tile", k_flush_threshold, [("f32", "NCHW", S, 193, {"data": "small"})])
     return e
 
 

@@ -144,14 +144,21 @@ def partial_reduction(rng, problem, m):
 
 def param_misread(rng, problem, m):
     """gamma, the mean or invstd of channel c read at another index: shifted by k (wrapped or clamped; gamma
-    by 2 or more: gamma[c±1] is gamma-off-by-one's), reversed, or a stride. "_words": the map the hint names."""
+    by 2 or more: gamma[c±1] is gamma-off-by-one's), reversed, a stride, or c XOR 2^j (a vector load's halves
+    swapped); the mean and invstd both (a packed array of statistics); invstd in the elementwise pass only.
+    "_words": the map the hint names."""
     c = problem["mean"].shape[0]
     if c < 4:
         return None
-    param = str(rng.choice(["gamma", "mean", "invstd"]))
-    kind = str(rng.choice(["wrapped", "clamped", "reversed", "stride"]))
+    param = str(rng.choice(["gamma", "mean", "invstd", "mean invstd", "invstd elementwise"]))
+    kind = str(rng.choice(["wrapped", "clamped", "reversed", "stride", "xor"] if c % 2 == 0 else
+                          ["wrapped", "clamped", "reversed", "stride"]))
     index = np.arange(c)
-    if kind == "wrapped":
+    said = {"mean invstd": "mean and invstd", "invstd elementwise": "invstd"}.get(param, param)
+    if kind == "xor":
+        k = int(rng.choice([2**j for j in range(8) if c % 2 ** (j + 1) == 0]))
+        index, words = index ^ k, f"c XOR {k}" if 2 * k < c else f"c+{k} (wrapped around)"  # (c XOR C/2: a shift)
+    elif kind == "wrapped":
         k = int(rng.integers(2, c - 1))
         shift = k if k <= c // 2 else k - c
         index, words = (index + k) % c, f"c{shift:+d} (wrapped around)"
@@ -169,7 +176,9 @@ def param_misread(rng, problem, m):
             return None
         s = int(rng.choice(strides))
         index, words = index * s % c, f"c*{s} mod {c}"
-    return Bug("param-misread", "parameter-misread", {"read_at": (param, index), "_words": f"{param}[{words}"})
+    if param == "invstd elementwise":  # said before the map
+        said = "in the elementwise pass only (the sums use the right one), read at the wrong channel: the kernel used invstd"
+    return Bug("param-misread", "parameter-misread", {"read_at": (param, index), "_words": f"{said}[{words}"})
 
 
 def param_axis(rng, problem, m):
@@ -241,11 +250,14 @@ def spatial_swap(rng, problem, m):
 
 
 def layout_mixup(rng, problem, m):
-    """NHWC buffers read as NCHW or the reverse; needs C equal to the axis read as channels."""
+    """NHWC buffers read as NCHW or the reverse (needs C equal to the axis read as channels), or diff_src computed
+    right and written in the other layout's order (any shape)."""
     shape, fmt = problem["src"].shape, problem["data_format"]
     c = problem["mean"].shape[0]
-    if len(shape) != 4 or (shape[1] if fmt == "NXC" else shape[-1]) != c:
-        return None
+    if rng.random() < 0.5 or len(shape) != 4 or (shape[1] if fmt == "NXC" else shape[-1]) != c:
+        names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
+        words = f"diff_src was written in {names[0]} order into the {names[1]} buffer"
+        return Bug("layout-written", "layout-mixup", {"write_other_layout": True, "_words": words})
     return Bug("layout-mixup", "layout-mixup", {"read_format": "NCX" if fmt == "NXC" else "NXC"})
 
 

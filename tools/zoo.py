@@ -100,6 +100,8 @@ HOOKS = {
     "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
     "swap_write": "diff_src written with H and W swapped",
+    "write_other_layout": "diff_src computed right but written in the other layout's order (NCHW order into an NHWC "
+                          "buffer, or the reverse)",
     "epsilon": "this epsilon instead of the given one",
     "own_stats": "the batch's own mean and variance (float64) instead of the given ones",
     "invstd_given": "the variance input used as invstd (right when the inputs hold invstd)",
@@ -132,7 +134,8 @@ HOOKS = {
     "written_as": "output -> the other sum's name: that sum written in its place",
     "dropped": "channel -> share: a random share of that channel's elements left out of both sums (diff_src uses "
                "those sums)",
-    "read_at": "(param, index): gamma, mean or invstd of channel c read at index[c] ((C,) ints)",
+    "read_at": "(param, index): gamma, mean, invstd or 'mean invstd' (both) of channel c read at index[c] ((C,) "
+               "ints); 'invstd elementwise': invstd read there by the elementwise pass only",
     "param_axis": "(param, axis): gamma or mean indexed by that axis of a channel's (N, *spatial) elements",
     "subset": "(mask, twice, channels): the (M,) bool mask of each channel's elements in storage order left out of "
               "the sums (twice: counted twice), in those channels (None: all)",
@@ -169,10 +172,14 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if "gamma" in h:
         gamma = {"ignored": np.ones_like(gamma), "twice": gamma * gamma, "next": np.roll(gamma, -1),
                  "previous": np.roll(gamma, 1)}[h["gamma"]]
+    elementwise_invstd = None  # invstd misread in the elementwise pass only (the sums use the right one)
     if "read_at" in h:
         param, index = h["read_at"]
-        gamma, mean, invstd = (v[index] if name == param else v for name, v in
-                               (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
+        if param == "invstd elementwise":
+            elementwise_invstd = invstd[index]
+        else:
+            gamma, mean, invstd = (v[index] if name in param.split() else v for name, v in
+                                   (("gamma", gamma), ("mean", mean), ("invstd", invstd)))
     mean_at, k = mean[:, None], (gamma * invstd)[:, None]
     if "param_axis" in h:  # a per-channel value taken element by element along another axis
         param, axis = h["param_axis"]
@@ -197,6 +204,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     written_gam = (gam * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
     if h.get("sums_in_src"):
         beta, gam_src = written_beta, written_gam
+    if elementwise_invstd is not None:
+        xhat, k = (x - mean_at) * elementwise_invstd[:, None], (gamma * elementwise_invstd)[:, None]
     diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
@@ -206,6 +215,10 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     diff_src_out = _from_per_channel(written, src, read_fmt)
     if h.get("swap_write"):
         diff_src_out = _swap_write(diff_src_out, fmt)
+    if h.get("write_other_layout"):  # the buffer filled in the other layout's order (its own shape kept)
+        nd = diff_src_out.ndim
+        order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
+        diff_src_out = np.ascontiguousarray(diff_src_out.transpose(order)).reshape(diff_src_out.shape)
     beta, gam = written_beta, written_gam
     if h.get("sum_as_mean"):
         beta = beta / F32(x.shape[1])

@@ -65,12 +65,15 @@ class ChannelRegression:
     """
 
     def __init__(self, channels: int, dtype: str, scratch: Scratch | None = None, elements: int = 0,
-                 flushed_below: float = 0.0) -> None:
+                 flushed_below: float = 0.0, unmoved: bool = False) -> None:
         """``elements``: how many the regression will sum (runtime.numba_judging decides from it whether the
         pieces' sums run compiled, judge/numba_sums.py: the same numbers). ``flushed_below`` > 0: an actual 0 where
         the reference is below it (a subnormal flushed to zero, which the judge lets pass: Judging.ftz) is left
-        out, as a non-finite element is, not read as a deviation."""
+        out, as a non-finite element is, not read as a deviation. ``unmoved``: the output equals the reference bit
+        for bit, every element finite (fed by add_unmoved: see there)."""
         self.flushed_below = flushed_below
+        self.unmoved = unmoved
+        self.undecided = False  # (unmoved) a decision add_unmoved's sums cannot make: fit() gives None
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
@@ -78,7 +81,7 @@ class ChannelRegression:
         self.dtype = dtype
         # A block's d and the actual output's ULP spacing; a piece's bins by both keys (2, size) and products.
         self.scratch = Scratch() if scratch is None else scratch
-        self.compiled = _compiled_sums() if runtime.numba_judging(elements) else None
+        self.compiled = _compiled_sums() if not unmoved and runtime.numba_judging(elements) else None
 
     def add(self, xhat: np.ndarray, reference: np.ndarray, actual: np.ndarray, diff_dst: np.ndarray,
             channels: slice) -> None:
@@ -103,12 +106,41 @@ class ChannelRegression:
         self._add_sums(block, channels)
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", block.spacing, block.spacing)
 
+    def add_unmoved(self, values: PieceValues, channels: slice) -> None:
+        """One (n, c, s) piece of channels ``channels`` of an output equal to its reference bit for bit, every
+        element finite (the caller's promise; d = 0 everywhere). There every channel's fit is scale 0 and stderr 0
+        whatever the sums of x and r (the X'd sums are +0: beta is +0, every score 0); the sums only decide which
+        channels can be fitted (fit's ``ok``). So the counts per cluster are summed exactly (integers) and the
+        other sums per channel in any order (einsum, not one scattered sum each), and fit() checks that no
+        decision lies within those sums' rounding of its threshold (else it gives None: the exact sums then). A
+        non-finite xhat (left out by the exact sums) makes the fit undecided too."""
+        x, r = values.xhat, values.reference
+        if not np.isfinite(x).all():
+            self.undecided = True
+            return
+        bins = self.scratch.get("bins", (2, *r.shape), INT64)
+        for key, out in zip((values.diff_dst, r), bins):
+            cluster_of(key, out=out.view(np.uint64))
+        width = channels.stop - channels.start
+        bins += np.arange(width)[:, None] * CLUSTERS  # (the piece's own channels, from 0)
+        for clustering, ids in enumerate(bins.reshape(2, -1)):
+            self.cross[clustering, channels, :, 0] += np.bincount(ids, None, width * CLUSTERS).reshape(width, CLUSTERS)
+        totals = [np.einsum("ncs->c", x), np.einsum("ncs->c", r), np.einsum("ncs,ncs->c", x, x),
+                  np.einsum("ncs,ncs->c", x, r), np.einsum("ncs,ncs->c", r, r)]
+        self.cross[:, channels, 0, 1:6] += np.stack(totals, axis=1)
+        spacing = _spacing(values.actual, None, self.dtype, self.scratch.get("spacing", r.shape))
+        self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+
     def _add_sums(self, block: BlockSums, channels: slice) -> None:
         c = block.sums.shape[2] // CLUSTERS
         self.cross[:, channels] += block.sums.transpose(0, 2, 1).reshape(2, c, CLUSTERS, 9)
         self.dd[channels] += np.einsum("ncs,ncs->c", block.difference, block.difference)
 
-    def fit(self) -> ChannelFit:
+    def fit(self) -> ChannelFit | None:
+        """The channels' fits; None when the regression is unmoved (add_unmoved) and its sums cannot decide
+        which channels can be fitted: the caller then sums exactly."""
+        if self.undecided:
+            return None
         totals = self.cross[0].sum(axis=1)
         gram = _symmetric(totals[:, :6])
         rhs = totals[:, 6:]
@@ -119,7 +151,10 @@ class ChannelRegression:
         ok = (count >= MIN_ELEMENTS) & np.all(norms > 0, axis=1)
         # r nearly a multiple of xhat (diff_dst constant over the channel: diff_src is -k*xhat*
         # diff_gamma/M) confounds scale with slope, a sum error with a scaling bug: no estimate.
-        ok &= np.abs(np.linalg.det(np.where(ok[:, None, None], unit_gram, np.eye(3)))) > COLLINEAR
+        determinant = np.abs(np.linalg.det(np.where(ok[:, None, None], unit_gram, np.eye(3))))
+        if self.unmoved and not _decided(gram, norms, determinant, self.ulp_squares, ok):
+            return None
+        ok &= determinant > COLLINEAR
         # The output's resolution must show r's variation: where the actual values' spacing is
         # not well below r's spread (a large correct sum error moved every element to one
         # value), rounding makes d = -r exactly and a scale says nothing.
@@ -143,6 +178,27 @@ class ChannelRegression:
             rms_r = norms[:, 2] / np.sqrt(np.maximum(count, 1))
         nan = np.where(ok, 1.0, np.nan)
         return ChannelFit(beta[:, 0] * nan, beta[:, 1] * nan, beta[:, 2] * nan, stderr * nan, rms * nan, rms_x, rms_r)
+
+
+def _decided(gram: np.ndarray, norms: np.ndarray, determinant: np.ndarray, ulp_squares: np.ndarray,
+             checked: np.ndarray) -> bool:
+    """Whether sums formed in another order than the exact ones' (ChannelRegression.add_unmoved) make fit's
+    decisions as the exact sums would, in the channels ``checked`` (count and norms already decided: integers, and
+    sums of squares that are 0 in any order or none): every sum finite and far from overflowing, the determinant
+    and r's norm against its resolution each farther from its threshold than the two orders can differ. Two
+    orders of M terms differ by at most 2*M*u*sum|t| (u = 2**-53); for the unit Gram matrix's entries (correlations,
+    by Cauchy-Schwarz) that is at most 4*M*u each, for its determinant at most 48*M*u: 64*M*u is the margin."""
+    if not checked.any():
+        return True
+    entries = gram[checked]
+    if not (np.isfinite(entries).all() and np.abs(entries).max() < 2.0**1000):
+        return False
+    gamma = (float(gram[checked, 0, 0].max()) + 1024) * 2.0**-53
+    margin = 64 * gamma + 2.0**-40
+    if np.any(np.abs(determinant[checked] - COLLINEAR) <= margin):
+        return False
+    resolution = RESOLUTION * np.sqrt(ulp_squares[checked])
+    return not np.any(np.abs(norms[checked, 2] - resolution) <= margin * norms[checked, 2])
 
 
 @dataclass(frozen=True)
@@ -359,14 +415,19 @@ def pooled_bias(scale: np.ndarray, stderr: np.ndarray, unit: float) -> Bias | No
 
 
 def vector_bias(actual: np.ndarray, reference: np.ndarray, noise: np.ndarray, unit: float,
-                systematic: np.ndarray | None = None) -> Bias | None:
+                systematic: np.ndarray | None = None, flushed_below: float = 0.0) -> Bias | None:
     """One scale over the channels of a (C,) output: actual ~ (1 + scale) * reference, noise = its sd.
 
     ``systematic``: per-channel errors a correct kernel may make *in the same direction* on every
     channel (a float32 accumulator's correlated roundings, judge/model.py); a scale up to
-    SYSTEMATIC_UNITS times what they would fit to is not a deviation.
+    SYSTEMATIC_UNITS times what they would fit to is not a deviation. ``flushed_below`` > 0: an actual 0 where
+    the reference is below it (a subnormal flushed to zero, which the judge lets pass: Judging.ftz) is left out,
+    as ChannelRegression leaves it out of diff_src's fit (its noise is the subnormal's tiny ulp: a -100% error
+    there would weigh as a bias).
     """
     usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & (reference != 0)
+    if flushed_below > 0:
+        usable &= ~((actual == 0) & (np.abs(reference) < flushed_below))
     if usable.sum() < MIN_CHANNELS:
         return None
     r, d, w = reference[usable], actual[usable] - reference[usable], 1.0 / noise[usable] ** 2

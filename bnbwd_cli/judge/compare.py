@@ -29,7 +29,7 @@ from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors,
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
 from bnbwd_cli.judge.heat_map import heat_map
-from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, localize
+from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, localize, with_sign
 from bnbwd_cli.scratch import Scratch
 
 __all__ = ["Accumulator", "Coordinates", "Setup", "compare_arrays", "log_histogram", "FixedRule", "ScaledRule"]
@@ -117,6 +117,8 @@ class _DetailStats:
             nonfinite = masks.nonfinite.reshape(shape) if masks.nonfinite is not None else None
             finite_failing = failing if nonfinite is None else failing & ~nonfinite
             where = localize(finite_failing, coordinates)
+            if where is not None:  # the errors' sign (the finite failures', so a and r are comparable there)
+                where = with_sign(where, _above(actual, reference, finite_failing))
             nonfinite_where = localize(nonfinite, coordinates) if nonfinite is not None else None
             picture = heat_map(failing, coordinates.channel_axis)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
@@ -131,6 +133,13 @@ class _DetailStats:
             return np.zeros(shape, dtype=bool) if mask is None else mask.reshape(shape)
         return ElementErrors(whole(masks.failing), whole(masks.nonfinite), masks.ratio.reshape(shape),
                              None if masks.units is None else masks.units.reshape(shape))
+
+
+def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> int:
+    """How many elements of ``mask`` have an actual value above the reference (compared in float64: any dtype)."""
+    flat = np.flatnonzero(mask.reshape(-1))
+    a, r = actual.reshape(-1)[flat], reference.reshape(-1)[flat]
+    return int(np.count_nonzero(to_float64(a) > to_float64(r)))
 
 
 class Accumulator:

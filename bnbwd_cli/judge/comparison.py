@@ -147,6 +147,9 @@ class Comparison:
     # elements that passed as subnormal results flushed to zero (Judging.ftz); out of the repr, which
     # bench/judge_bits hashes (0 for every kernel there)
     flushed: int = field(default=0, repr=False)
+    # elements that failed against the inputs as given and pass against them with their subnormals read as zero
+    # (DAZ, judge/daz.py: the whole run passes that way; Judging.ftz); out of the repr as ``flushed``
+    read_as_zero: int = field(default=0, repr=False)
 
     @property
     def details(self) -> Details:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnbwd_cli import layout
-from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.dtypes import SMALLEST_NORMAL, to_float64, ulp_spacing
 from bnbwd_cli.errors import ExitCode
 from bnbwd_cli.judge import hints as hint_rules
 from bnbwd_cli.judge.bias import vector_bias
@@ -118,7 +118,8 @@ def _judge_sum(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Channe
     noise = scale + ulp_spacing(r64, state.dtype) / 2
     sys_beta, sys_gamma = facts.systematic(state.rule.scaled.unit)
     systematic = sys_gamma if output == "diff_gamma" else sys_beta
-    bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic)
+    flushed_below = SMALLEST_NORMAL[state.dtype] if job.judging.ftz else 0.0  # (flushed subnormals pass: Judging.ftz)
+    bias = vector_bias(a64, r64, noise, state.rule.scaled.unit, systematic, flushed_below)
 
     def errors_of():  # every element's judgement: the same pass, keeping it (--save-error, Report.errors)
         keeping = job.keeping_errors().accumulator(a, r, inputs, output)

@@ -45,7 +45,8 @@ _UNIT = {"n": "samples", "c": "channels", "h": "rows", "w": "columns", "d": "pla
 class Where:
     """One description of where the failing elements sit.
 
-    ``kind``: "all", "axes", "range", "period", "reduction", "elements" or "scattered" (nothing simple covers them).
+    ``kind``: "all", "most" (failures spread over the whole tensor), "axes", "range", "period", "reduction",
+    "elements" or "scattered" (nothing simple covers them).
     ``failing``: the failing elements; ``covered``: those inside the description; ``region``: the elements it names.
     ``axes``: per restricted axis its name and inclusive index ranges (kind axes, and the box of a range).
     ``start``/``stop``: the flat range [start, stop) (kind range) or the range of each channel's reduction order
@@ -62,6 +63,7 @@ class Where:
     period: int | None = None
     lanes: tuple[tuple[int, int], ...] = ()
     complexity: int = 0  # index ranges the description takes (how simple it is: fewer wins)
+    above: int | None = None  # of the failing elements, those whose actual value is above the reference (with_sign)
 
     @property
     def exact(self) -> bool:
@@ -396,6 +398,16 @@ def _scattered(failing: int, where: Coordinates, counts: list[np.ndarray]) -> Wh
     return Where("scattered", text, failing, failing, math.prod(shape), complexity=99)
 
 
+def _most(failing: int, size: int) -> Where:
+    """Failures spread over the whole tensor: how many of its elements fail (a range "from the first to the last
+    element", or lanes 1..862 of every 864, would name the whole buffer in more words)."""
+    if failing >= NEARLY_ALL * size:
+        text = f"all but {size - failing} of the {size} elements"
+    else:
+        text = f"{100 * failing / size:.3g}% of the {size} elements, spread over the whole tensor"
+    return Where("most", text, failing, failing, size, complexity=1)
+
+
 _ORDER = ("elements", "axes", "range", "reduction", "period")
 
 
@@ -423,9 +435,31 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     if not accepted:
         return _scattered(failing, where, counts)
     best = min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
+    if best.kind in ("range", "period", "reduction") and best.region >= TIGHT * size:
+        return _most(failing, size)  # a range or lanes that name (nearly) the whole buffer say no more than this
     period = next((w for w in accepted if w.kind == "period" and w.exact and w.complexity == 1), None)
     if best.kind == "axes" and period is not None:  # a stride across the channels: both are true, say both
         best = replace(best, text=f"{best.text}; also {period.text}")
     if best.covered < failing:  # say that some are elsewhere
         best = replace(best, text=f"{best.text} ({failing - best.covered} of the {failing} elsewhere)")
     return best
+
+
+ONE_SIGN = 0.9  # share of the failures on one side of the reference that is said ("97% below the reference")
+
+
+def with_sign(where: Where, above: int) -> Where:
+    """``where`` with the sign of its failing elements' errors: how many lie above the reference, and in words when
+    all or nearly all (ONE_SIGN) lie on one side (an error all one way is a bias, a lost or doubled share, a missing
+    term; one that goes both ways is noise, a misread or a wrong sign). Mixed signs add no words."""
+    below = where.failing - above
+    share = max(above, below) / where.failing if where.failing else 0.0
+    side = "above" if above >= below else "below"
+    if share == 1.0:
+        words = f"; all {side} the reference" if where.failing > 1 else f"; {side} the reference"
+    elif share >= ONE_SIGN:
+        words = f"; {100 * share:.3g}% {side} the reference"
+    else:
+        words = ""
+    return replace(where, text=where.text + words, above=above)
+

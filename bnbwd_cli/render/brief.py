@@ -133,11 +133,19 @@ def brief_line(output: OutputResult) -> str:
 
 
 def flush_note(output: OutputResult) -> str | None:
-    """The note on subnormal results flushed to zero that passed (judge/rules.pass_flushed), or None."""
-    n = 0 if output.comparison is None else output.comparison.flushed
-    if not n:
+    """The note on subnormal results flushed to zero that passed (judge/rules.pass_flushed) and on results of
+    subnormal inputs read as zero (judge/daz.py), or None."""
+    c = output.comparison
+    flushed, read = (0, 0) if c is None else (c.flushed, c.read_as_zero)
+    said = []
+    if flushed:
+        said.append(f"{flushed} subnormal result{'s' if flushed != 1 else ''} flushed to zero")
+    if read:
+        said.append(f"{read} result{'s' if read != 1 else ''} of subnormal inputs read as zero (DAZ; judged against "
+                    "the inputs so flushed)")
+    if not said:
         return None
-    return f"{n} subnormal result{'s' if n != 1 else ''} flushed to zero: allowed; --no-ftz to fail them"
+    return " and ".join(said) + ": allowed; --no-ftz to fail them"
 
 
 def phrase(text: str, face: str) -> str:

@@ -107,12 +107,14 @@ def units_unbounded(c: Comparison) -> bool:
 def where_json(where: Where | None) -> dict[str, Any] | None:
     """A localization (judge/where.py): its kind and words, how many failing elements it covers of how many, how
     many elements it names, and its parts (axes' inclusive ranges; a flat or reduction-order range [start, stop);
-    a period and its lanes' inclusive ranges)."""
+    a period and its lanes' inclusive ranges), and of the failing elements how many lie above and below the
+    reference (None for the non-finite ones)."""
     if where is None:
         return None
     return {"kind": where.kind, "text": where.text, "failing": where.failing, "covered": where.covered,
             "region": where.region, "axes": {name: [list(r) for r in ranges] for name, ranges in where.axes},
-            "start": where.start, "stop": where.stop, "period": where.period, "lanes": [list(r) for r in where.lanes]}
+            "start": where.start, "stop": where.stop, "period": where.period, "lanes": [list(r) for r in where.lanes],
+            "above": where.above, "below": None if where.above is None else where.failing - where.above}
 
 
 def heat_map_json(picture: HeatMap | None) -> dict[str, Any] | None:
@@ -154,6 +156,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "mismatch_fraction": finite(c.mismatch_fraction),
         "allowed_mismatches": c.allowed_mismatches,
         "flushed_to_zero": c.flushed,  # subnormal results written as 0 that passed (--no-ftz fails them)
+        "read_as_zero": c.read_as_zero,  # elements that pass only with the subnormal inputs read as 0 (DAZ)
         "max_abs": _located(c.max_abs, c.axis_names),
         "max_rel": _located(c.max_rel, c.axis_names),
         "max_ulp": _located(c.max_ulp, c.axis_names),

@@ -53,7 +53,7 @@ def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for part in chunks(out.actual.shape):  # (case.chunks: no whole-tensor temporaries)
         d = out.actual[part] - out.reference[part]
         x = case.xhat[part]
-        usable = np.isfinite(d) & np.isfinite(x)
+        usable = np.isfinite(d) & np.isfinite(x) & out.kept(part)
         if not usable.all():
             d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
         n += usable.sum(axis=(0, 2))
@@ -70,7 +70,8 @@ def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         for part in pieces:
             d = out.actual[part] - out.reference[part]
             x = case.xhat[part]
-            residual = np.where(np.isfinite(d) & np.isfinite(x), d - offset[:, None] - slope[:, None] * x, 0.0)
+            residual = np.where(np.isfinite(d) & np.isfinite(x) & out.kept(part), d - offset[:, None] - slope[:, None] * x,
+                                0.0)
             squares += np.einsum("ncs,ncs->c", residual, residual)
         rms = np.sqrt(squares / np.maximum(n - 2, 1))
     bad = (n < 3) | ~(np.abs(det) > 0)

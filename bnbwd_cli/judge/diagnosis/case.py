@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_from_name, to_float64, ulp_spacing
+from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_from_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.model import ChannelFacts, diff_src_scale
 from bnbwd_cli.judge.comparison import Comparison
@@ -48,6 +48,12 @@ class Output:
     reference: np.ndarray
     comparison: Comparison
     beyond: np.ndarray | None = None  # elements beyond K units of the reference (the judge's failures)
+    # elements the judge let pass as subnormal results flushed to zero (Judging.ftz): left out of every test and fit
+    flushed: np.ndarray | None = None
+
+    def kept(self, index=...) -> np.ndarray | bool:
+        """Which elements (of ``index``) a test or fit reads: all but the flushed ones (True when none is)."""
+        return True if self.flushed is None else ~self.flushed[index]
 
     @property
     def failed(self) -> bool:
@@ -157,6 +163,17 @@ def _float64(array: np.ndarray, parts: list[slice]) -> np.ndarray:
     return out
 
 
+def _flushed(a: np.ndarray, r: np.ndarray, comparison: Comparison) -> np.ndarray | None:
+    """The elements the judge let pass as subnormal results flushed to zero: a == 0 where 0 < |r| < the smallest
+    normal of the output's dtype (judge/rules.pass_flushed); None when there are none."""
+    below = SMALLEST_NORMAL.get(comparison.dtype, 0.0)
+    flushed = np.zeros(a.shape, bool)
+    for part in chunks(a.shape) if a.ndim == 3 else [slice(None)]:
+        reference = np.abs(r[part])
+        flushed[part] = (a[part] == 0) & (reference > 0) & (reference < below)
+    return flushed if flushed.any() else None
+
+
 def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.ndarray, np.ndarray, Comparison]]) -> Case:
     """float64 views of the inputs and outputs; ``outputs``: name -> (actual, reference, comparison)."""
     fmt = inputs.data_format
@@ -188,7 +205,10 @@ def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.n
             s = s_gamma if name == "diff_gamma" else s_beta
             with np.errstate(invalid="ignore", over="ignore"):
                 beyond = ~(np.abs(a - r) <= comparison.scaled.max_units * s + ulp_spacing(r, comparison.dtype))
-        observed[name] = Output(a, r, comparison, beyond)
+        flushed = _flushed(a, r, comparison) if comparison.flushed else None
+        if flushed is not None:
+            beyond &= ~flushed
+        observed[name] = Output(a, r, comparison, beyond, flushed)
     return Case(inputs, facts, x, dy, xhat, gamma, observed, unit, max_units, scale)
 
 
@@ -281,7 +301,7 @@ def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None
     out = case.outputs[name]
     if name != "diff_src":
         with np.errstate(invalid="ignore", over="ignore"):
-            beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra))
+            beyond = ~(np.abs(out.actual - p) <= _tolerance(case, name, p, out.reference, extra)) & out.kept()
         return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
     count = 0
     elementwise = extra is not None and np.shape(extra) == p.shape
@@ -289,7 +309,7 @@ def within(case: Case, name: str, p: np.ndarray, extra: np.ndarray | None = None
         with np.errstate(invalid="ignore", over="ignore"):
             tolerance = _tolerance(case, name, p[part], out.reference[part], extra[part] if elementwise else extra,
                                    case.src_scale[part])
-            count += int(np.count_nonzero(~(np.abs(out.actual[part] - p[part]) <= tolerance)))
+            count += int(np.count_nonzero(~(np.abs(out.actual[part] - p[part]) <= tolerance) & out.kept(part)))
         if count > out.comparison.allowed_mismatches:
             return False
     return True
@@ -324,7 +344,7 @@ def screened(case: Case, prediction: Prediction) -> bool:
     sample = case.sample
     with np.errstate(invalid="ignore", over="ignore"):
         tolerance = _tolerance(case, "diff_src", p, sample.reference, extra, sample.scale) * (1 + SCREEN_SLACK)
-        beyond = ~(np.abs(sample.actual - p) <= tolerance)
+        beyond = ~(np.abs(sample.actual - p) <= tolerance) & out.kept(sample.rows)
     return int(np.count_nonzero(beyond)) <= out.comparison.allowed_mismatches
 
 
@@ -351,6 +371,8 @@ def _bias_left(case: Case, name: str, p: np.ndarray):
     # d = a - p against the reference's basis, p rounded to the output's grid as a and r are (else every
     # element carries p's distance to the grid, noise that a - r does not have)
     shifted = out.actual - rounded(p, out.comparison.dtype) + out.reference
+    if out.flushed is not None:  # a flushed subnormal passed: no deviation there
+        shifted = np.where(out.flushed, out.reference, shifted)
     if name == "diff_src":
         regression = ChannelRegression(case.channels, out.comparison.dtype)
         with np.errstate(invalid="ignore", over="ignore"):

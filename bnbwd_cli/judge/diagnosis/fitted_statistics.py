@@ -82,7 +82,7 @@ def _sample(case: Case) -> _Sample:
     src = case.outputs["diff_src"]
     actual, xhat, dy = src.actual[rows], case.xhat[rows], case.dy[rows]
     noise = case.src_scale[rows] + rounding(src.actual[rows], src.reference[rows], src.comparison.dtype)
-    usable = np.isfinite(actual) & np.isfinite(xhat) & np.isfinite(dy) & (noise > 0)
+    usable = np.isfinite(actual) & np.isfinite(xhat) & np.isfinite(dy) & (noise > 0) & src.kept(rows)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
     actual, xhat, dy = (np.where(usable, v, 0.0) for v in (actual, xhat, dy))
     per_channel = usable.sum(axis=(0, 2))
@@ -115,7 +115,8 @@ def fit_statistics(case: Case) -> StatisticsFit | None:
     g_actual = g
     if gamma_out is not None:
         g_noise = case.sum_scale("diff_gamma") + ulp_spacing(gamma_out.reference, gamma_out.comparison.dtype) / 2
-        g_weight = np.where(np.isfinite(gamma_out.actual) & (g_noise > 0), 1.0 / np.maximum(g_noise, 1e-300) ** 2, 0.0)
+        g_weight = np.where(np.isfinite(gamma_out.actual) & (g_noise > 0) & gamma_out.kept(),
+                            1.0 / np.maximum(g_noise, 1e-300) ** 2, 0.0)
         g_actual = np.where(np.isfinite(gamma_out.actual), gamma_out.actual, 0.0)
     eps, delta = np.zeros(case.channels), np.zeros(case.channels)
     for _ in range(ITERATIONS):  # Gauss-Newton on the (C,) 2x2 normal equations

@@ -2,7 +2,10 @@
 channel c taken from another index, or indexed by another axis of the same length.
 
 The index maps tried: a shift by k (wrapped around, or clamped at the ends), the channels reversed, a stride
-(c*s mod C, s coprime to C), and a grouping of the channels as (a, C/a) read transposed. Each map predicts
+(c*s mod C, s coprime to C), c XOR 2^j (the halves of a vector load swapped), and a grouping of the channels as
+(a, C/a) read transposed. The mean and invstd may be read there together (an off-by-one into a packed array of
+statistics), and invstd in the elementwise pass alone (the sums computed with the right one): there diff_src's
+per-channel terms are a = b = rho, c = rho^2 with rho = invstd[π]/invstd (terms.fit_terms, one triple a channel). Each map predicts
 something cheap to check first: gamma[π]/gamma is the ratio of diff_src to the reference in every channel
 (gamma scales it and touches no sum); a mean read at π moves the sum of dy*xhat by invstd*(mean - mean[π])*
 sum(dy), an invstd read there scales it by invstd[π]/invstd. Only the maps that fit those per-channel numbers
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bnbwd_cli.judge.diagnosis import terms
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_ratio, percent
 from bnbwd_cli.judge.diagnosis.case import Case, Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
@@ -26,7 +30,9 @@ from bnbwd_cli.judge.diagnosis.subsets import channel_shape
 
 RATIO_MATCH = 1e-2  # relative agreement of diff_src's per-channel ratio with gamma[π]/gamma
 MAX_CHANNELS = 4096  # beyond this many channels no map is searched (the maps grow as C)
-NAMES = {"gamma": "gamma", "mean": "the mean", "invstd": "invstd (or the variance it comes from)"}
+NAMES = {"gamma": "gamma", "mean": "the mean", "invstd": "invstd (or the variance it comes from)",
+         "both": "the mean and invstd (both)", "elementwise": "invstd (or the variance it comes from), in the "
+         "elementwise pass only (the sums use the right one),"}
 
 
 def index_maps(channels: int) -> list[tuple[str, np.ndarray]]:
@@ -43,6 +49,12 @@ def index_maps(channels: int) -> list[tuple[str, np.ndarray]]:
     for s in range(2, channels):
         if math.gcd(s, channels) == 1:
             found.append((f"c*{s} mod {channels} (a stride of {s})", (c * s) % channels))
+    k = 1
+    while 2 * k <= channels:  # c XOR k: the halves of a vector load swapped (float2 at k = 1), channel blocks swapped
+        if channels % (2 * k) == 0:
+            what = "neighbouring channels swapped in pairs" if k == 1 else f"blocks of {k} channels swapped in pairs"
+            found.append((f"c XOR {k} ({what})", c ^ k))
+        k *= 2
     for a in range(2, channels):
         if channels % a == 0 and a < channels:
             b = channels // a
@@ -63,6 +75,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
     table = np.array([index for _, index in maps])  # (maps, C)
     yield from _gamma_maps(case, maps, table)
     yield from _statistic_maps(case, maps, table)
+    yield from _elementwise_maps(case, maps, table)
     yield from _other_axis(case)
 
 
@@ -100,26 +113,61 @@ def _statistic_maps(case: Case, maps: list, table: np.ndarray) -> Iterator[Candi
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if not np.any(np.abs(deviation.gamma) > deviation.gamma_noise):
             return
+        grow = facts.invstd[table] / facts.invstd
         shifted = {
             "mean": facts.invstd * (facts.mean - facts.mean[table]) * facts.diff_beta,
-            "invstd": facts.diff_gamma * (facts.invstd[table] / facts.invstd - 1),
+            "invstd": facts.diff_gamma * (grow - 1),
+            # sum dy*(x - m')*i' = (i'/i)*(G + i*(m - m')*B), less G
+            "both": grow * (facts.diff_gamma + facts.invstd * (facts.mean - facts.mean[table]) * facts.diff_beta)
+            - facts.diff_gamma,
         }
     for name, moved in shifted.items():
         with np.errstate(invalid="ignore"):
             fits = np.all(np.abs(deviation.gamma - moved) <= deviation.gamma_noise, axis=1)
         yielded: set[bytes] = set()
-        values = facts.mean if name == "mean" else facts.invstd
         for i in np.flatnonzero(fits):
             words, index = maps[i]
-            used = values[index]
-            if used.tobytes() in yielded or np.array_equal(used, values):
+            used = {n: getattr(facts, n)[index] for n in (("mean", "invstd") if name == "both" else (name,))}
+            key = b"".join(v.tobytes() for v in used.values())
+            if key in yielded or all(np.array_equal(v, getattr(facts, n)) for n, v in used.items()):
                 continue
-            yielded.add(used.tobytes())
-            yield _candidate(case, name, words, Ingredients(**{name: used}))
+            if name == "both" and any(np.array_equal(v, getattr(facts, n)) for n, v in used.items()):
+                continue  # one of the two as given: the single statistic's own candidate
+            yielded.add(key)
+            yield _candidate(case, name, words, Ingredients(**used))
+
+
+def _elementwise_maps(case: Case, maps: list, table: np.ndarray) -> Iterator[Candidate]:
+    """invstd read at π in the elementwise pass alone, the sums computed with the right one: diff_src's terms per
+    channel are then a = b = rho and c = rho^2, rho = invstd[π]/invstd; only the maps whose rho every channel's
+    fitted triple holds (within its errors) are recomputed."""
+    out = case.outputs.get("diff_src")
+    if out is None or not out.failed or not case.inputs.training:
+        return
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        fit = case.once("terms per channel", lambda: terms.fit_terms(case, whole=False))
+        if fit is None:
+            return
+        facts = case.facts
+        rho = facts.invstd[table] / facts.invstd  # (maps, C)
+        a, b, c = (fit.coefficients[:, i] for i in range(3))
+        one = [(fit.errors[:, i], fit.resolution[:, i]) for i in range(3)]
+        fits = (np.all(terms.close(a, one[0], rho), axis=1) & np.all(terms.close(b, one[1], rho), axis=1)
+                & np.all(terms.close(c, one[2], rho**2), axis=1))
+    yielded: set[bytes] = set()
+    for i in np.flatnonzero(fits):
+        words, index = maps[i]
+        used = facts.invstd[index]
+        if used.tobytes() in yielded or np.array_equal(used, facts.invstd):
+            continue
+        yielded.add(used.tobytes())
+        yield _candidate(case, "elementwise", words,
+                         Ingredients(invstd=used, beta=facts.diff_beta, gamma_sum=facts.diff_gamma))
 
 
 def _candidate(case: Case, name: str, words: str, used: Ingredients) -> Candidate:
-    text = f"{NAMES[name]} read at the wrong channel: the kernel used {name}[{words}] for channel c"
+    symbol = {"both": "mean and invstd", "elementwise": "invstd"}.get(name, name)
+    text = f"{NAMES[name]} read at the wrong channel: the kernel used {symbol}[{words}] for channel c"
     return Candidate("parameter-misread", backward_with(case, used),
                      lambda s, text=text: f"{text}; recomputed that way: explains {percent(s.share)} of the deviation")
 

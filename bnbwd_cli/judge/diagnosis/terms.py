@@ -58,7 +58,7 @@ def fit_terms(case: Case, whole: bool) -> TermsFit | None:
     actual = out.actual[rows]
     noise = case.src_scale[rows] + rounding(out.actual[rows], out.reference[rows], out.comparison.dtype)
     basis = _basis(case, rows)
-    usable = np.isfinite(actual) & (noise > 0) & np.all([np.isfinite(v) for v in basis], axis=0)
+    usable = np.isfinite(actual) & (noise > 0) & np.all([np.isfinite(v) for v in basis], axis=0) & out.kept(rows)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
     actual = np.where(usable, actual, 0.0)
     basis = [np.where(usable, v, 0.0) for v in basis]
@@ -177,6 +177,24 @@ def describe_triple(case: Case, coefficients: np.ndarray, errors) -> tuple[np.nd
     return (np.array(exact), "diff_src: " + "; ".join(words)) if words else None
 
 
+def _whole_scale(case: Case, guess: float) -> float:
+    """diff_src = s*reference, s fitted by weighted least squares on the sample (the triple's common value ``guess``
+    when that fails): one parameter instead of three terms, so it resolves s to the output's own rounding (a
+    float64 kernel's scale by 1+3e-6 is fitted to ~1e-16, where the triple's terms leave ~1e-12, hundreds of
+    float64 units on the output)."""
+    out = case.outputs["diff_src"]
+    rows = sample_rows(case.x.shape)
+    actual, reference = out.actual[rows], out.reference[rows]
+    noise = case.src_scale[rows] + rounding(actual, reference, out.comparison.dtype)
+    usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & out.kept(rows)
+    if not usable.any():
+        return guess
+    weight = 1.0 / noise[usable] ** 2
+    r, a = reference[usable], actual[usable]
+    normal = float(np.sum(weight * r * r))
+    return float(np.sum(weight * r * a) / normal) if normal > 0 else guess
+
+
 def _triple_text(coefficients) -> str:
     a, b, c = coefficients
     return (f"diff_src = gamma*invstd*({a:.4g}*dy - {b:.4g}*mean(dy) - {c:.4g}*xhat*mean(dy*xhat)) "
@@ -224,6 +242,8 @@ def src_candidates(case: Case) -> Iterator[Candidate]:
     words = describe_triple(case, fit.coefficients[0], (fit.errors[0], fit.resolution[0]))
     if words is not None:
         exact, said = words
+        if np.all(exact == exact[0]) and exact[0] not in (0.0, -1.0):
+            exact = np.full(3, _whole_scale(case, float(exact[0])))  # one scale: fitted directly, far finer
         coefficients = np.repeat(exact[None], case.channels, axis=0)
         yield from _with_sums(case, coefficients, said)
     if not np.all(close(fit.coefficients[0], (fit.errors[0], fit.resolution[0]), 1.0)):
@@ -319,7 +339,7 @@ def _sum_factors(case: Case, name: str) -> list[tuple[np.ndarray, str]]:
     out = case.outputs[name]
     truth = case.facts.diff_beta if name == "diff_beta" else case.facts.diff_gamma
     noise = case.sum_scale(name) + ulp_spacing(out.reference, out.comparison.dtype) / 2
-    usable = np.isfinite(out.actual) & (np.abs(truth) > 0)
+    usable = np.isfinite(out.actual) & (np.abs(truth) > 0) & out.kept()
     if not usable.any():
         return []
     with np.errstate(invalid="ignore", divide="ignore"):

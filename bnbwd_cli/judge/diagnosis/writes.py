@@ -1,5 +1,5 @@
 """Bugs in what reaches memory: channels never written, a sign flipped, a truncating conversion, output or
-inputs with the spatial axes swapped, the other layout.
+inputs with the spatial axes swapped, the other layout (buffers read in it, or diff_src written in its order).
 
 Tested by predicting the whole output under the bug (judge/diagnosis/case.py's ``assess``), or for
 truncation by its exact signature (every differing element one ulp toward zero).
@@ -7,6 +7,7 @@ truncation by its exact signature (every differing element one ulp toward zero).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,6 +25,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
         yield from _sign_flips(case)
         yield from _spatial(case)
         yield from _layout(case)
+        yield from _written_in_other_layout(case)
     yield from _truncation(case)
 
 
@@ -155,6 +157,24 @@ def _layout(case: Case) -> Iterator[Candidate]:
     yield Candidate("layout-mixup", Prediction(diff_src, moved.diff_gamma, moved.diff_beta),
                     lambda s: f"{said}: explains {percent(s.share)} of the deviation); {names[other]} files: "
                               f"--format {names[other]}")
+
+
+def _written_in_other_layout(case: Case) -> Iterator[Candidate]:
+    """diff_src computed right and written in the other layout's order into this layout's buffer (an NHWC buffer
+    filled in NCHW order): the reference, laid out in the other order, read back in this buffer's shape. Any shape
+    (unlike a buffer read in the other layout, which needs C channels there too)."""
+    fmt, shape = case.inputs.data_format, case.inputs.src.shape
+    if len(shape) < 3 or math.prod(shape[2:] if fmt == "NCX" else shape[1:-1]) < 2:
+        return
+    full = _full(case.outputs["diff_src"].reference, shape, fmt)
+    nd = len(shape)
+    order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
+    written = np.ascontiguousarray(full.transpose(order)).reshape(shape)
+    names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
+    yield Candidate("layout-mixup", Prediction(diff_src=view3(written, fmt)),
+                    lambda s: f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right values "
+                              f"at the wrong places (the reference so laid out explains {percent(s.share)} of the "
+                              "deviation)")
 
 
 def _toward_zero(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
