@@ -51,7 +51,7 @@ TOL, MODEL, RULES = "bnbwd_cli/judge/tolerance.py", "bnbwd_cli/judge/model.py", 
 NPZ, SAFE, RAW = "bnbwd_cli/files/npz.py", "bnbwd_cli/files/safetensors_file.py", "bnbwd_cli/files/raw.py"
 WRITE, SPEC = "bnbwd_cli/files/write.py", "bnbwd_cli/spec.py"
 EDGES, GUARDS, NAMES = "tests/test_tolerance_edges.py", "tests/test_guard_edges.py", "tests/test_spec_names.py"
-ACCUMULATORS, CASE, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/case.py",
+ACCUMULATORS, ASSESS, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/assess.py",
                                  "bnbwd_cli/judge/diagnosis/__init__.py")
 BIAS_EDGES, HISTOGRAM, RULES_TESTS = ("tests/test_judge_bias_edges.py", "tests/test_judge_histogram.py",
                                       "tests/test_judge_diagnosis_rules.py")
@@ -129,9 +129,9 @@ MUTANTS = (
            f"{HISTOGRAM} -k max_bins"),
     Mutant("the histogram's lowest bin leaves out its own decade", ACCUMULATORS, "if d <= k) if low_edge",
            "if d < k) if low_edge", f"{HISTOGRAM} -k lowest_bin"),
-    Mutant("a cause explaining 80% of a failure named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
+    Mutant("a cause explaining 80% of a failure named", ASSESS, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
            f"{RULES_TESTS} -k part_of"),
-    Mutant("a cause explaining 96% of a failure not named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.96",
+    Mutant("a cause explaining 96% of a failure not named", ASSESS, "MIN_SHARE = 0.9", "MIN_SHARE = 0.96",
            f"{RULES_TESTS} -k part_of"),
     Mutant("a rival leaving 3x as much still ambiguous", DIAGNOSIS, "AMBIGUOUS = 2.0", "AMBIGUOUS = 3.0",
            f"{RULES_TESTS} -k ambiguous"),
@@ -238,6 +238,18 @@ MUTANTS = (
            "required=(), epsilon_is_f32=False, paired_param_grads=True),", f"{NAMES} -k epsilon_f32"),
     Mutant("epsilon 0 accepted", SPEC, "if not math.isfinite(epsilon) or epsilon <= 0:",
            "if not math.isfinite(epsilon) or epsilon < 0:", f"{NAMES} -k lower_limit"),
+    # the leftovers of issue 37: dtypes, worker pools, every output vetted by one rule, one error per name set
+    Mutant("f16 read as NumPy's float128", "bnbwd_cli/dtypes.py", '"f16": "f2"}', '"f16": "f16"}',
+           "tests/test_readers_cli.py -k 'f16 or short_names'"),
+    Mutant("a pool's stop reaps every child", "bnbwd_cli/app/workers.py", "        _reap(pool.processes)",
+           '        _reap(__import__("multiprocessing").active_children())',
+           "tests/test_lifetimes.py -k own_workers"),
+    Mutant("two outputs in one file accepted", "bnbwd_cli/cli/destinations.py",
+           "if path.resolve() == other.resolve() and not is_write_through(path):",
+           "if False:", "tests/test_judgement_reports.py tests/test_suite_reports.py -k 'same or one_file'"),
+    Mutant("run --reference's missing outputs left for a later run", "bnbwd_cli/app/run.py",
+           "if request.kernel is not None and missing_inputs(inputs, settings):",
+           "if False:", "tests/test_missing_names.py -k two_files"),
 )
 
 

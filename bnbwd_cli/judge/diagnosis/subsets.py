@@ -8,7 +8,7 @@ reduction order is j0..j1 modulo L (lanes of a warp, a vector's remainder, the o
 for L = 2 .. 256. The search is cheap: each kind gives every one of its subsets' sums from a few prefix sums
 of one channel, every subset is tried on the channel farthest from its true sums first, and only those within
 its noise there are tried on the others. A subset found is applied in the deviating channels, the outputs
-recomputed with those sums and tested as every hypothesis is (case.assess). The last t elements (a tail) and
+recomputed with those sums and tested as every hypothesis is (assess.assess). The last t elements (a tail) and
 one aligned block missing are reductions.py's own causes (missing-tail, lost-partial-sum): not proposed here.
 """
 
@@ -139,8 +139,8 @@ def kinds(shape: tuple[int, ...]) -> list[Kind]:
 
 def _channel_values(case: Case, c: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Channel c's dy and dy*xhat as (N, *spatial) in storage order."""
-    dy = np.ascontiguousarray(case.dy[:, c, :])
-    return dy.reshape(shape), (dy * case.xhat[:, c, :]).reshape(shape)
+    dy, xhat = case.channel(c)
+    return dy.reshape(shape), (dy * xhat).reshape(shape)
 
 
 def _misfit(deviation: SumDeviation, c: int, sign: float, beta: np.ndarray, gamma: np.ndarray,
