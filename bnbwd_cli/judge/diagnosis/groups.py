@@ -21,22 +21,22 @@ MAX_GROUPS = 64  # group counts tried, at most (the divisors of N up to it)
 
 def _rows_per_sample(case: Case) -> int:
     """Rows of the (N, C, S) view a sample spans: 1 for NCX, its positions for NXC (whose view is (M, C, 1))."""
-    return case.dy.shape[0] // case.inputs.src.shape[0]
+    return case.shape[0] // case.inputs.src.shape[0]
 
 
 def _per_sample_sums(case: Case) -> tuple[np.ndarray, np.ndarray]:
     """(N, C) sums of dy and of dy*xhat over each sample's positions (computed once a case, chunk by chunk)."""
     def compute():
-        n, c = case.inputs.src.shape[0], case.dy.shape[1]
+        n, c = case.inputs.src.shape[0], case.channels
         per = _rows_per_sample(case)
         beta, gamma = np.zeros((n, c)), np.zeros((n, c))
-        step = max(1, (1 << 18) // max(1, per * c * case.dy.shape[2]))
+        step = max(1, (1 << 18) // max(1, per * c * case.shape[2]))
         for start in range(0, n, step):
             stop = min(n, start + step)
-            rows = slice(start * per, stop * per)
-            dy = case.dy[rows].reshape(stop - start, per, c, -1)
+            rows = (slice(start * per, stop * per), slice(None), slice(None))
+            dy = case.dy_at(rows).reshape(stop - start, per, c, -1)
             beta[start:stop] = dy.sum(axis=(1, 3))
-            gamma[start:stop] = np.einsum("npcs,npcs->nc", dy, case.xhat[rows].reshape(dy.shape))
+            gamma[start:stop] = np.einsum("npcs,npcs->nc", dy, case.xhat_at(rows).reshape(dy.shape))
         return beta, gamma
     return case.once("per-sample sums", compute)
 
@@ -59,7 +59,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
 
         def diff_src(rows, beta_g=beta_g, gamma_g=gamma_g, count=count):
             k = facts.scale[None, :, None]
-            dy, xhat = case.dy[rows], case.xhat[rows]
+            dy, xhat = case.dy_at(rows), case.xhat_at(rows)
             b, g = _at(beta_g, rows, per), _at(gamma_g, rows, per)
             value = k * (dy - b / count - xhat * g / count)
             noise = np.abs(k) * (u * np.abs(dy) + u * (np.abs(b) + np.abs(g * xhat)) / count * np.sqrt(count))

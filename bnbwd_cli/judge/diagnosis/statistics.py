@@ -18,6 +18,7 @@ from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent, sixteen_bit_
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import chunks
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
+from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.scratch import Scratch
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
@@ -83,14 +84,14 @@ def _sixteen_bit_diff_dst(case: Case) -> Iterator[Candidate]:
     a multiple of xhat per channel (the sums' change) within the tolerance; only a survivor is recomputed in full."""
     if case.inputs.diff_dst.dtype.itemsize <= 2 or not case.inputs.training:
         return
-    out, sample = case.outputs["diff_src"], case.sample
+    out, sample = case.outputs["diff_src"], screening_sample(case)
     rows = sample.rows
     k = case.facts.scale[None, :, None]
     d = sample.actual - sample.reference
-    xhat = case.xhat[rows]
+    xhat = case.xhat_at(rows)
     tolerance = out.comparison.scaled.max_units * sample.scale
     for name, dtype in sixteen_bit_types():
-        dy = case.dy[rows]
+        dy = case.dy_at(rows)
         with np.errstate(over="ignore", invalid="ignore"):
             left = d - k * (dy.astype(dtype).astype(np.float64) - dy)
         if not np.all(np.isfinite(left)) or np.linalg.norm(left) > 0.5 * np.linalg.norm(d):
@@ -101,10 +102,11 @@ def _sixteen_bit_diff_dst(case: Case) -> Iterator[Candidate]:
         residual = l0 - slope * x0
         if np.count_nonzero(np.abs(residual) > tolerance) > out.comparison.allowed_mismatches:
             continue
-        rounded = np.empty(case.dy.shape)
-        for part in chunks(case.dy.shape):
+        rounded = np.empty(case.shape)
+        for part in chunks(case.shape):
+            rows_of = (part, slice(None), slice(None))
             with np.errstate(over="ignore", invalid="ignore"):
-                rounded[part] = case.dy[part].astype(dtype).astype(np.float64)
+                rounded[rows_of] = case.dy_at(rows_of).astype(dtype).astype(np.float64)
         yield Candidate("16-bit-inputs", backward_with(case, Ingredients(dy=rounded)),
                         lambda s, name=name: f"the kernel read diff_dst rounded to {name} (a float32 kernel under "
                                              f"autocast, or a gradient kept in {name}); recomputed with it: explains "
