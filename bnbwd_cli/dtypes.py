@@ -132,15 +132,32 @@ def exact_narrower(array: np.ndarray) -> str | None:
     narrower format (bf16 tried first: it is the narrower); None otherwise, or when there is too little to tell.
 
     Data that survives the round trip was computed or stored in that format and upcast on the way out.
+    A large array's first elements are tried first: one off the grid there settles it without the whole.
     """
     if array.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    flat = np.asarray(array).reshape(-1)
+    if flat.size > FIRST_LOOK and not any(_on_grid(flat[:FIRST_LOOK], dtype) for _, dtype in _narrower_types()):
         return None
     finite = array[np.isfinite(array)]
     if finite.size < 8 or not np.any(finite):
         return None
-    for name, dtype in (("bf16", dtype_from_name("bf16")), ("f16", np.dtype(np.float16))):
-        with np.errstate(over="ignore", invalid="ignore"):
-            back = finite.astype(dtype).astype(array.dtype)
-        if np.array_equal(back, finite):
+    for name, dtype in _narrower_types():
+        if _on_grid(finite, dtype):
             return name
     return None
+
+
+FIRST_LOOK = 1 << 12  # elements exact_narrower tries before the whole array
+
+
+def _narrower_types() -> tuple[tuple[str, np.dtype], ...]:  # (ml_dtypes loads on first use)
+    return ("bf16", dtype_from_name("bf16")), ("f16", np.dtype(np.float16))
+
+
+def _on_grid(values: np.ndarray, dtype: np.dtype) -> bool:
+    """Is every finite value exactly a ``dtype`` value (non-finite ones survive the round trip as they are)?"""
+    with np.errstate(over="ignore", invalid="ignore"):
+        back = values.astype(dtype).astype(values.dtype)
+    finite = np.isfinite(values)
+    return bool(np.array_equal(back[finite], values[finite]))

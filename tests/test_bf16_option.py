@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from bnbwd_cli import dtypes
 from bnbwd_cli.dtypes import BFLOAT16, exact_narrower
 from bnbwd_cli.files.reinterpret import reinterpret_bf16
 from tests.conftest import assert_one_error, assert_same, make_inputs, run_outputs, save_bundle
@@ -86,6 +87,24 @@ def test_exact_narrower():
     with_nan = values.astype(ml_dtypes.bfloat16).astype(np.float32)
     with_nan[3] = np.nan
     assert exact_narrower(with_nan) == "bf16"
+
+
+def test_exact_narrower_on_large_arrays_looks_at_the_first_elements_then_the_whole():
+    """Past FIRST_LOOK elements the first ones are tried first: the same answers as the whole array's, for a value off
+    the grid among the first elements, only past them, and a NaN or Inf among the first (a 16-bit value there)."""
+    rng = np.random.default_rng(4)
+    narrow = rng.normal(size=3 * dtypes.FIRST_LOOK).astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert exact_narrower(narrow) == "bf16"
+    for position in (5, dtypes.FIRST_LOOK + 5, narrow.size - 1):
+        off = narrow.copy()
+        off[position] = np.float32(0.1)  # not a bf16 nor an f16 value
+        assert exact_narrower(off) is None, position
+    special = narrow.copy()
+    special[:3] = (np.nan, np.inf, -np.inf)
+    assert exact_narrower(special) == "bf16"
+    half = rng.normal(size=3 * dtypes.FIRST_LOOK).astype(np.float16).astype(np.float64)
+    half[-1] = 70000.0  # finite, beyond float16's range: off its grid
+    assert exact_narrower(half) is None
 
 
 def test_bf16_quantized_f32_output_gets_a_hint(cli, tmp_path, rng):

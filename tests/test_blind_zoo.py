@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tools.blind_check import judge_cause, rates, run_all, where_mask
+from tools import blind_zoo
 from tools.blind_zoo import DTYPES, Planted, zoo
 
 # One blind kernel per kind the issue lists (small shapes), and one correct kernel: ~0.4 s CPU each. Each maps to
@@ -86,3 +87,19 @@ def test_a_handful_of_blind_kernels_keep_their_measured_outcomes(handful):
     total, _ = rates(handful)
     assert total.verdicts_wrong == 0 and total.wrong_cause == 0 and total.wrong_place == 0
     assert total.either == total.failing == 7 and total.correct == 1 and total.correct_hinted == 0
+
+
+def test_blind_correct_kernels_pass_bnbwds_own_hard_cases():
+    """tools/blind_cases on a few of `bnbwd cases`' suites (python -m tools.blind_cases runs them all: 2214 of
+    2214 pass); here in process, through the API's judgement."""
+    import bnbwd_cli
+    from tools.blind_cases import KERNELS, outputs
+
+    suite = bnbwd_cli.cases(dtype="bf16", data_format="NXC")
+    picked = [c for c in suite if str(c) in ("offset_mean", "tiny_variance", "spatial_3d", "m7")]
+    assert len(picked) == 4
+    for case in picked:
+        for name in ("kahan", "warp_shuffle", "tf_fused"):
+            report = case.check(outputs(case, KERNELS[name]))
+            assert report.status == "pass", (str(case), name, report.summary)
+    assert blind_zoo.EPS == 1e-5  # the zoo's own epsilon is back

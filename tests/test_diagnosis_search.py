@@ -109,3 +109,25 @@ def test_statistics_read_together_or_in_the_elementwise_pass_only_are_named(para
             "invstd": "invstd (or the variance it comes from) read at the wrong channel: the kernel used invstd"}[param]
     assert result.status == "mismatch" and {h.cause for h in hints} == {"parameter-misread"}, [h.text for h in hints]
     assert f"{said}[{words}] for channel c" in hints[0].text, hints[0].text
+
+
+WRITTEN = [(dtype, fmt, seed) for dtype in ("f32", "bf16") for fmt in ("NCX", "NXC") for seed in range(2)]
+
+
+@pytest.mark.parametrize("dtype, fmt, seed", WRITTEN, ids=["-".join(map(str, g)) for g in WRITTEN])
+def test_a_sum_written_from_part_of_its_reduction_is_named(dtype, fmt, seed):
+    """diff_gamma (or diff_beta) written from part of each channel's elements (a range of samples, rows, lanes, the
+    first t; missing or counted twice) while diff_src used the whole sums: the subset of the written sum alone."""
+    rng = np.random.default_rng(zlib.crc32(f"written/{dtype}/{fmt}/{seed}".encode()))
+    planted = None
+    while planted is None or "subset_written" not in planted.bug.hooks:
+        planted = bugs.plant("partial_reduction", rng, fmt, dtype, m_range=(400, 3000))
+    name, mask, twice, channels = planted.bug.hooks["subset_written"]
+    result = _judge(planted.problem, planted.outputs)
+    hints = _hints(result)
+    assert result.status == "mismatch" and {h.cause for h in hints} == {planted.bug.cause}, [h.text for h in hints]
+    assert planted.bug.hooks["_words"] in hints[0].text, (planted.bug.hooks["_words"], hints[0].text)
+    assert f"({np.count_nonzero(mask)} of {mask.size} elements" in hints[0].text
+    assert "diff_src used the whole sums" in hints[0].text
+    if channels is not None and len(channels) < planted.problem["mean"].shape[0]:
+        assert hints[0].channels == tuple(channels)

@@ -1,4 +1,4 @@
-"""The diagnosis' acceptance rules at their edges (judge/diagnosis/__init__.py and case.py): a hypothesis that
+"""The diagnosis' acceptance rules at their edges (judge/diagnosis/__init__.py and assess.py): a hypothesis that
 explains only part of a failing output's deviation is not named (MIN_SHARE), two that explain it about equally
 well are "ambiguous" (AMBIGUOUS), and the unexplained hint says "every channel" or "N of C channels".
 
@@ -15,7 +15,7 @@ from bnbwd_cli import judge as judge_package
 from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge import diagnosis
 from bnbwd_cli.judge.diagnosis.candidate import Candidate
-from bnbwd_cli.judge.diagnosis.case import Prediction
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from tools import zoo
 
 K_SRC = 16.0

@@ -304,3 +304,52 @@ def test_failures_over_the_whole_tensor_say_how_many_not_a_buffer_range(seed):
     failing = int(mask.sum())
     assert found.kind == "most" and found.covered == failing and found.region == size
     assert found.text == f"{100 * failing / size:.3g}% of the {size} elements, spread over the whole tensor"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_region_of_a_small_error_is_found_from_its_elevated_elements(seed):
+    """A region off by only a few units fails in about half of its elements (the rest just inside the allowance):
+    no description of the failures alone holds (half its elements do not fail), but the elevated ones (error over
+    half the allowance) fill it. Rows, a tile or a stride, with strays: the region is named with how many of its
+    elements fail; without the elevated mask, "no simple pattern"."""
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(2, 5)), int(rng.integers(3, 9)), int(rng.integers(12, 30)), int(rng.integers(12, 30)))
+    where = Coordinates(shape, ("n", "c", "h", "w"), 1)
+    region = np.zeros(shape, bool)
+    kind = ("rows", "tile", "stride")[seed % 3]
+    if kind == "rows":
+        lo = int(rng.integers(1, shape[2] - 4))
+        region[:, :, lo:lo + 3] = True
+        words = f"h={lo}..{lo + 2} only (3 of {shape[2]} rows); all n, c, w"
+    elif kind == "tile":
+        h0, w0 = int(rng.integers(1, shape[2] - 8)), int(rng.integers(1, shape[3] - 8))
+        region[:, :, h0:h0 + 6, w0:w0 + 6] = True
+        words = f"h={h0}..{h0 + 5}, w={w0}..{w0 + 5}; all n, c"
+    else:
+        offset = int(rng.integers(0, 32))
+        region.reshape(-1)[offset::32] = True
+        words = f"every 32nd element in storage order, offset {offset}"
+    failing = region & (rng.random(shape) < rng.uniform(0.3, 0.48))
+    elevated = region & (rng.random(shape) < 0.97) | failing
+    stray = np.unravel_index(int(rng.integers(region.size)), shape)
+    elevated[stray] = True  # an elevated element elsewhere
+    if kind != "stride":  # (a stride's failures alone may read as a sparser period)
+        assert localize(failing, where).kind == "scattered"
+    found = localize(failing, where, elevated)
+    inside = int(np.count_nonzero(failing))
+    assert found.covered == found.failing == inside and found.region == int(region.sum())
+    if kind == "stride" and found.text == words:  # half of the stride failing: the failures alone said it
+        return
+    assert found.text.startswith(f"{words} ({inside} of its {int(region.sum())} elements fail, "), found.text
+    assert "are off by more than 0.5 of their allowance)" in found.text
+
+
+def test_errors_larger_in_magnitude_are_said_when_their_sign_is_mixed():
+    """A scale (1 + 4e-6) moves each element away from zero: mixed above/below, all larger in magnitude."""
+    from bnbwd_cli.judge.where import with_sign
+
+    base = Where("axes", "c=3 only (1 of 8 channels); all n, h, w", 100, 100, 100)
+    assert with_sign(base, 48, 100).text == f"{base.text}; all larger in magnitude than the reference"
+    assert with_sign(base, 48, 3).text == f"{base.text}; 97% smaller in magnitude than the reference"
+    assert with_sign(base, 0, 50).text == f"{base.text}; all below the reference"  # the plainer word first
+    assert with_sign(base, 50, 50).text == base.text and with_sign(base, 50, 50).larger == 50

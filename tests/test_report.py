@@ -71,7 +71,7 @@ Channels with mismatches: 1 of 2
 c  mismatched  max abs  max err/allowed
 ───────────────────────────────────────
 1       2 / 4  1.2e-01         1.11e+04
-where: 2 elements: n=0 c=1 h=0 w=1; n=0 c=1 h=1 w=0
+where: 2 elements: n=0 c=1 h=0 w=1; n=0 c=1 h=1 w=0; all larger in magnitude than the reference
 failing share: rows c, columns 4 blocks of each channel's 4 positions (n, h, w flattened in storage order)
      0  3
 c=0  ····
@@ -223,7 +223,7 @@ def test_json_schema_pinned():
         "nonfinite": {"mismatches": "int", "first": [], "nan_channels": [], "where": "NoneType"},
         "where": {"kind": "str", "text": "str", "failing": "int", "covered": "int", "region": "int", "axes": {},
                   "start": "NoneType", "stop": "NoneType", "period": "NoneType", "lanes": [], "above": "int",
-                  "below": "int"},
+                  "below": "int", "larger": "int", "smaller": "int"},
         "heat_map": {"channels": [["int"]], "positions": [["int"]], "failing": [["int"]], "elements": [["int"]]},
         "axis_names": ["str"],
         "channel_axis": "int",
@@ -270,4 +270,5 @@ def test_json_structural_rows_and_non_finite_encoding(tmp_path):
     assert loaded["nonfinite"] == {"mismatches": 1, "first": [{"index": [0], "where": "(0)"}], "nan_channels": [],
                                    "where": {"kind": "elements", "text": "1 element: dim0=0", "failing": 1, "covered": 1,
                                              "region": 1, "axes": {}, "start": None, "stop": None, "period": None,
-                                             "lanes": [], "above": None, "below": None}}
+                                             "lanes": [], "above": None, "below": None, "larger": None,
+                                             "smaller": None}}

@@ -139,6 +139,10 @@ def partial_reduction(rng, problem, m):
         words = f"the first {t} elements"
     channels = None if rng.random() < 0.5 else tuple(_some_channels(rng, c))
     cause = "partial-reduction-doubled" if twice else "partial-reduction-missing"
+    if rng.random() < 0.25:  # one sum written from part of its reduction, diff_src from the whole sums
+        name = str(rng.choice(["diff_beta", "diff_gamma"]))
+        return Bug("partial-reduction-written", cause, {"subset_written": (name, mask, twice, channels),
+                                                        "_words": f"{name} as written {'counts twice' if twice else 'misses'} {words}"})
     return Bug("partial-reduction", cause, {"subset": (mask, twice, channels), "_words": words})
 
 

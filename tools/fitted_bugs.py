@@ -174,7 +174,31 @@ def channel_ranges_of(channels, c: int) -> str:
     return channel_ranges(channels, c)
 
 
-TERMS = {f.__name__: f for f in (formula_terms, parameter_factor, sum_factor, sum_used)}
+def one_term(rng: np.random.Generator, problem: dict, wide: bool) -> Fitted:
+    """One term of diff_src off alone: the xhat term divided by M-1 (float32 only: a 16-bit output cannot resolve
+    M/(M-1)), or a term with a factor invstd or gamma of its own, or without its invstd (TensorFlow's x_offset
+    form with one invstd left out: c = 1/invstd)."""
+    c = problem["mean"].shape[0]
+    m = problem["src"].size // c
+    invstd, gamma = _given(problem)[1], problem["gamma"].astype(np.float64)
+    kinds = ["lacks-invstd", "extra-invstd", "extra-gamma"] + (["xhat-m-1"] if wide else [])
+    kind = str(rng.choice(kinds))
+    term = int(rng.choice([1, 2])) if kind != "lacks-invstd" else 2
+    name = ("dy", "mean(dy)", "xhat*mean(dy*xhat)")[term]
+    coefficients: list = [1.0, 1.0, 1.0]
+    if kind == "xhat-m-1":
+        coefficients[2] = m / (m - 1)
+        said = f"the xhat*mean(dy*xhat) term divides by M-1 instead of M = {m}"
+    else:
+        factor, said = {"lacks-invstd": (1 / invstd, "lacks a factor invstd"),
+                        "extra-invstd": (invstd, "has an extra factor invstd"),
+                        "extra-gamma": (gamma, "has an extra factor gamma")}[kind]
+        coefficients[term] = factor
+        said = f"the {name} term {said} in every channel"
+    return Fitted(f"one-term-{kind}", "fitted-terms", {"coefficients": tuple(coefficients)}, {"words": said})
+
+
+TERMS = {f.__name__: f for f in (formula_terms, parameter_factor, sum_factor, sum_used, one_term)}
 
 
 def plant(family: str, rng: np.random.Generator, fmt: str, dtype: str, shape: tuple | None = None,

@@ -51,7 +51,7 @@ TOL, MODEL, RULES = "bnbwd_cli/judge/tolerance.py", "bnbwd_cli/judge/model.py", 
 NPZ, SAFE, RAW = "bnbwd_cli/files/npz.py", "bnbwd_cli/files/safetensors_file.py", "bnbwd_cli/files/raw.py"
 WRITE, SPEC = "bnbwd_cli/files/write.py", "bnbwd_cli/spec.py"
 EDGES, GUARDS, NAMES = "tests/test_tolerance_edges.py", "tests/test_guard_edges.py", "tests/test_spec_names.py"
-ACCUMULATORS, CASE, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/case.py",
+ACCUMULATORS, ASSESS, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/assess.py",
                                  "bnbwd_cli/judge/diagnosis/__init__.py")
 BIAS_EDGES, HISTOGRAM, RULES_TESTS = ("tests/test_judge_bias_edges.py", "tests/test_judge_histogram.py",
                                       "tests/test_judge_diagnosis_rules.py")
@@ -129,9 +129,9 @@ MUTANTS = (
            f"{HISTOGRAM} -k max_bins"),
     Mutant("the histogram's lowest bin leaves out its own decade", ACCUMULATORS, "if d <= k) if low_edge",
            "if d < k) if low_edge", f"{HISTOGRAM} -k lowest_bin"),
-    Mutant("a cause explaining 80% of a failure named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
+    Mutant("a cause explaining 80% of a failure named", ASSESS, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
            f"{RULES_TESTS} -k part_of"),
-    Mutant("a cause explaining 96% of a failure not named", CASE, "MIN_SHARE = 0.9", "MIN_SHARE = 0.96",
+    Mutant("a cause explaining 96% of a failure not named", ASSESS, "MIN_SHARE = 0.9", "MIN_SHARE = 0.96",
            f"{RULES_TESTS} -k part_of"),
     Mutant("a rival leaving 3x as much still ambiguous", DIAGNOSIS, "AMBIGUOUS = 2.0", "AMBIGUOUS = 3.0",
            f"{RULES_TESTS} -k ambiguous"),

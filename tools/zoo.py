@@ -137,6 +137,8 @@ HOOKS = {
     "read_at": "(param, index): gamma, mean, invstd or 'mean invstd' (both) of channel c read at index[c] ((C,) "
                "ints); 'invstd elementwise': invstd read there by the elementwise pass only",
     "param_axis": "(param, axis): gamma or mean indexed by that axis of a channel's (N, *spatial) elements",
+    "subset_written": "(output, mask, twice, channels): as subset, for that sum as written only (diff_src uses the "
+                      "whole sums)",
     "subset": "(mask, twice, channels): the (M,) bool mask of each channel's elements in storage order left out of "
               "the sums (twice: counted twice), in those channels (None: all)",
 }
@@ -200,8 +202,16 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     gam_src = gam if h.get("gamma_terms_in_src", True) or h.get("gamma_terms", "xhat") == "xhat" else \
         _sums(g * xhat, order, dict(h, lost=None))
     factors = h.get("sum_factors", {})
-    written_beta = (beta * np.asarray(factors.get("diff_beta", 1.0), np.float64)).astype(F32)
-    written_gam = (gam * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
+    beta_out, gam_out = beta, gam
+    if "subset_written" in h:  # one sum written from part of its reduction; diff_src uses the whole sums
+        name, mask, twice, channels = h["subset_written"]
+        part = dict(h, subset=(mask, twice, channels))
+        if name == "diff_beta":
+            beta_out = _sums(g, order, part)
+        else:
+            gam_out = _sums(terms_g, order, part)
+    written_beta = (beta_out * np.asarray(factors.get("diff_beta", 1.0), np.float64)).astype(F32)
+    written_gam = (gam_out * np.asarray(factors.get("diff_gamma", 1.0), np.float64)).astype(F32)
     if h.get("sums_in_src"):
         beta, gam_src = written_beta, written_gam
     if elementwise_invstd is not None:

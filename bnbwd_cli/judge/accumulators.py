@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bnbwd_cli.dtypes import to_float64, ulp_spacing
+from bnbwd_cli.judge.where import ELEVATED
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,9 @@ class Masks:
         self.nonfinite: np.ndarray | None = None
         self.ratio = np.empty(size, dtype=np.float32) if keep_errors else None
         self.units: np.ndarray | None = None
+        # elements off by more than ELEVATED of their allowance (judge/where.py: a region of a small error fails in
+        # only some of its elements), allocated at the first one: a correct kernel's errors stay far below
+        self.elevated: np.ndarray | None = None
 
     def update(self, fails: np.ndarray, bad: np.ndarray | None, finite: np.ndarray | None,
                errors: tuple[np.ndarray, np.ndarray | None], offset: int) -> None:
@@ -345,6 +349,14 @@ class Masks:
         (None: everywhere) and its (error / allowance, units or None)."""
         ratio, units = errors
         stop = offset + fails.size
+        if ratio is not None:
+            hot = ratio > ELEVATED
+            if finite is not None:
+                hot &= finite
+            if self.elevated is not None or hot.any():
+                if self.elevated is None:
+                    self.elevated = np.zeros(self.size, dtype=bool)
+                self.elevated[offset:stop] = hot
         if fails.any():
             if self.failing is None:
                 self.failing = np.zeros(self.size, dtype=bool)

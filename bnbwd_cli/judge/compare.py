@@ -116,9 +116,10 @@ class _DetailStats:
             failing = masks.failing.reshape(shape)
             nonfinite = masks.nonfinite.reshape(shape) if masks.nonfinite is not None else None
             finite_failing = failing if nonfinite is None else failing & ~nonfinite
-            where = localize(finite_failing, coordinates)
+            elevated = None if masks.elevated is None else masks.elevated.reshape(shape) | finite_failing
+            where = localize(finite_failing, coordinates, elevated)
             if where is not None:  # the errors' sign (the finite failures', so a and r are comparable there)
-                where = with_sign(where, _above(actual, reference, finite_failing))
+                where = with_sign(where, *_above(actual, reference, finite_failing))
             nonfinite_where = localize(nonfinite, coordinates) if nonfinite is not None else None
             picture = heat_map(failing, coordinates.channel_axis)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
@@ -135,11 +136,12 @@ class _DetailStats:
                              None if masks.units is None else masks.units.reshape(shape))
 
 
-def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> int:
-    """How many elements of ``mask`` have an actual value above the reference (compared in float64: any dtype)."""
+def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+    """How many elements of ``mask`` have an actual value above the reference, and how many one larger in magnitude
+    (compared in float64: any dtype)."""
     flat = np.flatnonzero(mask.reshape(-1))
-    a, r = actual.reshape(-1)[flat], reference.reshape(-1)[flat]
-    return int(np.count_nonzero(to_float64(a) > to_float64(r)))
+    a, r = (to_float64(v.reshape(-1)[flat]) for v in (actual, reference))
+    return int(np.count_nonzero(a > r)), int(np.count_nonzero(np.abs(a) > np.abs(r)))
 
 
 class Accumulator:

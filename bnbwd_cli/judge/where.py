@@ -64,6 +64,7 @@ class Where:
     lanes: tuple[tuple[int, int], ...] = ()
     complexity: int = 0  # index ranges the description takes (how simple it is: fewer wins)
     above: int | None = None  # of the failing elements, those whose actual value is above the reference (with_sign)
+    larger: int | None = None  # and those larger in magnitude than the reference
 
     @property
     def exact(self) -> bool:
@@ -411,8 +412,10 @@ def _most(failing: int, size: int) -> Where:
 _ORDER = ("elements", "axes", "range", "reduction", "period")
 
 
-def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
-    """Where the True elements of ``mask`` (shape where.shape) sit; None when there are none."""
+def localize(mask: np.ndarray, where: Coordinates, elevated: np.ndarray | None = None) -> Where | None:
+    """Where the True elements of ``mask`` (shape where.shape) sit; None when there are none. ``elevated`` (the same
+    shape, a superset of ``mask``): the elements off by more than ELEVATED of their allowance, read when nothing
+    simple covers the failures (see _by_elevated)."""
     failures = _Failures(mask)
     failing, size = failures.count, mask.size
     if failing == 0:
@@ -433,7 +436,8 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
         found += [_period(failures, p, where) for p in _periods(failures)]
     accepted = [w for w in found if w is not None and w.covered >= NEARLY_ALL * failing and w.covered >= MOSTLY * w.region]
     if not accepted:
-        return _scattered(failing, where, counts)
+        region = _by_elevated(mask, failing, where, elevated) if elevated is not None else None
+        return region if region is not None else _scattered(failing, where, counts)
     best = min(accepted, key=lambda w: (not w.tight, w.complexity, not w.exact, _ORDER.index(w.kind)))
     if best.kind in ("range", "period", "reduction") and best.region >= TIGHT * size:
         return _most(failing, size)  # a range or lanes that name (nearly) the whole buffer say no more than this
@@ -445,21 +449,72 @@ def localize(mask: np.ndarray, where: Coordinates) -> Where | None:
     return best
 
 
+ELEVATED = 0.5  # of an element's allowance: an error above it is "elevated" (a region of a small error, _by_elevated)
+
+
+def _by_elevated(mask: np.ndarray, failing: int, where: Coordinates, elevated: np.ndarray) -> Where | None:
+    """A region whose error is only a few units fails in about half of its elements (the rest fall just inside the
+    allowance) and so is no description of the failures; of the elevated elements (error > ELEVATED of the
+    allowance, nearly all of such a region) it is. Accepted when the elevated elements' own description (axes, a
+    range or a period: kinds whose region is a mask) covers NEARLY_ALL of the failures and MOSTLY of its elements
+    are elevated; its words then say how many of its elements fail."""
+    found = localize(elevated, where)
+    if found is None or found.kind not in ("axes", "range", "period"):
+        return None
+    region = _region_mask(found, where)
+    covered = int(np.count_nonzero(mask & region))
+    if covered < NEARLY_ALL * failing or found.covered < MOSTLY * found.region:
+        return None
+    said = found.text.removesuffix(f" ({found.failing - found.covered} of the {found.failing} elsewhere)")
+    text = (f"{said} ({covered} of its {found.region} elements fail, {found.covered} are off by more than "
+            f"{ELEVATED:g} of their allowance)")
+    if covered < failing:
+        text += f" ({failing - covered} of the {failing} elsewhere)"
+    return replace(found, text=text, failing=failing, covered=covered)
+
+
+def _region_mask(found: Where, where: Coordinates) -> np.ndarray:
+    """The elements a description of kind axes, range or period names, as a mask of where.shape."""
+    shape = where.shape
+    if found.kind == "range":
+        flat = np.zeros(math.prod(shape), bool)
+        flat[found.start:found.stop] = True
+        return flat.reshape(shape)
+    if found.kind == "period":
+        lane = np.arange(math.prod(shape)) % found.period
+        return np.any([(lane >= lo) & (lane <= hi) for lo, hi in found.lanes], axis=0).reshape(shape)
+    region = np.ones(shape, bool)
+    axis_of = {where.name(a): a for a in range(len(shape))}
+    for name, ranges in found.axes:
+        a = axis_of[name]
+        index = np.arange(shape[a])
+        member = np.any([(index >= lo) & (index <= hi) for lo, hi in ranges], axis=0)
+        region &= member.reshape([-1 if b == a else 1 for b in range(len(shape))])
+    return region
+
+
 ONE_SIGN = 0.9  # share of the failures on one side of the reference that is said ("97% below the reference")
 
 
-def with_sign(where: Where, above: int) -> Where:
+def with_sign(where: Where, above: int, larger: int | None = None) -> Where:
     """``where`` with the sign of its failing elements' errors: how many lie above the reference, and in words when
     all or nearly all (ONE_SIGN) lie on one side (an error all one way is a bias, a lost or doubled share, a missing
-    term; one that goes both ways is noise, a misread or a wrong sign). Mixed signs add no words."""
-    below = where.failing - above
-    share = max(above, below) / where.failing if where.failing else 0.0
-    side = "above" if above >= below else "below"
+    term; one that goes both ways is noise, a misread or a wrong sign); else, when all or nearly all are larger (or
+    smaller) in magnitude than the reference (``larger`` of them: a scale), that. Mixed signs add no words."""
+    words = _one_side(where.failing, above, ("above", "below"), "the reference")
+    if not words and larger is not None:
+        words = _one_side(where.failing, larger, ("larger", "smaller"), "in magnitude than the reference")
+    return replace(where, text=where.text + words, above=above, larger=larger)
+
+
+def _one_side(failing: int, first: int, sides: tuple[str, str], what: str) -> str:
+    """"; all above the reference" (or its share, at least ONE_SIGN), "" when the failures go both ways."""
+    second = failing - first
+    share = max(first, second) / failing if failing else 0.0
+    side = sides[0] if first >= second else sides[1]
     if share == 1.0:
-        words = f"; all {side} the reference" if where.failing > 1 else f"; {side} the reference"
-    elif share >= ONE_SIGN:
-        words = f"; {100 * share:.3g}% {side} the reference"
-    else:
-        words = ""
-    return replace(where, text=where.text + words, above=above)
+        return f"; all {side} {what}" if failing > 1 else f"; {side} {what}"
+    if share >= ONE_SIGN:
+        return f"; {100 * share:.3g}% {side} {what}"
+    return ""
 

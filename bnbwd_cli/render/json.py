@@ -108,13 +108,14 @@ def where_json(where: Where | None) -> dict[str, Any] | None:
     """A localization (judge/where.py): its kind and words, how many failing elements it covers of how many, how
     many elements it names, and its parts (axes' inclusive ranges; a flat or reduction-order range [start, stop);
     a period and its lanes' inclusive ranges), and of the failing elements how many lie above and below the
-    reference (None for the non-finite ones)."""
+    reference and how many are larger and smaller in magnitude (None for the non-finite ones)."""
     if where is None:
         return None
     return {"kind": where.kind, "text": where.text, "failing": where.failing, "covered": where.covered,
             "region": where.region, "axes": {name: [list(r) for r in ranges] for name, ranges in where.axes},
             "start": where.start, "stop": where.stop, "period": where.period, "lanes": [list(r) for r in where.lanes],
-            "above": where.above, "below": None if where.above is None else where.failing - where.above}
+            "above": where.above, "below": None if where.above is None else where.failing - where.above,
+            "larger": where.larger, "smaller": None if where.larger is None else where.failing - where.larger}
 
 
 def heat_map_json(picture: HeatMap | None) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 Pure: arrays in, frozen dataclasses out. ``diagnose`` runs only when an output of the op failed or showed a
 significant systematic deviation. Each family module proposes hypotheses (``Candidate``: a cause and the
-outputs a kernel with that bug would produce); ``case.assess`` accepts one only when it explains the whole
+outputs a kernel with that bug would produce); ``assess.assess`` accepts one only when it explains the whole
 run (diff_src, diff_gamma and diff_beta together) down to the error model's rounding noise, and the hint
 reports how much of the deviation it explains. The first accepted hypothesis, in the order below (the most
 specific first), names the cause; when none is accepted the hint says so and points at the worst channels.
@@ -27,7 +27,9 @@ import numpy as np
 from bnbwd_cli.judge.diagnosis import (fitted_statistics, own_outputs, params, reductions, statistics, subsets, terms,
                                        writes)
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
-from bnbwd_cli.judge.diagnosis.case import Assessment, Case, assess, build_case
+from bnbwd_cli.judge.diagnosis.assess import assess
+from bnbwd_cli.judge.diagnosis.case import Case, build_case
+from bnbwd_cli.judge.diagnosis.prediction import Assessment
 from bnbwd_cli.judge.model import ChannelFacts
 from bnbwd_cli.judge.comparison import Comparison, Hint
 
@@ -86,7 +88,7 @@ def diagnose(inputs, facts: ChannelFacts,
 
 
 def _test(case: Case, candidates: Iterator[Candidate], first: bool = False) -> tuple[list[tuple[Candidate, Assessment]], int]:
-    """The candidates accepted by case.assess, and how many were tested. ``first``: stop at the first accepted
+    """The candidates accepted by assess.assess, and how many were tested. ``first``: stop at the first accepted
     (a fitted tier yields its most specific model first; each acceptance reads the whole run)."""
     accepted = []
     tested = 0

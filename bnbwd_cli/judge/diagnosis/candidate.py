@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.dtypes import dtype_from_name
-from bnbwd_cli.judge.diagnosis.case import Assessment, Case, Prediction, chunks
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks
 from bnbwd_cli.judge.where import indices_text
 
 
@@ -39,51 +40,46 @@ def channel_list(channels: Sequence[int]) -> str:
     return f"c={indices_text(channels)}"
 
 
+def channel_line(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Per channel, diff_src's deviation d = a - r fitted as offset + slope*xhat (least squares); NaN where a
+    channel has fewer than 3 finite elements (from the sums of the case's pass: case.DiffSrcSums)."""
+    sums = case.shared["diff_src_sums"]
+    n = sums.count
+    with np.errstate(invalid="ignore", divide="ignore"):
+        det = n * sums.xx - sums.x * sums.x
+        slope = (n * sums.xd - sums.x * sums.d) / det
+        offset = (sums.d - slope * sums.x) / n
+    bad = (n < 3) | ~(np.abs(det) > 0)
+    return np.where(bad, np.nan, offset), np.where(bad, np.nan, slope)
+
+
 def channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per channel, diff_src's deviation d = a - r fitted as offset + slope*xhat (least squares), and the
-    residual's rms; NaN where a channel has fewer than 3 finite elements (computed once a case)."""
+    """channel_line's offset and slope, and the residual's rms (a pass of its own; computed once a case)."""
     return case.once("channel_fit", lambda: _channel_fit(case))
 
 
 def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = case.outputs["diff_src"]
     c = case.channels
-    n, sx, sxx, sd, sxd = (np.zeros(c) for _ in range(5))
-    pieces = []
-    for part in chunks(out.actual.shape):  # (case.chunks: no whole-tensor temporaries)
-        d = out.actual[part] - out.reference[part]
-        x = case.xhat[part]
-        usable = np.isfinite(d) & np.isfinite(x) & out.kept(part)
-        if not usable.all():
-            d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
-        n += usable.sum(axis=(0, 2))
-        sx += x.sum(axis=(0, 2))
-        sxx += np.einsum("ncs,ncs->c", x, x)
-        sd += d.sum(axis=(0, 2))
-        sxd += np.einsum("ncs,ncs->c", x, d)
-        pieces.append(part)
+    n = case.shared["diff_src_sums"].count
+    offset, slope = channel_line(case)
     with np.errstate(invalid="ignore", divide="ignore"):
-        det = n * sxx - sx * sx
-        slope = (n * sxd - sx * sd) / det
-        offset = (sd - slope * sx) / n
         squares = np.zeros(c)
-        for part in pieces:
-            d = out.actual[part] - out.reference[part]
-            x = case.xhat[part]
-            residual = np.where(np.isfinite(d) & np.isfinite(x) & out.kept(part), d - offset[:, None] - slope[:, None] * x,
-                                0.0)
+        for rows in blocks(case.shape):  # (blocks: no whole-tensor temporaries)
+            d = out.actual_at(rows) - out.reference_at(rows)
+            x = case.xhat_at(rows)
+            residual = np.where(np.isfinite(d) & np.isfinite(x) & out.kept(rows), d - offset[:, None] - slope[:, None] * x, 0.0)
             squares += np.einsum("ncs,ncs->c", residual, residual)
         rms = np.sqrt(squares / np.maximum(n - 2, 1))
-    bad = (n < 3) | ~(np.abs(det) > 0)
-    return np.where(bad, np.nan, offset), np.where(bad, np.nan, slope), np.where(bad, np.nan, rms)
+    return offset, slope, np.where(np.isnan(offset), np.nan, rms)
 
 
 def channel_ratio(case: Case) -> np.ndarray:
-    """Per channel, the least-squares ratio <a, r> / <r, r> of diff_src (NaN where r is zero)."""
-    out = case.outputs["diff_src"]
-    a, r = (v if np.isfinite(v).all() else np.nan_to_num(v) for v in (out.actual, out.reference))
+    """Per channel, the least-squares ratio <a, r> / <r, r> of diff_src (NaN where r is zero; from the sums of the
+    case's pass: case.DiffSrcSums)."""
+    sums = case.shared["diff_src_sums"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.einsum("ncs,ncs->c", a, r) / np.einsum("ncs,ncs->c", r, r)
+        return sums.ar / sums.rr
 
 
 def deviating_channels(case: Case, name: str) -> np.ndarray:

@@ -13,7 +13,7 @@ parameters of every channel are fitted jointly from diff_src (on a fixed sample 
 each residual weighted by its error model's noise, by Gauss-Newton from (0, 0): diff_gamma alone cannot tell a
 mean shift from an invstd change where B ~ 0, and diff_src alone sees the mean only through terms 1/M smaller
 than dy's. The fitted statistics are then a hypothesis like any other: the outputs are recomputed with them
-(kernels.backward_with) and case.assess tests the whole run. The catalogue's named statistics (epsilon, unbiased
+(kernels.backward_with) and assess.assess tests the whole run. The catalogue's named statistics (epsilon, unbiased
 variance, own batch statistics, 16-bit statistics) are tested first; this is the model they are special cases of.
 """
 
@@ -78,10 +78,10 @@ class _Sample:
 
 
 def _sample(case: Case) -> _Sample:
-    rows = sample_rows(case.x.shape)
+    rows = sample_rows(case.shape)
     src = case.outputs["diff_src"]
-    actual, xhat, dy = src.actual[rows], case.xhat[rows], case.dy[rows]
-    noise = case.src_scale[rows] + rounding(src.actual[rows], src.reference[rows], src.comparison.dtype)
+    actual, xhat, dy = src.actual_at(rows), case.xhat_at(rows), case.dy_at(rows)
+    noise = case.scale_at(rows) + rounding(src.actual_at(rows), src.reference_at(rows), src.comparison.dtype)
     usable = np.isfinite(actual) & np.isfinite(xhat) & np.isfinite(dy) & (noise > 0) & src.kept(rows)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
     actual, xhat, dy = (np.where(usable, v, 0.0) for v in (actual, xhat, dy))

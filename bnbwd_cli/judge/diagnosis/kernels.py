@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,15 @@ def backward_with(case: Case, used: Ingredients) -> Prediction:
     diff_src is computed on first use."""
     facts = case.facts
     mean, invstd = pick(used.mean, facts.mean), pick(used.invstd, facts.invstd)
-    x, dy = pick(used.x, case.x), pick(used.dy, case.dy)
+    # the kernel's x and dy at rows of the view: the case's (read there, not held whole) or the ones it used
+    x_at = case.x_at if used.x is None else used.x.__getitem__
+    dy_at = case.dy_at if used.dy is None else used.dy.__getitem__
     same_xhat = used.mean is None and used.invstd is None and used.x is None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if used.beta is not None:
             beta = used.beta
         else:
-            beta = facts.diff_beta if used.dy is None else dy.sum(axis=(0, 2))
+            beta = facts.diff_beta if used.dy is None else used.dy.sum(axis=(0, 2))
         if used.gamma_sum is not None:
             gamma_sum = used.gamma_sum
         elif same_xhat and used.dy is None:
@@ -58,12 +61,16 @@ def backward_with(case: Case, used: Ingredients) -> Prediction:
         elif used.x is None and used.dy is None:  # other statistics: sum dy*(x - m')*i' in closed form
             gamma_sum = invstd * (facts.diff_gamma / facts.invstd + (facts.mean - mean) * facts.diff_beta)
         else:
+            x, dy = pick(used.x, case.x), pick(used.dy, case.dy)
             gamma_sum = np.einsum("ncs,ncs->c", dy, (x - mean[:, None]) * invstd[:, None])
+
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        coefficients = _coefficients(case, used, _Sums(beta, gamma_sum, invstd))
 
     def diff_src(rows: tuple[slice, slice, slice]) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            xhat = case.xhat[rows] if same_xhat else (x[rows] - mean[:, None]) * invstd[:, None]
-            return _diff_src(case, used, _Sums(beta, gamma_sum, invstd), xhat, dy[rows])
+            xhat = case.xhat_at(rows) if same_xhat else (x_at(rows) - mean[:, None]) * invstd[:, None]
+            return _diff_src(coefficients, case.unit, xhat, dy_at(rows))
 
     return Prediction(
         diff_src=diff_src if "diff_src" in case.outputs else None,
@@ -79,20 +86,41 @@ class _Sums:
     invstd: np.ndarray
 
 
-def _diff_src(case: Case, used: Ingredients, sums: _Sums, xhat: np.ndarray, dy: np.ndarray):
-    """diff_src and its error scale: the error model's (judge/model.py) for this computation, its sums'
-    errors divided by what it divides them by, times its own k and xhat."""
+@dataclass(frozen=True)
+class _Coefficients:
+    """The (C, 1) coefficients of diff_src = k*(dy - mean_dy - xhat*mean_g) and of its noise
+    |k|*(u*|dy| + beta_noise + |xhat|*gamma_noise) (inference: mean_dy None, k*dy and |k|*u*|dy|)."""
+
+    k: np.ndarray
+    mean_dy: np.ndarray | None = None
+    mean_g: np.ndarray | None = None
+    beta_noise: np.ndarray | None = None
+    gamma_noise: np.ndarray | None = None
+
+
+def _coefficients(case: Case, used: Ingredients, sums: _Sums) -> _Coefficients:
+    """diff_src's per-channel coefficients (formed once a hypothesis, not once a block): the error model's
+    (judge/model.py) for this computation, its sums' errors divided by what it divides them by."""
     facts, u = case.facts, case.unit
     k = (pick(used.gamma, case.gamma) * sums.invstd)[:, None]
     if used.inference or not case.inputs.training:
-        return k * dy, np.abs(k) * u * np.abs(dy)
+        return _Coefficients(k)
     divisor = pick(used.divisor, float(max(case.count, 1)))
     mean_dy = sums.beta / divisor
     if used.subtract_mean is not None:
         mean_dy = np.where(used.subtract_mean, mean_dy, 0.0)
-    diff_src = k * (dy - mean_dy[:, None] - xhat * (sums.gamma_sum / divisor)[:, None])
     s_beta, s_gamma = facts.sum_scales(u)
     s_gamma = s_gamma * np.abs(sums.invstd / facts.invstd)
-    noise = np.abs(k) * (u * np.abs(dy) + ((u * np.abs(sums.beta) + s_beta) / divisor)[:, None]
-                         + np.abs(xhat) * ((u * np.abs(sums.gamma_sum) + s_gamma) / divisor)[:, None])
+    return _Coefficients(k, mean_dy[:, None], (sums.gamma_sum / divisor)[:, None],
+                         ((u * np.abs(sums.beta) + s_beta) / divisor)[:, None],
+                         ((u * np.abs(sums.gamma_sum) + s_gamma) / divisor)[:, None])
+
+
+def _diff_src(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarray):
+    """diff_src and its error scale at some rows: the coefficients' formulas, element by element."""
+    k = coefficients.k
+    if coefficients.mean_dy is None:
+        return k * dy, np.abs(k) * u * np.abs(dy)
+    diff_src = k * (dy - coefficients.mean_dy - xhat * coefficients.mean_g)
+    noise = np.abs(k) * (u * np.abs(dy) + coefficients.beta_noise + np.abs(xhat) * coefficients.gamma_noise)
     return diff_src, noise

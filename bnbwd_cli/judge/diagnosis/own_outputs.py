@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, deviating_channels, percent
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.fitted_statistics import sample_rows
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.judge.diagnosis.ranges import channel_ranges
@@ -94,8 +95,8 @@ def _correlation(case: Case, name: str) -> float | None:
     """Pearson correlation of actual with the reference (on diff_src's fixed sample), None when undefined."""
     out = case.outputs[name]
     if name == "diff_src":
-        rows = sample_rows(out.actual.shape)
-        a, r = out.actual[rows].reshape(-1), out.reference[rows].reshape(-1)
+        rows = sample_rows(case.shape)
+        a, r = out.actual_at(rows).reshape(-1), out.reference_at(rows).reshape(-1)
     else:
         a, r = out.actual, out.reference
     usable = np.isfinite(a) & np.isfinite(r)

@@ -9,7 +9,7 @@ per-channel terms are a = b = rho, c = rho^2 with rho = invstd[π]/invstd (terms
 something cheap to check first: gamma[π]/gamma is the ratio of diff_src to the reference in every channel
 (gamma scales it and touches no sum); a mean read at π moves the sum of dy*xhat by invstd*(mean - mean[π])*
 sum(dy), an invstd read there scales it by invstd[π]/invstd. Only the maps that fit those per-channel numbers
-within their noise are recomputed and tested as every hypothesis is (case.assess). gamma[c±1] is
+within their noise are recomputed and tested as every hypothesis is (assess.assess). gamma[c±1] is
 statistics.py's own cause (gamma-off-by-one). A parameter indexed by an axis of the tensor as long as C
 (gamma[h] when H = C) is recomputed with the parameter taken element by element along that axis.
 """
@@ -23,7 +23,8 @@ import numpy as np
 
 from bnbwd_cli.judge.diagnosis import terms
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_ratio, percent
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.judge.diagnosis.reductions import sum_deviation
 from bnbwd_cli.judge.diagnosis.subsets import channel_shape
@@ -196,7 +197,7 @@ def _along(case: Case, shape: tuple[int, ...], axis: int) -> np.ndarray:
 
 def _gamma_along(case: Case, along: np.ndarray, axis_name: str) -> Candidate:
     plain = backward_with(case, Ingredients(gamma=np.ones(case.channels)))
-    view = case.x.shape
+    view = case.shape
     gamma = np.broadcast_to(case.gamma[along], view)
 
     def diff_src(rows):

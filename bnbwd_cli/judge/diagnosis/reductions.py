@@ -16,8 +16,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bnbwd_cli.dtypes import exact_narrower, ulp_spacing
-from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_fit, channel_list, percent, sixteen_bit_types
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction, share_explained
+from bnbwd_cli.judge.diagnosis.candidate import (Candidate, channel_fit, channel_line, channel_list, percent,
+                                                 sixteen_bit_types)
+from bnbwd_cli.judge.diagnosis.assess import share_explained
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.judge.model import running_sum_scale
 
@@ -90,7 +93,7 @@ def _diff_src_formula(case: Case) -> Iterator[Candidate]:
                     lambda s: "inference-style backward in training: diff_src = gamma*invstd*diff_dst, without the "
                               f"mean terms (explains {percent(s.share)} of the deviation)")
     # mean(diff_dst) not subtracted: diff_src is off by +k*diff_beta/M, a constant per channel
-    offset, _, _ = channel_fit(case)
+    offset, _ = channel_line(case)
     expected = case.facts.scale * case.facts.diff_beta / max(m, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         close = np.abs(offset - expected) <= 0.1 * np.abs(expected)
@@ -142,8 +145,8 @@ def _best(misfit: np.ndarray) -> int | None:
 
 def _row(case: Case, c: int) -> tuple[np.ndarray, np.ndarray]:
     """Channel c's terms dy and dy*xhat (float64, (M,)) in storage order (_ordered's row c, the same numbers)."""
-    dy = np.ascontiguousarray(case.dy[:, c, :]).reshape(-1)
-    return dy, np.ascontiguousarray(case.dy[:, c, :] * case.xhat[:, c, :]).reshape(-1)
+    dy, xhat = case.channel(c)
+    return dy.reshape(-1), (dy * xhat).reshape(-1)
 
 
 def _tail_sums(row: np.ndarray, t: np.ndarray | int) -> np.ndarray:

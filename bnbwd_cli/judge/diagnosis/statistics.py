@@ -3,7 +3,7 @@ epsilon, the kernel's own batch statistics, a mean or invstd kept in bfloat16/fl
 channel, ignored, or applied twice.
 
 Each is a recomputation of the outputs with those statistics (kernels.backward_with), tested as a whole
-(case.assess). bnbwd knows src and the mean, so it also checks what the `variance` input holds: a
+(assess.assess). bnbwd knows src and the mean, so it also checks what the `variance` input holds: a
 variance of src around the mean, or 1/sqrt(variance + eps) (PyTorch's save_invstd).
 """
 
@@ -13,22 +13,36 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bnbwd_cli.dtypes import to_float64
+from bnbwd_cli.dtypes import is_bfloat16, to_float64
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent, sixteen_bit_types
-from bnbwd_cli.judge.diagnosis.case import Case, chunks
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import chunks
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
+from bnbwd_cli.scratch import Scratch
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
 INPUT_MATCH = 1e-2  # relative agreement for "the variance input holds invstd"
 
 
 def batch_variance(case: Case, mean: np.ndarray) -> np.ndarray:
-    """Per channel, the mean of (x - mean)^2 over the channel's elements."""
+    """Per channel, the mean of (x - mean)^2 over the channel's elements (chunk by chunk, in one buffer: no
+    whole float64 copy of src, no fresh pages a chunk)."""
     squares = np.zeros(case.channels)
-    for part in chunks(case.x.shape):
-        centred = case.x[part] - mean[:, None]
+    scratch = Scratch()
+    for part in chunks(case.shape):
+        view = case.src3[part]
+        buffer = scratch.get("centred", view.shape)
+        centred = np.subtract(to_float64(view, out=buffer), mean[:, None], out=buffer)
         squares += np.einsum("ncs,ncs->c", centred, centred)
     return squares / max(case.count, 1)
+
+
+def own_mean(case: Case) -> np.ndarray:
+    """Per channel, the mean of src: np.mean of its float64 values (float32 and float16 src are reduced in float64
+    as they are, the same sums as of a float64 copy: no copy is made)."""
+    if is_bfloat16(case.src3.dtype):
+        return case.x.mean(axis=(0, 2))
+    return np.mean(case.src3, axis=(0, 2), dtype=np.float64)
 
 
 def variance_holds_invstd(case: Case) -> float | None:
@@ -148,7 +162,7 @@ def _deviation_text(case: Case, mean: np.ndarray, invstd: np.ndarray) -> str:
 def _own_statistics(case: Case) -> Iterator[Candidate]:
     if case.count < 2:
         return
-    mean = case.x.mean(axis=(0, 2))
+    mean = own_mean(case)
     var = batch_variance(case, mean)
     with np.errstate(invalid="ignore", divide="ignore"):
         invstd = 1 / np.sqrt(var + case.inputs.epsilon)

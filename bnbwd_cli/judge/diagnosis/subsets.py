@@ -8,7 +8,7 @@ reduction order is j0..j1 modulo L (lanes of a warp, a vector's remainder, the o
 for L = 2 .. 256. The search is cheap: each kind gives every one of its subsets' sums from a few prefix sums
 of one channel, every subset is tried on the channel farthest from its true sums first, and only those within
 its noise there are tried on the others. A subset found is applied in the deviating channels, the outputs
-recomputed with those sums and tested as every hypothesis is (case.assess). The last t elements (a tail) and
+recomputed with those sums and tested as every hypothesis is (assess.assess). The last t elements (a tail) and
 one aligned block missing are reductions.py's own causes (missing-tail, lost-partial-sum): not proposed here.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, percent
-from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.case import Case, Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.judge.diagnosis.reductions import BLOCKS, SumDeviation, sum_deviation
 
@@ -139,14 +139,17 @@ def kinds(shape: tuple[int, ...]) -> list[Kind]:
 
 def _channel_values(case: Case, c: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Channel c's dy and dy*xhat as (N, *spatial) in storage order."""
-    dy = np.ascontiguousarray(case.dy[:, c, :])
-    return dy.reshape(shape), (dy * case.xhat[:, c, :]).reshape(shape)
+    dy, xhat = case.channel(c)
+    return dy.reshape(shape), (dy * xhat).reshape(shape)
 
 
-def _misfit(deviation: SumDeviation, c: int, sign: float, beta: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+def _misfit(deviation: SumDeviation, c: int, sign: float, beta: np.ndarray, gamma: np.ndarray,
+            parts: tuple[str, ...] = ("beta", "gamma")) -> np.ndarray:
+    """How far (in noise) a subset's sums are from the deviation of channel c's sums (those in ``parts``)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.maximum(np.abs(deviation.beta[c] - sign * beta) / deviation.beta_noise[c],
-                          np.abs(deviation.gamma[c] - sign * gamma) / deviation.gamma_noise[c])
+        far = [np.abs(getattr(deviation, part)[c] - sign * values) / getattr(deviation, f"{part}_noise")[c]
+               for part, values in (("beta", beta), ("gamma", gamma)) if part in parts]
+        return np.maximum(*far) if len(far) == 2 else far[0]
 
 
 def _is_tail_or_block(mask: np.ndarray) -> bool:
@@ -163,14 +166,30 @@ def candidates(case: Case) -> Iterator[Candidate]:
     deviation = sum_deviation(case)
     if deviation is None or case.count < 4 or case.channels * case.count > (1 << 26):
         return
-    with np.errstate(invalid="ignore"):
-        hit = ~((np.abs(deviation.beta) <= deviation.beta_noise) & (np.abs(deviation.gamma) <= deviation.gamma_noise))
+    yield from _search(case, deviation, ("beta", "gamma"))
+    # one sum written from part of its reduction while diff_src used the whole sums (diff_src and the other sum
+    # right: a partial stored before the reduction finished): that sum's deviation alone is searched
+    src = case.outputs.get("diff_src")
+    if deviation.observed and (src is None or not src.suspicious):
+        with np.errstate(invalid="ignore"):
+            off = {part: bool(np.any(~(np.abs(getattr(deviation, part)) <= getattr(deviation, f"{part}_noise"))))
+                   for part in ("beta", "gamma")}
+        if off["beta"] != off["gamma"]:
+            yield from _search(case, deviation, ("beta",) if off["beta"] else ("gamma",), written=True)
+
+
+def _search(case: Case, deviation: SumDeviation, parts: tuple[str, ...], written: bool = False) -> Iterator[Candidate]:
+    """The subset whose sums match the deviation of the sums in ``parts`` in every deviating channel, if one does
+    clearly (``written``: the sums written only; diff_src used the right ones)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        near = [np.abs(getattr(deviation, part)) <= getattr(deviation, f"{part}_noise") for part in parts]
+        hit = ~np.logical_and.reduce(near)
+        far = np.maximum.reduce([np.abs(getattr(deviation, part)) / getattr(deviation, f"{part}_noise")
+                                 for part in parts])
     if not hit.any():
         return
     shape = channel_shape(case)
     grammar = kinds(shape)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        far = np.maximum(np.abs(deviation.beta) / deviation.beta_noise, np.abs(deviation.gamma) / deviation.gamma_noise)
     order = sorted(map(int, np.flatnonzero(hit)), key=lambda c: -np.nan_to_num(far[c], nan=-1.0))
     # alive[(kind index, sign)] = (subset indices, their worst misfit so far)
     alive: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {
@@ -185,7 +204,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
                 if (i, sign) not in alive:
                     continue
                 index, worst = alive[(i, sign)]
-                worst = np.maximum(worst, _misfit(deviation, c, sign, beta[index], gamma[index]))
+                worst = np.maximum(worst, _misfit(deviation, c, sign, beta[index], gamma[index], parts))
                 keep = worst <= 1
                 if keep.any():
                     alive[(i, sign)] = (index[keep], worst[keep])
@@ -193,7 +212,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
                     del alive[(i, sign)]
         if not alive:
             return
-    found = _distinct(grammar, alive)
+    found = _distinct(grammar, alive, keep_tails=written)
     if not found:
         return
     misfits = np.array([f[3] for f in found] + [np.inf])
@@ -201,18 +220,19 @@ def candidates(case: Case) -> Iterator[Candidate]:
     if len(found) > 1 and misfits[best[0]] * CLEAR > misfits[best[1]]:
         return  # several subsets fit the sums: the data cannot tell which
     kind, k, sign, _ = found[int(best[0])]
-    yield _candidate(case, hit, shape, kind, k, sign)
+    yield _candidate(case, hit, shape, (kind, k, sign), parts if written else None)
 
 
-def _distinct(grammar: list[Kind], alive: dict) -> list[tuple[Kind, int, float, float]]:
-    """The subsets left, each set once (the first kind's words for it), without those reductions.py names."""
+def _distinct(grammar: list[Kind], alive: dict, keep_tails: bool = False) -> list[tuple[Kind, int, float, float]]:
+    """The subsets left, each set once (the first kind's words for it), without those reductions.py names (unless
+    ``keep_tails``: a written sum alone, which reductions.py does not try)."""
     found: list[tuple[Kind, int, float, float]] = []
     masks: list[tuple[float, np.ndarray]] = []
     for (i, sign), (index, worst) in sorted(alive.items(), key=lambda item: item[0]):
         kind = grammar[i]
         for k, misfit in zip(index[:64], worst[:64]):  # (more than a few left: found below as unclear anyway)
             mask = np.asarray(kind.mask(int(k)))
-            if sign < 0 and _is_tail_or_block(mask):
+            if sign < 0 and not keep_tails and _is_tail_or_block(mask):
                 continue
             if any(s == sign and np.array_equal(mask, other) for s, other in masks):
                 continue
@@ -221,22 +241,34 @@ def _distinct(grammar: list[Kind], alive: dict) -> list[tuple[Kind, int, float, 
     return found
 
 
-def _candidate(case: Case, hit: np.ndarray, shape: tuple[int, ...], kind: Kind, k: int, sign: float) -> Candidate:
+def _candidate(case: Case, hit: np.ndarray, shape: tuple[int, ...], subset: tuple[Kind, int, float],
+               written: tuple[str, ...] | None = None) -> Candidate:
+    """The outputs with the subset's sums (subset k of a kind, sign -1: taken out, +1: added twice) in the channels
+    hit; ``written``: in those sums as written only (diff_src used the right ones)."""
+    kind, k, sign = subset
     mask = np.asarray(kind.mask(k))
     beta, gamma = np.zeros(case.channels), np.zeros(case.channels)
     for c in map(int, np.flatnonzero(hit)):
         dy, terms = _channel_values(case, c, shape)
         beta[c], gamma[c] = dy[mask].sum(), terms[mask].sum()
-    used = Ingredients(beta=case.facts.diff_beta + sign * beta, gamma_sum=case.facts.diff_gamma + sign * gamma)
+    sums = {"beta": case.facts.diff_beta + sign * beta, "gamma": case.facts.diff_gamma + sign * gamma}
     channels = tuple(int(c) for c in np.flatnonzero(hit))
     where = "every channel" if len(channels) == case.channels else f"{len(channels)} of {case.channels} channels ({channel_list(channels)})"
-    sums = [n for n in ("diff_gamma", "diff_beta") if n in case.outputs]
-    whose = " and ".join(sums) if sums else "the sums diff_src uses"
-    verb = "miss" if sign < 0 else "count twice"
+    if written is None:
+        prediction = backward_with(case, Ingredients(beta=sums["beta"], gamma_sum=sums["gamma"]))
+        names = [n for n in ("diff_gamma", "diff_beta") if n in case.outputs]
+        whose = " and ".join(names) if names else "the sums diff_src uses"
+    else:
+        prediction = Prediction(**{f"diff_{part}": sums[part] for part in written})
+        whose = " and ".join(f"diff_{part} as written" for part in written)
+    one = written is not None and len(written) == 1
+    verb = ("misses" if one else "miss") if sign < 0 else ("counts twice" if one else "count twice")
     count = int(np.count_nonzero(mask))
     said = kind.said(k)
     text = (f"{whose} {verb} {said} ({count} of {mask.size} elements of each channel's reduction) in {where}")
+    if written is not None:
+        text += " (diff_src used the whole sums: a partial written before the reduction finished?)"
     cause = "partial-reduction-missing" if sign < 0 else "partial-reduction-doubled"
-    return Candidate(cause, backward_with(case, used),
+    return Candidate(cause, prediction,
                      lambda s, text=text: f"{text}; recomputed that way: explains {percent(s.share)} of the deviation",
                      channels)

@@ -5,7 +5,7 @@ a, b, c are fitted by weighted least squares on a fixed sample of diff_src (ever
 whole output, and per channel where one triple does not explain it; each sum's factor per output and per channel.
 Recognisable values become words: a sign (-1), a missing term (0), M-1 or another count M' for M (b = c = M/M'), a
 whole output scaled (a = b = c), a factor of gamma or invstd per channel; the outputs are recomputed with those
-values (exactly) and tested by case.assess like any hypothesis. When no word fits, the fitted coefficients are
+values (exactly) and tested by assess.assess like any hypothesis. When no word fits, the fitted coefficients are
 shown, but only when one triple for the whole output explains the run (a triple per channel explains too much).
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 
 from bnbwd_cli.dtypes import ulp_spacing, unit_roundoff
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.fitted_statistics import rounding, sample_rows
 from bnbwd_cli.judge.diagnosis.ranges import channel_ranges
 
@@ -44,7 +45,7 @@ def _basis(case: Case, rows) -> tuple[np.ndarray, ...]:
     """The three terms of diff_src on ``rows`` (each k times dy, -B/M, -xhat*G/M)."""
     facts, m = case.facts, float(case.count)
     k = facts.scale[None, :, None]
-    dy, xhat = case.dy[rows], case.xhat[rows]
+    dy, xhat = case.dy_at(rows), case.xhat_at(rows)
     return (k * dy, np.broadcast_to(-k * (facts.diff_beta / m)[None, :, None], dy.shape),
             -k * xhat * (facts.diff_gamma / m)[None, :, None])
 
@@ -53,10 +54,10 @@ def fit_terms(case: Case, whole: bool) -> TermsFit | None:
     """a, b, c by weighted least squares on diff_src's fixed sample: one triple (``whole``) or one per channel."""
     if "diff_src" not in case.outputs or not case.inputs.training:
         return None
-    rows = sample_rows(case.x.shape)
+    rows = sample_rows(case.shape)
     out = case.outputs["diff_src"]
-    actual = out.actual[rows]
-    noise = case.src_scale[rows] + rounding(out.actual[rows], out.reference[rows], out.comparison.dtype)
+    actual = out.actual_at(rows)
+    noise = case.scale_at(rows) + rounding(out.actual_at(rows), out.reference_at(rows), out.comparison.dtype)
     basis = _basis(case, rows)
     usable = np.isfinite(actual) & (noise > 0) & np.all([np.isfinite(v) for v in basis], axis=0) & out.kept(rows)
     weight = np.where(usable, 1.0 / np.where(usable, noise, 1.0) ** 2, 0.0)
@@ -167,13 +168,18 @@ def describe_triple(case: Case, coefficients: np.ndarray, errors) -> tuple[np.nd
             return (np.array([1.0, m / shown, m / shown]),
                     f"the mean terms divide by M' = {shown}{said} instead of M = {m} (b = c = M/M' = {m / shown:.6g})")
     exact, words = [1.0], []
+    counts = {m / k: f"{what} (M' = {k})" if not what.startswith("M") else what for k, what in counts_of(case).items()}
     for name, value, error in ((TERMS[1], b, one[1]), (TERMS[2], c, one[2])):
         target = nearest(float(value), error, WORDS)
-        if target is None:
-            return None
-        exact.append(target)
-        if WORDS[target]:
+        if target is None:  # one term divided by another count (M-1 in the xhat term only)
+            target = nearest(float(value), error, counts)
+            if target is None:
+                return None
+            words.append(f"the {name} term divides by {counts[target]} instead of M = {m} (its coefficient "
+                         f"M/M' = {target:.6g})")
+        elif WORDS[target]:
             words.append(WORDS[target].format(name))
+        exact.append(target)
     return (np.array(exact), "diff_src: " + "; ".join(words)) if words else None
 
 
@@ -183,9 +189,9 @@ def _whole_scale(case: Case, guess: float) -> float:
     float64 kernel's scale by 1+3e-6 is fitted to ~1e-16, where the triple's terms leave ~1e-12, hundreds of
     float64 units on the output)."""
     out = case.outputs["diff_src"]
-    rows = sample_rows(case.x.shape)
-    actual, reference = out.actual[rows], out.reference[rows]
-    noise = case.src_scale[rows] + rounding(actual, reference, out.comparison.dtype)
+    rows = sample_rows(case.shape)
+    actual, reference = out.actual_at(rows), out.reference_at(rows)
+    noise = case.scale_at(rows) + rounding(actual, reference, out.comparison.dtype)
     usable = np.isfinite(actual) & np.isfinite(reference) & (noise > 0) & out.kept(rows)
     if not usable.any():
         return guess
@@ -210,7 +216,7 @@ def _src_prediction(case: Case, coefficients: np.ndarray):
     def diff_src(rows):
         a, b, c = (coefficients[:, i][None, :, None] for i in range(3))
         k = facts.scale[None, :, None]
-        dy, xhat = case.dy[rows], case.xhat[rows]
+        dy, xhat = case.dy_at(rows), case.xhat_at(rows)
         mean_dy, mean_g = (facts.diff_beta / m)[None, :, None], (facts.diff_gamma / m)[None, :, None]
         value = k * (a * dy - b * mean_dy - c * xhat * mean_g)
         noise = np.abs(k) * (u * np.abs(a * dy) + np.abs(b) * ((u * np.abs(facts.diff_beta) + s_beta) / m)[None, :, None]
@@ -288,6 +294,19 @@ def _per_channel(case: Case) -> Iterator[Candidate]:
             continue
         exact = np.repeat(factor[:, None], 3, axis=1)
         yield from _with_sums(case, exact, f"diff_src has {said} in every channel")
+    for i in (1, 2):  # one term with a factor of its own in every channel (a term missing an invstd: TF's x_offset)
+        others = [j for j in range(3) if j != i]
+        if not np.all(close(coefficients[:, others], (fit.errors[:, others], fit.resolution[:, others]), 1.0)):
+            continue
+        for factor, said in ((invstd, "an extra factor invstd"), (1 / invstd, "lacks a factor invstd"),
+                             (gamma, "an extra factor gamma"), (1 / gamma, "lacks a factor gamma")):
+            if np.allclose(factor, 1.0) or not np.all(close(coefficients[:, i], (fit.errors[:, i], fit.resolution[:, i]),
+                                                            factor)):
+                continue
+            exact = np.ones((case.channels, 3))
+            exact[:, i] = factor
+            verb = "has " if said.startswith("an") else ""
+            yield from _with_sums(case, exact, f"diff_src: the {TERMS[i]} term {verb}{said} in every channel")
     right = np.all(close(coefficients, errors, 1.0), axis=1)
     hit = np.flatnonzero(~right)
     if hit.size == 0 or hit.size == case.channels:

@@ -1,7 +1,7 @@
 """Bugs in what reaches memory: channels never written, a sign flipped, a truncating conversion, output or
 inputs with the spatial axes swapped, the other layout (buffers read in it, or diff_src written in its order).
 
-Tested by predicting the whole output under the bug (judge/diagnosis/case.py's ``assess``), or for
+Tested by predicting the whole output under the bug (judge/diagnosis/assess.py), or for
 truncation by its exact signature (every differing element one ulp toward zero).
 """
 
@@ -12,8 +12,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, channel_ratio, percent, sixteen_bit_types
-from bnbwd_cli.judge.diagnosis.case import Case, Prediction
+from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
 from bnbwd_cli.layout import view3
 
@@ -32,7 +34,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
 def _unwritten(case: Case) -> Iterator[Candidate]:
     """Channels of diff_src that are all zeros, or an exact copy of another channel's output."""
     out = case.outputs["diff_src"]
-    a, r = out.actual, out.reference
+    a, r = out.given, out.expected  # as written (zeros and copies are the same in float64)
     c = case.channels
     zero = np.array([not np.any(a[:, k]) and np.any(r[:, k]) for k in range(c)])
     copies: dict[int, int] = {}
@@ -42,11 +44,13 @@ def _unwritten(case: Case) -> Iterator[Candidate]:
     for same in digests.values():
         if len(same) > 1 and not zero[same[0]]:
             for k in same:  # which one holds its own values: the one matching its reference
-                if not np.allclose(a[:, k], r[:, k], rtol=1e-2, atol=0):
+                channel = (slice(None), k, slice(None))
+                if not np.allclose(out.actual_at(channel), out.reference_at(channel), rtol=1e-2, atol=0):
                     copies[k] = next(j for j in same if j != k)
     hit = sorted(set(np.flatnonzero(zero).tolist()) | set(copies))
     if not hit:
         return
+    a, r = out.actual, out.reference
     p = r.copy()
     p[:, hit] = a[:, hit]
     zeros = [k for k in hit if zero[k]]
@@ -105,6 +109,8 @@ def _spatial(case: Case) -> Iterator[Candidate]:
     """H and W swapped (non-square images): in the output written, or in an input read."""
     fmt, shape = case.inputs.data_format, case.inputs.src.shape
     out = case.outputs["diff_src"]
+    if len(shape) < 4 or (shape[-2] == shape[-1] if fmt == "NCX" else shape[-3] == shape[-2]):
+        return  # (what _swap_spatial says: no two spatial axes, or square ones)
     full = _full(out.reference, shape, fmt)
     if _swap_spatial(full, fmt) is None:
         return
@@ -166,15 +172,36 @@ def _written_in_other_layout(case: Case) -> Iterator[Candidate]:
     fmt, shape = case.inputs.data_format, case.inputs.src.shape
     if len(shape) < 3 or math.prod(shape[2:] if fmt == "NCX" else shape[1:-1]) < 2:
         return
-    full = _full(case.outputs["diff_src"].reference, shape, fmt)
     nd = len(shape)
     order = (0, nd - 1, *range(1, nd - 1)) if fmt == "NXC" else (0, *range(2, nd), 1)
-    written = np.ascontiguousarray(full.transpose(order)).reshape(shape)
+    reference = case.outputs["diff_src"].expected.reshape(-1)  # (the tensor's buffer in storage order)
+
+    def diff_src(rows: tuple) -> tuple[np.ndarray, None]:
+        # the buffer written is the reference transposed by ``order``, read back in this shape: its element at flat
+        # position f is the transposed tensor's f-th, i.e. the reference's at the index whose order[k]-th entry is
+        # the transposed index's k-th
+        f = _flat_positions(case.shape, rows)
+        moved = np.unravel_index(f, tuple(shape[k] for k in order))
+        index = [None] * nd
+        for k, axis in enumerate(order):
+            index[axis] = moved[k]
+        return to_float64(reference[np.ravel_multi_index(tuple(index), shape)]), None
+
     names = ("NCHW", "NHWC") if fmt == "NXC" else ("NHWC", "NCHW")
-    yield Candidate("layout-mixup", Prediction(diff_src=view3(written, fmt)),
+    yield Candidate("layout-mixup", Prediction(diff_src=diff_src),
                     lambda s: f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right values "
                               f"at the wrong places (the reference so laid out explains {percent(s.share)} of the "
                               "deviation)")
+
+
+def _flat_positions(shape: tuple[int, int, int], rows: tuple) -> np.ndarray:
+    """Flat positions (n*C + c)*S + s in the buffer of the elements ``rows`` (slices or index arrays) select of an
+    (N, C, S) view, in the shape view[rows] has."""
+    axes = []
+    for axis, (size, row) in enumerate(zip(shape, rows)):
+        index = np.arange(size)[row] if isinstance(row, slice) else np.asarray(row)
+        axes.append(index.reshape([-1 if k == axis else 1 for k in range(3)]) if isinstance(row, slice) else index)
+    return (axes[0] * shape[1] + axes[1]) * shape[2] + axes[2]
 
 
 def _toward_zero(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
