@@ -318,3 +318,23 @@ def test_a_random_share_missing_from_the_sums_is_fitted(dtype, fmt):
     assert f"both sums in {channel_ranges(list(channels), c) if len(channels) < c else 'every channel'}" in hints[0].text
     one = _hints(_judge(problem, bugs.kernel(problem, {"dropped": {first: share}})))
     assert {h.cause for h in one} == {"sums-wrong"} and "random share" not in one[0].text, one
+
+
+@pytest.mark.parametrize("dtype, fmt", RANDOM_GRID, ids=["-".join(g) for g in RANDOM_GRID])
+def test_a_factor_missing_in_a_tile_of_channels_is_named_with_the_channels(dtype, fmt):
+    """diff_src without its gamma (or with an extra invstd) in one run of channels only (one tile of a kernel's
+    launch): the per-channel factor and the channels, as a range."""
+    rng = np.random.default_rng(zlib.crc32(f"factor-tile/{dtype}/{fmt}".encode()))
+    dtype = dtype if dtype == "f32" else SIXTEEN[int(rng.integers(2))]
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    c = problem["mean"].shape[0]
+    lo = int(rng.integers(0, c - 1))
+    hi = int(rng.integers(lo, c - 1))
+    gamma = problem["gamma"].astype(np.float64)
+    factor, said = (1 / gamma, "no factor gamma (k = invstd)") if rng.random() < 0.5 else \
+        (fitted_bugs._given(problem)[1], "an extra factor invstd")
+    f = np.ones(c)
+    f[lo:hi + 1] = factor[lo:hi + 1]
+    hints = _hints(_judge(problem, bugs.kernel(problem, {"coefficients": (f, f, f)})))
+    assert {h.cause for h in hints} == {"fitted-terms"}, hints
+    assert f"diff_src has {said} in {channel_ranges(list(range(lo, hi + 1)), c)} only" in hints[0].text, hints[0].text
