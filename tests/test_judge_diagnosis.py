@@ -231,3 +231,19 @@ def test_samples_reduced_in_groups_are_named(dtype, fmt):
         words = (f"diff_src used the sums of each group of {size} samples alone ({groups} groups" if size > 1 else
                  "diff_src used each sample's own sums")
         assert hints[0].text.startswith(words), hints[0].text
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_diff_src_written_with_the_samples_reversed_is_named(dtype, fmt):
+    """diff_src computed right and written with its samples in reverse order: the right values at the wrong places
+    (not "no relation to these inputs")."""
+    rng = np.random.default_rng(zlib.crc32(f"reversed/{dtype}/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    outputs = bugs.correct(problem)
+    outputs["diff_src"] = np.ascontiguousarray(outputs["diff_src"][::-1])
+    result = _judge(problem, outputs)
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    n = problem["src"].shape[0]
+    assert result.status == "mismatch" and _causes(result) == {"samples-reversed"}, [h.text for h in hints]
+    assert hints[0].text.startswith(f"diff_src was written with its {n} samples in reverse order"), hints[0].text
