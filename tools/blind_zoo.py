@@ -682,7 +682,8 @@ def k_sums_written_early(p):
     keep = np.zeros((p.shape[1], p.m))
     keep[:, :256] = 1
     _, dg_part = masked_sums(p, keep)
-    return Planted(elementwise(p, db, dg), dg_part, db, coarse=("unexplained:bug is in the sums written",),
+    return Planted(elementwise(p, db, dg), dg_part, db, causes=("partial-reduction-missing", "lost-partial-sum"),
+                   words=r"n=1\.\.3|768|256", coarse=("unexplained:bug is in the sums written",),
                    what="dgamma = first block only")
 
 
