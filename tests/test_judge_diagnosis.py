@@ -247,3 +247,21 @@ def test_diff_src_written_with_the_samples_reversed_is_named(dtype, fmt):
     n = problem["src"].shape[0]
     assert result.status == "mismatch" and _causes(result) == {"samples-reversed"}, [h.text for h in hints]
     assert hints[0].text.startswith(f"diff_src was written with its {n} samples in reverse order"), hints[0].text
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_failures_that_are_all_zeros_are_said_so(fmt):
+    """A kernel that writes 0 wherever |diff_src| < 1e-8 (normal numbers, no FTZ) in a channel of small values: no
+    cause is named, and the hint says what the failures are: zeros where the reference is not, up to its size."""
+    rng = np.random.default_rng(zlib.crc32(f"zeros/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, np.dtype(np.float32), np.float32)
+    problem["gamma"][1] = np.float32(3e-8)  # channel 1's diff_src values ~1e-8: some below the threshold
+    outputs = bugs.correct(problem)
+    truth = _truth(problem)
+    small = np.abs(truth["diff_src"].astype(np.float64)) < 1e-8
+    outputs["diff_src"] = np.where(small, np.float32(0), outputs["diff_src"])
+    result = _judge(problem, outputs)
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    assert result.status == "mismatch" and _causes(result) == {"unexplained"}, [h.text for h in hints]
+    assert "every failing element is 0 where the reference is not (|reference| up to 1e-08 there)" in hints[0].text, \
+        hints[0].text

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, deviating_channels, percent
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import Prediction
@@ -136,7 +137,22 @@ def observations(case: Case, name: str) -> str:
     src = case.outputs.get("diff_src")
     if name in SUMS and out.failed and src is not None and not src.suspicious:
         said.append("diff_src passes, so the kernel used the right sums: the bug is in the sums written")
+    zeros = _zeros_where_failing(out)
+    if zeros is not None:
+        said.append(f"every failing element is 0 where the reference is not (|reference| up to {zeros:.2g} there): "
+                    "values flushed to zero below a threshold, or never written?")
     return "".join(f"; {s}" for s in said)
+
+
+def _zeros_where_failing(out) -> float | None:
+    """The largest |reference| among the failing elements when every one of them is an exact 0 in the output (a
+    fact about the failures, not a cause), else None."""
+    if not out.failed or not out.some_beyond:
+        return None
+    given = out.given[out.beyond]
+    if given.size == 0 or np.any(given != 0):
+        return None
+    return float(np.max(np.abs(to_float64(out.expected[out.beyond]))))
 
 
 def _correlation(case: Case, name: str) -> float | None:
