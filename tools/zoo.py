@@ -101,6 +101,7 @@ HOOKS = {
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
     "swap_write": "diff_src written with H and W swapped",
     "dy16": "a 16-bit dtype: diff_dst rounded to it before use (a float32 kernel under autocast)",
+    "dy_read_at": "(C,) ints: the elementwise pass reads channel c's diff_dst at index[c] (the sums use the right one)",
     "write_other_layout": "diff_src computed right but written in the other layout's order (NCHW order into an NHWC "
                           "buffer, or the reverse)",
     "epsilon": "this epsilon instead of the given one",
@@ -221,7 +222,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
         beta, gam_src = written_beta, written_gam
     if elementwise_invstd is not None:
         xhat, k = (x - mean_at) * elementwise_invstd[:, None], (gamma * elementwise_invstd)[:, None]
-    diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
+    g_src = g[np.asarray(h["dy_read_at"])] if "dy_read_at" in h else g  # dy of another channel, elementwise only
+    diff_src = _diff_src((g_src, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
     written = _convert(diff_src, src.dtype, h.get("truncate", False))
