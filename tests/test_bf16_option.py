@@ -58,6 +58,8 @@ def test_verify_bf16_inputs_and_errors(cli, tmp_path, arrays):
     assert_one_error(cli("verify", out, out, "--inputs", inputs, "--format", "NCHW", "--bf16", "mean"),
               r"--bf16 mean: mean has dtype float32 \(in --inputs .*\), expected 2-byte raw data")
     assert_one_error(cli("verify", out, out, "--bf16", "dx"), r"--bf16 dx: no array named 'dx' in ACTUAL, REFERENCE")
+    assert_one_error(cli("verify", out, out, "--bf16", "dx", "--bf16", "dw"),  # every unknown key at once
+                     r"--bf16 dx --bf16 dw: no arrays named 'dx', 'dw' in ACTUAL, REFERENCE$")
 
 
 def test_run_bf16_input_and_reference_output(cli, tmp_path, arrays):

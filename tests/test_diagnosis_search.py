@@ -131,3 +131,20 @@ def test_a_sum_written_from_part_of_its_reduction_is_named(dtype, fmt, seed):
     assert "diff_src used the whole sums" in hints[0].text
     if channels is not None and len(channels) < planted.problem["mean"].shape[0]:
         assert hints[0].channels == tuple(channels)
+
+
+@pytest.mark.parametrize("dtype, fmt", [(d, f) for d in ("f32", "bf16") for f in ("NCX", "NXC")])
+def test_diff_dst_read_at_another_channel_by_the_elementwise_pass_is_named(dtype, fmt):
+    """The elementwise pass reads channel c's diff_dst at c+1 (a channel pointer off by one), c-2 or c XOR 1; the sums
+    use the right one: the map, in words."""
+    rng = np.random.default_rng(zlib.crc32(f"dy-map/{dtype}/{fmt}".encode()))
+    shape = bugs.random_shape(rng, fmt, (400, 3000))
+    c = 2 * int(rng.integers(3, 8))
+    shape = (shape[0], c, *shape[2:]) if fmt == "NCX" else (*shape[:-1], c)
+    problem = zoo.make_problem(rng, shape, fmt, bugs.DTYPES[dtype], np.float32)
+    index, words = [((np.arange(c) + 1) % c, "c+1 (wrapped around)"), ((np.arange(c) - 2) % c, "c-2 (wrapped around)"),
+                    (np.arange(c) ^ 1, "c XOR 1 (neighbouring channels swapped in pairs)")][int(rng.integers(3))]
+    result = _judge(problem, bugs.kernel(problem, {"dy_read_at": index}))
+    hints = _hints(result)
+    assert result.status == "mismatch" and {h.cause for h in hints} == {"parameter-misread"}, [h.text for h in hints]
+    assert f"the elementwise pass read diff_dst at the wrong channel: dy[{words}] for channel c" in hints[0].text

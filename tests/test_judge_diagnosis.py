@@ -186,3 +186,82 @@ def test_diff_src_written_in_the_other_layout_s_order_is_named(dtype, fmt):
     assert result.status == "mismatch" and _causes(result) == {"layout-mixup"}, [h.text for h in hints]
     assert hints[0].text.startswith(f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right "
                                     "values at the wrong places"), hints[0].text
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_sums_accumulated_in_16_bits_get_no_second_note_saying_so(seed):
+    """float16 data, the sums accumulated in float16 (tools/zoo's accumulate16) and written as float32: the cause is
+    named, and the computed-narrower note (their values are float16 values) would only say it again."""
+    rng = np.random.default_rng(seed)
+    fmt = ("NCX", "NXC")[seed % 2]
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt, (400, 4000)), fmt, np.dtype(np.float16), np.float32)
+    result = _judge(problem, bugs.kernel(problem, {"accumulate16": np.float16}))
+    assert result.status == "mismatch" and _causes(result) == {"16-bit-accumulation"}
+
+
+@pytest.mark.parametrize("sixteen", ["bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_diff_dst_read_in_16_bits_is_named(sixteen, fmt):
+    """A float32 kernel that rounds diff_dst to bfloat16 or float16 before use (autocast), at a random shape: named
+    with the type (screened on the sample: the deviation less k*(dy16 - dy) leaves only the sums' change)."""
+    rng = np.random.default_rng(zlib.crc32(f"dy16/{sixteen}/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, np.dtype(np.float32), np.float32)
+    result = _judge(problem, bugs.kernel(problem, {"dy16": bugs.DTYPES[sixteen]}))
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    name = {"bf16": "bfloat16", "f16": "float16"}[sixteen]
+    assert result.status == "mismatch" and _causes(result) == {"16-bit-inputs"}, [h.text for h in hints]
+    assert hints[0].text.startswith(f"the kernel read diff_dst rounded to {name} "), hints[0].text
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_samples_reduced_in_groups_are_named(dtype, fmt):
+    """diff_src from the sums of each of G groups of samples alone (a data-parallel batch norm without its
+    all-reduce), the weight gradients whole; G = N: per-sample statistics. Random shapes and group counts."""
+    rng = np.random.default_rng(zlib.crc32(f"groups/{dtype}/{fmt}".encode()))
+    n = int(rng.choice([4, 6, 8]))
+    shape = bugs.random_shape(rng, fmt, (200, 800))
+    shape = (n, *shape[1:])
+    problem = zoo.make_problem(rng, shape, fmt, bugs.DTYPES[dtype], np.float32)
+    for groups in (int(rng.choice([g for g in (2, 3, 4) if n % g == 0])), n):
+        result = _judge(problem, bugs.kernel(problem, {"sample_groups": groups}))
+        hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+        assert result.status == "mismatch" and _causes(result) == {"sample-group-sums"}, [h.text for h in hints]
+        size = n // groups
+        words = (f"diff_src used the sums of each group of {size} samples alone ({groups} groups" if size > 1 else
+                 "diff_src used each sample's own sums")
+        assert hints[0].text.startswith(words), hints[0].text
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_diff_src_written_with_the_samples_reversed_is_named(dtype, fmt):
+    """diff_src computed right and written with its samples in reverse order: the right values at the wrong places
+    (not "no relation to these inputs")."""
+    rng = np.random.default_rng(zlib.crc32(f"reversed/{dtype}/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    outputs = bugs.correct(problem)
+    outputs["diff_src"] = np.ascontiguousarray(outputs["diff_src"][::-1])
+    result = _judge(problem, outputs)
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    n = problem["src"].shape[0]
+    assert result.status == "mismatch" and _causes(result) == {"samples-reversed"}, [h.text for h in hints]
+    assert hints[0].text.startswith(f"diff_src was written with its {n} samples in reverse order"), hints[0].text
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_failures_that_are_all_zeros_are_said_so(fmt):
+    """A kernel that writes 0 wherever |diff_src| < 1e-8 (normal numbers, no FTZ) in a channel of small values: no
+    cause is named, and the hint says what the failures are: zeros where the reference is not, up to its size."""
+    rng = np.random.default_rng(zlib.crc32(f"zeros/{fmt}".encode()))
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, np.dtype(np.float32), np.float32)
+    problem["gamma"][1] = np.float32(3e-8)  # channel 1's diff_src values ~1e-8: some below the threshold
+    outputs = bugs.correct(problem)
+    truth = _truth(problem)
+    small = np.abs(truth["diff_src"].astype(np.float64)) < 1e-8
+    outputs["diff_src"] = np.where(small, np.float32(0), outputs["diff_src"])
+    result = _judge(problem, outputs)
+    hints = [h for o in result.outputs for h in o.comparison.diagnosis]
+    assert result.status == "mismatch" and _causes(result) == {"unexplained"}, [h.text for h in hints]
+    assert "every failing element is 0 where the reference is not (|reference| up to 1e-08 there)" in hints[0].text, \
+        hints[0].text

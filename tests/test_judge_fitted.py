@@ -293,3 +293,48 @@ def test_an_output_of_other_inputs_is_said_to_have_no_relation_to_these():
     hints = _hints(_judge(problem, outputs))
     assert [h.cause for h in hints] == ["unexplained"], hints
     assert "diff_src has no relation to these inputs" in hints[0].text, hints[0].text
+
+
+RANDOM_GRID = [(dtype, fmt) for dtype in ("f32", "sixteen") for fmt in ("NCX", "NXC")]
+
+
+@pytest.mark.parametrize("dtype, fmt", RANDOM_GRID, ids=["-".join(g) for g in RANDOM_GRID])
+def test_a_random_share_missing_from_the_sums_is_fitted(dtype, fmt):
+    """A random share p of each channel's elements lost from both sums (unsynchronised atomics), in every channel or
+    a run of at least 4, diff_src from those sums: sums-wrong, with the share fitted from the sums' deviations
+    (own_outputs.random_share). One channel hit: too few deviations to judge, no share said."""
+    rng = np.random.default_rng(zlib.crc32(f"random-share/{dtype}/{fmt}".encode()))
+    dtype = dtype if dtype == "f32" else SIXTEEN[int(rng.integers(2))]
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    c = problem["mean"].shape[0]
+    share = float(rng.uniform(0.05, 0.3))
+    first = int(rng.integers(0, max(1, c - 4)))
+    channels = range(first, c) if rng.random() < 0.5 else range(c)
+    hints = _hints(_judge(problem, bugs.kernel(problem, {"dropped": {ch: share for ch in channels}})))
+    assert {h.cause for h in hints} == {"sums-wrong"}, hints
+    said = _number(hints[0].text, r"consistent with a random share of about ([0-9.]+)% \(")
+    spread = _number(hints[0].text, r"% \(± ([0-9.e+-]+)%\) of each channel's elements")
+    assert abs(said - 100 * share) <= 3 * spread + 0.05 * said, (share, hints[0].text)
+    assert f"both sums in {channel_ranges(list(channels), c) if len(channels) < c else 'every channel'}" in hints[0].text
+    one = _hints(_judge(problem, bugs.kernel(problem, {"dropped": {first: share}})))
+    assert {h.cause for h in one} == {"sums-wrong"} and "random share" not in one[0].text, one
+
+
+@pytest.mark.parametrize("dtype, fmt", RANDOM_GRID, ids=["-".join(g) for g in RANDOM_GRID])
+def test_a_factor_missing_in_a_tile_of_channels_is_named_with_the_channels(dtype, fmt):
+    """diff_src without its gamma (or with an extra invstd) in one run of channels only (one tile of a kernel's
+    launch): the per-channel factor and the channels, as a range."""
+    rng = np.random.default_rng(zlib.crc32(f"factor-tile/{dtype}/{fmt}".encode()))
+    dtype = dtype if dtype == "f32" else SIXTEEN[int(rng.integers(2))]
+    problem = zoo.make_problem(rng, bugs.random_shape(rng, fmt), fmt, bugs.DTYPES[dtype], np.float32)
+    c = problem["mean"].shape[0]
+    lo = int(rng.integers(0, c - 1))
+    hi = int(rng.integers(lo, c - 1))
+    gamma = problem["gamma"].astype(np.float64)
+    factor, said = (1 / gamma, "no factor gamma (k = invstd)") if rng.random() < 0.5 else \
+        (fitted_bugs._given(problem)[1], "an extra factor invstd")
+    f = np.ones(c)
+    f[lo:hi + 1] = factor[lo:hi + 1]
+    hints = _hints(_judge(problem, bugs.kernel(problem, {"coefficients": (f, f, f)})))
+    assert {h.cause for h in hints} == {"fitted-terms"}, hints
+    assert f"diff_src has {said} in {channel_ranges(list(range(lo, hi + 1)), c)} only" in hints[0].text, hints[0].text

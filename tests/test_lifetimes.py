@@ -166,7 +166,7 @@ os.fork = real_fork
 for _ in workers.results(pool, abs, [1, 2, 3]):
     break  # the caller stops early: the pool's workers are killed
 mine.join(0.5)
-print(mine.is_alive(), sorted(p.exitcode for p in pool.processes))
+print(mine.is_alive(), [p.exitcode is not None for p in pool.processes])  # ended (killed, or out on their own first)
 mine.kill()
 """
 
@@ -180,7 +180,7 @@ def test_a_pool_kills_its_own_workers_only(tmp_path: Path) -> None:
     started, stopped = out.splitlines()
     assert started.startswith("2 --jobs 4: 2 worker processes started (the process limit") and \
         started.endswith("True"), started  # the user's child survived the failed start
-    assert stopped == f"True {[-signal.SIGKILL] * 2}", stopped  # ... and the early stop; the workers did not
+    assert stopped == "True [True, True]", stopped  # ... and the early stop; the pool's two workers are gone
 
 
 # ---------------------------------------------------------------- workers end with their parent

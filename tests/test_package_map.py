@@ -93,10 +93,11 @@ COMMANDS = {"cli/run.py", "cli/verify.py", "cli/check.py"}
 
 
 def rank(name: str) -> int:
-    """4 the package's __init__, 3 a face (cli/, api.py, __main__.py), 2 app/, 1 a part, 0 a leaf."""
+    """4 the package's __init__, 3 a face (cli/, api.py and its api_arguments.py, __main__.py), 2 app/, 1 a part,
+    0 a leaf."""
     if name == "__init__.py":
         return 4
-    if name.startswith("cli/") or name in ("api.py", "__main__.py"):
+    if name.startswith("cli/") or name in ("api.py", "api_arguments.py", "__main__.py"):
         return 3
     if name.startswith("app/"):
         return 2

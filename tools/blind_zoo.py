@@ -682,7 +682,8 @@ def k_sums_written_early(p):
     keep = np.zeros((p.shape[1], p.m))
     keep[:, :256] = 1
     _, dg_part = masked_sums(p, keep)
-    return Planted(elementwise(p, db, dg), dg_part, db, coarse=("unexplained:bug is in the sums written",),
+    return Planted(elementwise(p, db, dg), dg_part, db, causes=("partial-reduction-missing", "lost-partial-sum"),
+                   words=r"n=1\.\.3|768|256", coarse=("unexplained:bug is in the sums written",),
                    what="dgamma = first block only")
 
 
@@ -1197,7 +1198,8 @@ def k_dy_rounded_bf16(p):
     dy = to16(p.dy, ml_dtypes.bfloat16)
     q = dataclasses.replace(p, dy=dy)
     db, dg = sums(q)
-    return Planted(elementwise(q, db, dg), dg, db, what="diff_dst read through bf16")
+    return Planted(elementwise(q, db, dg), dg, db, causes=("16-bit-inputs",), words=r"diff_dst.*bfloat16",
+                   what="diff_dst read through bf16")
 
 
 def k_dgamma_unbiased_invstd(p):
@@ -1220,7 +1222,8 @@ def k_syncbn_no_allreduce(p):
         q = dataclasses.replace(p, x=p.x[lo:hi], dy=p.dy[lo:hi])
         qb, qg = sums(q)
         dx[lo:hi] = elementwise(q, qb, qg)
-    return Planted(dx, dg, db, coarse=("unexplained:elementwise pass",), what="each half-batch uses its own sums")
+    return Planted(dx, dg, db, causes=("sample-group-sums",), words=rf"group of {n // 2} samples",
+                   coarse=("unexplained:elementwise pass",), what="each half-batch uses its own sums")
 
 
 def k_stale_dgamma_channels(p):

@@ -238,6 +238,18 @@ MUTANTS = (
            "required=(), epsilon_is_f32=False, paired_param_grads=True),", f"{NAMES} -k epsilon_f32"),
     Mutant("epsilon 0 accepted", SPEC, "if not math.isfinite(epsilon) or epsilon <= 0:",
            "if not math.isfinite(epsilon) or epsilon < 0:", f"{NAMES} -k lower_limit"),
+    # the leftovers of issue 37: dtypes, worker pools, every output vetted by one rule, one error per name set
+    Mutant("f16 read as NumPy's float128", "bnbwd_cli/dtypes.py", '"f16": "f2"}', '"f16": "f16"}',
+           "tests/test_readers_cli.py -k 'f16 or short_names'"),
+    Mutant("a pool's stop reaps every child", "bnbwd_cli/app/workers.py", "        _reap(pool.processes)",
+           '        _reap(__import__("multiprocessing").active_children())',
+           "tests/test_lifetimes.py -k own_workers"),
+    Mutant("two outputs in one file accepted", "bnbwd_cli/cli/destinations.py",
+           "if path.resolve() == other.resolve() and not is_write_through(path):",
+           "if False:", "tests/test_judgement_reports.py tests/test_suite_reports.py -k 'same or one_file'"),
+    Mutant("run --reference's missing outputs left for a later run", "bnbwd_cli/app/run.py",
+           "if request.kernel is not None and missing_inputs(inputs, settings):",
+           "if False:", "tests/test_missing_names.py -k two_files"),
 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bnbwd_cli.api import _from_torch
+from bnbwd_cli.api_arguments import from_torch
 from bnbwd_cli.dtypes import BFLOAT16
 
 
@@ -23,4 +23,4 @@ def to_torch(torch, array: np.ndarray):
 def to_numpy(tensor) -> np.ndarray:
     """The tensor's values as a contiguous NumPy array (torch.bfloat16 as ml_dtypes' bfloat16): the API's own
     conversion of a caller's tensor, in C order."""
-    return np.ascontiguousarray(_from_torch(tensor))
+    return np.ascontiguousarray(from_torch(tensor))

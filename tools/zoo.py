@@ -100,6 +100,8 @@ HOOKS = {
     "read_format": "NCX or NXC: the buffers read, and diff_src written, in this layout (a layout mix-up)",
     "swap_read": "'src' or 'diff_dst': that buffer read with H and W swapped",
     "swap_write": "diff_src written with H and W swapped",
+    "dy16": "a 16-bit dtype: diff_dst rounded to it before use (a float32 kernel under autocast)",
+    "dy_read_at": "(C,) ints: the elementwise pass reads channel c's diff_dst at index[c] (the sums use the right one)",
     "write_other_layout": "diff_src computed right but written in the other layout's order (NCHW order into an NHWC "
                           "buffer, or the reverse)",
     "epsilon": "this epsilon instead of the given one",
@@ -120,6 +122,8 @@ HOOKS = {
     "no_mean_dy": "channels where diff_beta/M is not subtracted",
     "inference": "diff_src = gamma*invstd*diff_dst (inference's formula in training)",
     "per_sample": "sums over each sample's positions only (per-sample statistics)",
+    "sample_groups": "G: diff_src from the sums over each of G contiguous groups of samples alone, divided by the "
+                     "group's count (a data-parallel batch norm without its all-reduce); the sums written are whole",
     "flip": "channels whose diff_src is negated",
     "truncate": "16-bit outputs converted by truncation (round toward zero)",
     "unwritten": "channel -> None (left zero) or another channel (stale: that channel's values)",
@@ -169,6 +173,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
     if h.get("swap_read") == "src":
         src = _swap_read(src, fmt)
     x, g = _per_channel(src, read_fmt), _per_channel(dy, read_fmt)
+    if "dy16" in h:  # diff_dst rounded to a 16-bit type before use (autocast)
+        g = g.astype(h["dy16"]).astype(g.dtype)
     mean, invstd = _statistics(problem, x, h)
     gamma = problem["gamma"].astype(F32)
     if "gamma" in h:
@@ -216,7 +222,8 @@ def kernel(problem: dict, order: str = "sequential", bug: str | None = None, bad
         beta, gam_src = written_beta, written_gam
     if elementwise_invstd is not None:
         xhat, k = (x - mean_at) * elementwise_invstd[:, None], (gamma * elementwise_invstd)[:, None]
-    diff_src = _diff_src((g, xhat, beta, gam_src), k, src.shape[0], h)
+    g_src = g[np.asarray(h["dy_read_at"])] if "dy_read_at" in h else g  # dy of another channel, elementwise only
+    diff_src = _diff_src((g_src, xhat, beta, gam_src), k, src.shape[0], h)
     for channel in h.get("flip", ()):
         diff_src[channel] = -diff_src[channel]
     written = _convert(diff_src, src.dtype, h.get("truncate", False))
@@ -298,8 +305,9 @@ def _diff_src(sums: tuple, k: np.ndarray, batch: int, h: dict) -> np.ndarray:
     c, m = g.shape
     if h.get("inference"):
         return k * g
-    if h.get("per_sample"):  # sums over each sample's positions only (rows are in (n, positions) order)
-        gs, xs = g.reshape(c, batch, -1), xhat.reshape(c, batch, -1)
+    if h.get("per_sample") or h.get("sample_groups"):  # sums over each sample's (or group's) positions only
+        parts = batch if h.get("per_sample") else h["sample_groups"]  # (rows are in (n, positions) order)
+        gs, xs = g.reshape(c, parts, -1), xhat.reshape(c, parts, -1)
         per = F32(gs.shape[2])
         mean_dy = gs.sum(axis=2, keepdims=True, dtype=F32) / per
         mean_dyx = (gs * xs).sum(axis=2, keepdims=True, dtype=F32) / per

@@ -14,7 +14,9 @@ from bnbwd_cli.app.inputs import OpSettings
 from bnbwd_cli.cli.output import ReportWriter, echo_error, record_verdict
 from bnbwd_cli.cli.params import (ComparisonOptions, ReportTargets, ShardValue, comparison_options, fsync_option,
                                   op_options, report_options)
-from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports
+from bnbwd_cli.cli.destinations import vet_outputs
+from bnbwd_cli.cli.suite_reports import write_reports
+from bnbwd_cli.files.read import source_files
 from bnbwd_cli.literal import literal, literal_line
 from bnbwd_cli.status import Status, exit_code
 
@@ -92,8 +94,8 @@ def check(cases: tuple[str, ...], fsync: bool, comparison: ComparisonOptions, js
     found = app_check.find_cases(cases)
     if shard is not None:
         found = app_check.shard(found, *shard)
-    vet_report_targets(targets, [source for case in found for source in (case.path, case.outputs_path)
-                                 if source is not None])
+    vet_outputs(list(targets.named.items()), [path for case in found for source in (case.path, case.outputs_path)
+                                              if source is not None for path in source_files(str(source))])
     op = OpSettings(epsilon=op_options["epsilon"], data_format=op_options["data_format"], spec=op_options["spec"],
                     training=False if op_options["inference"] else None,
                     variance_is_invstd=op_options["variance_is_invstd"])

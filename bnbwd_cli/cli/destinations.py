@@ -2,7 +2,7 @@
 to stdout ('-', /dev/stdout, /dev/fd/1, /proc/self/fd/1) is stdout, and two there are a usage error; every other
 must be writable, no input, and named once (FIFOs and devices may be named twice: nothing is replaced there).
 
-Click only in its errors: the checks of one destination are files/write.vet_destination's.
+Click only in its errors: the checks of one destination are files/destinations.vet_destination's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def vet_outputs(named: Sequence[tuple[str, str | Path | None]], inputs: list) ->
     """named: (flag, target) pairs in the command line's order, e.g. ("-o", "-"), ("--out-dir", DIR/NAME.npy),
     ("--json", PATH), ("--junit", "-"), ("--save-error", PATH); a None target was not asked for. inputs: every file
     the command reads."""
-    from bnbwd_cli.files import write as files_write
+    from bnbwd_cli.files.destinations import vet_destination
     from bnbwd_cli.files.through import is_stdout, is_write_through
 
     named = [(flag, target) for flag, target in named if target is not None]
@@ -49,7 +49,7 @@ def vet_outputs(named: Sequence[tuple[str, str | Path | None]], inputs: list) ->
     for flag, target in named:
         if str(target) == "-" or (flag not in DATA_FLAGS and is_stdout(target)):  # run's -o /dev/stdout: a file
             continue
-        path = files_write.vet_destination(target, inputs, "output" if flag in DATA_FLAGS else flag)
+        path = vet_destination(target, inputs, "output" if flag in DATA_FLAGS else flag)
         for other_flag, other in files:
             if path.resolve() == other.resolve() and not is_write_through(path):
                 raise click.UsageError(f"{flag} {target} is also another output of this command ({other_flag}); "

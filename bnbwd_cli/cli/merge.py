@@ -7,12 +7,15 @@ the summary, write the reports asked for (cli/suite_reports.py), exit with the m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from bnbwd_cli.app import report as app_report
 from bnbwd_cli.cli.output import ReportWriter, record_verdict
 from bnbwd_cli.cli.params import ReportTargets, fsync_option, report_options
-from bnbwd_cli.cli.suite_reports import vet_report_targets, write_reports
+from bnbwd_cli.cli.destinations import vet_outputs
+from bnbwd_cli.cli.suite_reports import write_reports
 from bnbwd_cli.literal import literal_line
 
 _HELP = """Merge `bnbwd check --json` documents into one report: the shards of a suite
@@ -45,7 +48,7 @@ def report(documents: tuple[str, ...], json_target: str | None, junit_target: st
     if documents.count("-") > 1:
         raise click.UsageError("'-' (stdin) named twice; stdin holds one document")
     targets = ReportTargets(json_target, junit_target, markdown_target, quiet)
-    vet_report_targets(targets, [source for source in documents if source != "-"])
+    vet_outputs(list(targets.named.items()), [Path(source) for source in documents if source != "-"])
     merged = app_report.merge(documents)
     record_verdict(merged["exit_code"])
     writer = ReportWriter()

@@ -234,7 +234,9 @@ def _check_usage(options: RunOptions) -> None:
 def _vet_paths(options: RunOptions) -> Destinations:
     """The output files, checked against every file the run reads (no output overwrites an input)."""
     if options.out_dir is not None:  # made when missing (mkdir -p), removed again if the run fails
-        click.get_current_context().with_resource(files_write.output_directory(options.out_dir))
+        from bnbwd_cli.files.destinations import output_directory
+
+        click.get_current_context().with_resource(output_directory(options.out_dir))
     input_paths = _input_paths(options) + _reference_paths(options)
     outputs = [("-o", options.output)] if options.output is not None else [("--out-dir", p) for p in _output_paths(options)]
     judged = {"--save-error": options.comparison.save_error, "--junit": options.junit_target,

@@ -1,6 +1,6 @@
 """A suite's reports written where the options say (`check` and `report`): --json, --junit, --markdown.
 
-Click only: the destinations vetted before any work (cli/destinations.py), then each report rendered from the suite's JSON document
+Click only: the destinations vetted before any work (cli/destinations.vet_outputs, by the commands), then each report rendered from the suite's JSON document
 (render/cases.py, render/junit.py, render/markdown.py) and written all or nothing (files/write.py).
 """
 
@@ -9,17 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 
-from bnbwd_cli.cli.destinations import vet_outputs
 from bnbwd_cli.cli.output import ReportWriter
 from bnbwd_cli.cli.params import ReportTargets
 from bnbwd_cli.files import write as files_write
-
-
-def vet_report_targets(targets: ReportTargets, inputs: list) -> None:
-    """The reports' destinations, by the rule every output follows (cli/destinations.vet_outputs)."""
-    from bnbwd_cli.files.read import source_files
-
-    vet_outputs(list(targets.named.items()), [path for source in inputs for path in source_files(str(source))])
 
 
 def write_reports(writer: ReportWriter, targets: ReportTargets, document: dict[str, Any], fsync: bool) -> None:

@@ -39,7 +39,11 @@ def reinterpret_bf16(keys: Iterable[str], sets: Mapping[str, MutableMapping]) ->
 
 
 def check_found(keys: Iterable[str], found: set[str], where: str) -> None:
-    """A --bf16 KEY that names no array read is an error (a typo must not pass silently)."""
-    missing = [key for key in keys if key not in found]
-    if missing:
+    """A --bf16 KEY that names no array read is an error (a typo must not pass silently); every such KEY in the one
+    error, so that one more run fixes them all."""
+    missing = list(dict.fromkeys(key for key in keys if key not in found))
+    if len(missing) == 1:
         raise BnbwdError(f"--bf16 {missing[0]}: no array named {missing[0]!r} in {where}")
+    if missing:
+        raise BnbwdError(f"{' '.join(f'--bf16 {key}' for key in missing)}: no arrays named "
+                         f"{', '.join(map(repr, missing))} in {where}")

@@ -1,6 +1,6 @@
 """Writing outputs: every file bnbwd writes (npz, --out-dir npy set, the streamed diff_src, JSON) goes through here.
 
-- Destinations are vetted before any work (`vet_destinations`): not empty, not a directory (nor a name
+- Destinations are vetted before any work (files/destinations.py): not empty, not a directory (nor a name
   ending in '/'), in an existing writable directory, not the same file as any input.
 - A regular destination is written to a temp file beside it (unique name, within NAME_MAX when the
   target's own name fits, the umask's mode) and renamed over it only when every file of the set is
@@ -21,10 +21,9 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
-from click.exceptions import Exit
 from numpy.lib import format as npy_format
 
 from bnbwd_cli.errors import BnbwdError
@@ -33,76 +32,9 @@ from bnbwd_cli.files.blocks import CHUNK_BYTES, SPAN_MIN_BYTES, pread_into
 from bnbwd_cli.files.commit import _PENDING_GROUPS, one_commit, signals_deferred  # noqa: F401 - one_commit: the API
 from bnbwd_cli.files.common import display, reason
 from bnbwd_cli.files.encode import save_npz, write_npy, write_npy_header
-from bnbwd_cli.files.through import COPY_CHUNK, ForwardOnly, is_terminal, is_write_through
+from bnbwd_cli.files.through import COPY_CHUNK, ForwardOnly, is_write_through
 
 TEMP_SUFFIX = ".tmp"
-
-
-# ---------------------------------------------------------------- destinations
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def vet_destination(target: str | Path, inputs: list[Path], what: str = "output") -> Path:
-    """Fail before any work if `target` cannot be written or would overwrite an input. Returns it as a Path."""
-    text = os.fspath(target)
-    shown = display(text)
-    if not text:
-        raise BnbwdError(f"{what} '': empty file name")
-    path = Path(text)
-    if text.endswith(os.sep) or path.is_dir():
-        raise BnbwdError(f"{what} {shown}: is a directory, expected a file name")
-    for source in inputs:
-        if _same_file(path, source) or path.resolve() == source.resolve():
-            raise BnbwdError(f"{what} {shown}: is also an input ({display(source)}); refusing to overwrite it")
-    if is_write_through(path):
-        if is_terminal(path):
-            raise BnbwdError(f"{what} {shown}: is a terminal; refusing to write binary data or a report there "
-                             "(redirect it to a file)")
-        return path
-    if path.exists() and not path.is_file():
-        raise BnbwdError(f"{what} {shown}: exists and is not a regular file, a FIFO or a character device")
-    parent = path.parent
-    if not parent.is_dir():
-        raise BnbwdError(f"{what} {shown}: directory {display(parent)} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise BnbwdError(f"{what} {shown}: directory {display(parent)} is not writable")
-    return path
-
-
-@contextlib.contextmanager
-def output_directory(path: Path) -> Iterator[Path]:
-    """--out-dir DIR: made like `mkdir -p` when missing. The directories it made are removed again (if still
-    empty) when the command fails or is interrupted, so that a failed run leaves nothing behind."""
-    if path.exists() and not path.is_dir():
-        raise BnbwdError(f"output directory {path}: exists and is not a directory")
-    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BnbwdError(f"output directory {path}: cannot create it ({reason(exc)})") from None
-    try:
-        yield path
-    except BaseException as exc:
-        if not (isinstance(exc, Exit) and exc.exit_code in (0, 1)):  # 0 and 1 (mismatch) wrote their outputs
-            for directory in made:
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
-        raise
-
-
-def vet_destinations(targets: list[str | Path], inputs: list[Path]) -> list[Path]:
-    paths = [vet_destination(target, inputs) for target in targets]
-    for i, a in enumerate(paths):
-        for b in paths[:i]:
-            if a.resolve() == b.resolve() and not is_write_through(a):
-                raise BnbwdError(f"output {display(a)}: named twice; give each output its own file")
-    return paths
 
 
 # ---------------------------------------------------------------- temp files

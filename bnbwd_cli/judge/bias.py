@@ -74,6 +74,10 @@ class ChannelRegression:
         self.flushed_below = flushed_below
         self.unmoved = unmoved
         self.undecided = False  # (unmoved) a decision add_unmoved's sums cannot make: fit() gives None
+        # (unmoved) per clustering and channel: the first element's cluster (-1: none yet) and whether another
+        # element's cluster differs from it (two clusters or more: all the fit needs to know of them there)
+        self.first_cluster = np.full((2, channels), -1, dtype=np.int64)
+        self.spread = np.zeros((2, channels), dtype=bool)
         # Per clustering, channel and cluster: the 6 distinct entries of X'X and the 3 of X'd.
         self.cross = np.zeros((2, channels, CLUSTERS, 9))
         self.dd = np.zeros(channels)
@@ -112,24 +116,39 @@ class ChannelRegression:
         whatever the sums of x and r (the X'd sums are +0: beta is +0, every score 0); the sums only decide which
         channels can be fitted (fit's ``ok``). So the counts per cluster are summed exactly (integers) and the
         other sums per channel in any order (einsum, not one scattered sum each), and fit() checks that no
-        decision lies within those sums' rounding of its threshold (else it gives None: the exact sums then). A
-        non-finite xhat (left out by the exact sums) makes the fit undecided too."""
+        decision lies within those sums' rounding of its threshold (else it gives None: the exact sums then). Of
+        the clusters only whether a channel's elements fall in two or more matters (the robust error is 0 whatever
+        their number): its elements are hashed until one differs from its first (``spread``), then no more; every
+        element counts (in cluster 0's count). A non-finite xhat (left out by the exact sums) makes the fit
+        undecided too."""
         x, r = values.xhat, values.reference
         if not np.isfinite(x).all():
             self.undecided = True
             return
-        bins = self.scratch.get("bins", (2, *r.shape), INT64)
-        for key, out in zip((values.diff_dst, r), bins):
-            cluster_of(key, out=out.view(np.uint64))
-        width = channels.stop - channels.start
-        bins += np.arange(width)[:, None] * CLUSTERS  # (the piece's own channels, from 0)
-        for clustering, ids in enumerate(bins.reshape(2, -1)):
-            self.cross[clustering, channels, :, 0] += np.bincount(ids, None, width * CLUSTERS).reshape(width, CLUSTERS)
+        self.cross[:, channels, 0, 0] += r.shape[0] * r.shape[2]
+        for clustering, key in enumerate((values.diff_dst, r)):
+            pending = np.flatnonzero(~self.spread[clustering, channels])
+            if pending.size:
+                self._spread(clustering, key[:, pending], channels.start + pending)
         totals = [np.einsum("ncs->c", x), np.einsum("ncs->c", r), np.einsum("ncs,ncs->c", x, x),
                   np.einsum("ncs,ncs->c", x, r), np.einsum("ncs,ncs->c", r, r)]
         self.cross[:, channels, 0, 1:6] += np.stack(totals, axis=1)
         spacing = _spacing(values.actual, None, self.dtype, self.scratch.get("spacing", r.shape))
         self.ulp_squares[channels] += np.einsum("ncs,ncs->c", spacing, spacing)
+
+    def _spread(self, clustering: int, key: np.ndarray, channels: np.ndarray) -> None:
+        """add_unmoved's clusters: the (n, k, s) keys of the channels ``channels`` (indices) not yet seen in two."""
+        ids = cluster_of(key)
+        first = self.first_cluster[clustering, channels]
+        first = np.where(first < 0, ids[0, :, 0], first)
+        self.first_cluster[clustering, channels] = first
+        self.spread[clustering, channels] |= (ids != first[None, :, None]).any(axis=(0, 2))
+
+    def _clusters(self) -> np.ndarray:
+        """(2, C): per clustering and channel, its clusters holding an element; unmoved: 1, or 2 for two or more."""
+        if self.unmoved:
+            return np.where(self.spread, 2, np.minimum(self.cross[:, :, 0, 0], 1)).astype(np.int64)
+        return np.count_nonzero(self.cross[:, :, :, 0], axis=2)
 
     def _add_sums(self, block: BlockSums, channels: slice) -> None:
         c = block.sums.shape[2] // CLUSTERS
@@ -159,7 +178,8 @@ class ChannelRegression:
         # not well below r's spread (a large correct sum error moved every element to one
         # value), rounding makes d = -r exactly and a scale says nothing.
         ok &= norms[:, 2] > RESOLUTION * np.sqrt(self.ulp_squares)
-        ok &= np.count_nonzero(self.cross[:, :, :, 0], axis=2).min(axis=0) >= 2
+        clusters = self._clusters()
+        ok &= clusters.min(axis=0) >= 2
         inverse = np.linalg.inv(np.where(ok[:, None, None], unit_gram, np.eye(3)))
         coef = np.einsum("cij,cj->ci", inverse, rhs / safe)  # in the unit-diagonal basis
         sse = np.maximum(self.dd - np.einsum("ci,ci->c", coef, rhs / safe), 0.0)
@@ -167,7 +187,8 @@ class ChannelRegression:
         with np.errstate(invalid="ignore", divide="ignore"):
             variance = sse / np.maximum(count - 3, 1)
             stderr = np.sqrt(variance * inverse[:, 2, 2]) / safe[:, 2]
-            robust = np.max([_robust_stderr(cross, beta, inverse, safe) for cross in self.cross], axis=0)
+            robust = np.max([_robust_stderr(cross, beta, (inverse, safe), held) for cross, held in zip(self.cross, clusters)],
+                            axis=0)
             # However few the clusters, rounding moves an element by at most about an ulp: the
             # scale that an ulp of error on every element, all in step, would fit bounds it.
             rms_ulp = np.sqrt(self.ulp_squares / np.maximum(count, 1))
@@ -348,13 +369,15 @@ def _scatter(sums: np.ndarray, bins: np.ndarray, products: tuple) -> None:
                 np.add.at(sums[clustering, k], ids, values)
 
 
-def _robust_stderr(cross: np.ndarray, beta: np.ndarray, inverse: np.ndarray, safe: np.ndarray) -> np.ndarray:
-    """Cluster-robust standard error of the r coefficient: bread = (X'X)^-1, meat = sum over
-    clusters of the outer products of each cluster's score X_g'(d_g - X_g beta)."""
+def _robust_stderr(cross: np.ndarray, beta: np.ndarray, bread: tuple[np.ndarray, np.ndarray],
+                   clusters: np.ndarray) -> np.ndarray:
+    """Cluster-robust standard error of the r coefficient: bread = (X'X)^-1 (its unit-diagonal inverse and the
+    norms that scale it), meat = sum over clusters of the outer products of each cluster's score
+    X_g'(d_g - X_g beta); ``clusters``: how many clusters hold an element, per channel."""
+    inverse, safe = bread
     scores = cross[:, :, 6:] - np.einsum("cgij,cj->cgi", _symmetric(cross[:, :, :6]), beta)
     scores = scores / safe[:, None, :]  # into the unit-diagonal basis of `inverse`
     meat = np.einsum("cgi,cgj->cij", scores, scores)
-    clusters = np.count_nonzero(cross[:, :, 0], axis=1)
     correction = clusters / np.maximum(clusters - 1, 1)  # the usual small-sample factor G/(G-1)
     row = inverse[:, 2, :]  # the r coefficient's row of the bread
     variance = np.einsum("cj,cjk,ck->c", row, meat, row) * correction

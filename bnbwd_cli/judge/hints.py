@@ -21,6 +21,8 @@ from bnbwd_cli.judge.comparison import Comparison, Hint
 # the diagnosis' answers that name no cause: shown after every cause or note
 UNEXPLAINED = ("unexplained", "not-diagnosed")
 GRID_SHARE = 0.5  # of the reference's finite nonzero values on the grid, from which the grid is the data's
+# causes the diagnosis names that are the narrower computation itself: the note would say it twice
+NARROWER_CAUSES = ("16-bit-accumulation",)
 
 
 def precision_hints(comparison: Comparison, actual: np.ndarray, reference: np.ndarray | None = None) -> tuple[Hint, ...]:

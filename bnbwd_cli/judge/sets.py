@@ -152,7 +152,8 @@ def _with_hints(output: OutputResult, hints: tuple[Hint, ...], actual: Mapping[s
     c = output.comparison
     if c is None:
         return output
-    hints = hints + hint_rules.precision_hints(c, actual[output.actual_key], reference[output.reference_key])
+    if not any(h.cause in hint_rules.NARROWER_CAUSES for h in hints):  # (a named 16-bit cause says it already)
+        hints = hints + hint_rules.precision_hints(c, actual[output.actual_key], reference[output.reference_key])
     # the precise ones lead: "no tested hypothesis explains" after any cause or note (check's line shows the first)
     hints = tuple(sorted(hints, key=lambda h: h.cause in hint_rules.UNEXPLAINED))
     return replace(output, comparison=replace(c, hints=tuple(h.text for h in hints), diagnosis=hints))

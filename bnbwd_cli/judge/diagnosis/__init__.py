@@ -12,7 +12,7 @@ reductions.py (missing 1/M, inference-style, mean(dy) not subtracted, part of a 
 diff_gamma from x, 16-bit sums, a mean for a sum), statistics.py (variance/invstd confused, unbiased
 variance, epsilon, own batch statistics, 16-bit statistics, gamma shifted/ignored/doubled), subsets.py (a
 subset of the reduction missing or counted twice, found by search), params.py (gamma, mean or invstd read at
-another channel or along another axis). Then, only when none of those explains, the fitted models (FITTED):
+another channel or along another axis), groups.py (diff_src from the sums of groups of samples alone). Then, only when none of those explains, the fitted models (FITTED):
 fitted_statistics.py (the mean and invstd used, per channel), terms.py (the formula's terms and the sums with
 fitted coefficients), and last own_outputs.py (one sum in the other's place; diff_src from the kernel's own
 sums: the sums are wrong).
@@ -24,8 +24,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bnbwd_cli.judge.diagnosis import (fitted_statistics, own_outputs, params, reductions, statistics, subsets, terms,
-                                       writes)
+from bnbwd_cli.judge.diagnosis import (fitted_statistics, groups, own_outputs, params, reductions, statistics,
+                                       subsets, terms, writes)
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.assess import assess
 from bnbwd_cli.judge.diagnosis.case import Case, build_case
@@ -53,6 +53,7 @@ def _candidates(case: Case) -> Iterator[Candidate]:
     yield from subsets.candidates(case)
     yield from statistics.candidates(case)
     yield from params.candidates(case)
+    yield from groups.candidates(case)
 
 
 def diagnose(inputs, facts: ChannelFacts,

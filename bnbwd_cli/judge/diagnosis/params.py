@@ -77,7 +77,38 @@ def candidates(case: Case) -> Iterator[Candidate]:
     yield from _gamma_maps(case, maps, table)
     yield from _statistic_maps(case, maps, table)
     yield from _elementwise_maps(case, maps, table)
+    yield from _dy_maps(case)
     yield from _other_axis(case)
+
+
+def _few_maps(channels: int) -> list[tuple[str, np.ndarray]]:
+    """The maps a per-element input is tried at (each a recomputation screened on the sample): shifts by 1..3
+    wrapped, by 1 clamped, the channels reversed, c XOR 1."""
+    return [(words, index) for words, index in index_maps(channels)
+            if words.startswith(("c+1 ", "c-1 ", "c+2 ", "c-2 ", "c+3 ", "c-3 ", "C-1-c", "c XOR 1 "))
+            and ("clamped" not in words or words.startswith(("c+1 ", "c-1 ")))]
+
+
+def _dy_maps(case: Case) -> Iterator[Candidate]:
+    """diff_dst read at another channel by the elementwise pass alone (the sums right): diff_src is
+    k*(dy[π] - B/M - xhat*G/M), computed at the rows a test reads."""
+    src = case.outputs.get("diff_src")
+    if src is None or not src.failed or not case.inputs.training:
+        return
+    facts, m = case.facts, float(case.count)
+    k = facts.scale[None, :, None]
+    mean_dy, mean_g = (facts.diff_beta / m)[None, :, None], (facts.diff_gamma / m)[None, :, None]
+    for words, index in _few_maps(case.channels):
+        def diff_src(rows, index=index):
+            # rows hold every channel in order (blocks, chunks, the screening sample): channel c's read goes to index[c]
+            moved = (rows[0], index[rows[1]], rows[2])
+            with np.errstate(invalid="ignore", over="ignore"):
+                return k * (case.dy_at(moved) - mean_dy - case.xhat_at(rows) * mean_g), None
+
+        text = (f"the elementwise pass read diff_dst at the wrong channel: dy[{words}] for channel c (the sums use "
+                "the right one)")
+        yield Candidate("parameter-misread", Prediction(diff_src=diff_src),
+                        lambda s, text=text: f"{text}; recomputed that way: explains {percent(s.share)} of the deviation")
 
 
 def _gamma_maps(case: Case, maps: list, table: np.ndarray) -> Iterator[Candidate]:

@@ -1,6 +1,6 @@
 """Other statistics than the ones given: variance and invstd confused, an unbiased variance, another
 epsilon, the kernel's own batch statistics, a mean or invstd kept in bfloat16/float16; gamma shifted by a
-channel, ignored, or applied twice.
+channel, ignored, or applied twice; diff_dst read rounded to bfloat16/float16.
 
 Each is a recomputation of the outputs with those statistics (kernels.backward_with), tested as a whole
 (assess.assess). bnbwd knows src and the mean, so it also checks what the `variance` input holds: a
@@ -18,6 +18,7 @@ from bnbwd_cli.judge.diagnosis.candidate import Candidate, percent, sixteen_bit_
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import chunks
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
+from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.scratch import Scratch
 
 EPSILONS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 0.0)
@@ -74,6 +75,42 @@ def candidates(case: Case) -> Iterator[Candidate]:
     yield from _sixteen_bit_statistics(case)
     if "diff_src" in case.outputs and case.outputs["diff_src"].suspicious:
         yield from _gamma(case)
+        yield from _sixteen_bit_diff_dst(case)
+
+
+def _sixteen_bit_diff_dst(case: Case) -> Iterator[Candidate]:
+    """diff_dst rounded to bfloat16 or float16 before use (a float32 kernel under autocast, a gradient kept in 16
+    bits): screened on diff_src's sample first, where the deviation less k*(dy16 - dy) must leave only a constant and
+    a multiple of xhat per channel (the sums' change) within the tolerance; only a survivor is recomputed in full."""
+    if case.inputs.diff_dst.dtype.itemsize <= 2 or not case.inputs.training:
+        return
+    out, sample = case.outputs["diff_src"], screening_sample(case)
+    rows = sample.rows
+    k = case.facts.scale[None, :, None]
+    d = sample.actual - sample.reference
+    xhat = case.xhat_at(rows)
+    tolerance = out.comparison.scaled.max_units * sample.scale
+    for name, dtype in sixteen_bit_types():
+        dy = case.dy_at(rows)
+        with np.errstate(over="ignore", invalid="ignore"):
+            left = d - k * (dy.astype(dtype).astype(np.float64) - dy)
+        if not np.all(np.isfinite(left)) or np.linalg.norm(left) > 0.5 * np.linalg.norm(d):
+            continue
+        # per channel, the least-squares constant and slope in xhat (the sums' change), then what is left
+        x0, l0 = xhat - xhat.mean(axis=2, keepdims=True), left - left.mean(axis=2, keepdims=True)
+        slope = np.sum(x0 * l0, axis=2, keepdims=True) / np.maximum(np.sum(x0 * x0, axis=2, keepdims=True), 1e-300)
+        residual = l0 - slope * x0
+        if np.count_nonzero(np.abs(residual) > tolerance) > out.comparison.allowed_mismatches:
+            continue
+        rounded = np.empty(case.shape)
+        for part in chunks(case.shape):
+            rows_of = (part, slice(None), slice(None))
+            with np.errstate(over="ignore", invalid="ignore"):
+                rounded[rows_of] = case.dy_at(rows_of).astype(dtype).astype(np.float64)
+        yield Candidate("16-bit-inputs", backward_with(case, Ingredients(dy=rounded)),
+                        lambda s, name=name: f"the kernel read diff_dst rounded to {name} (a float32 kernel under "
+                                             f"autocast, or a gradient kept in {name}); recomputed with it: explains "
+                                             f"{percent(s.share)} of the deviation")
 
 
 def _variance_invstd(case: Case) -> Iterator[Candidate]:

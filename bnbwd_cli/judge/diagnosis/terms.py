@@ -279,8 +279,9 @@ def _with_sums(case: Case, coefficients: np.ndarray, said: str) -> Iterator[Cand
 
 
 def _per_channel(case: Case) -> Iterator[Candidate]:
-    """One triple per channel: an extra factor gamma or invstd (or their inverse) in every channel, or the channels
-    whose triple is not (1, 1, 1) sharing one triple in words."""
+    """One triple per channel: an extra factor gamma or invstd (or their inverse) in every channel or in the channels
+    whose triple is not (1, 1, 1) (a tile of channels without gamma), or those channels sharing one triple in
+    words."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         fit = fit_terms(case, whole=False)
     if fit is None:
@@ -289,11 +290,18 @@ def _per_channel(case: Case) -> Iterator[Candidate]:
     gamma, invstd = case.gamma, case.facts.invstd
     factors = [(gamma, "an extra factor gamma (gamma applied twice)"), (1 / gamma, "no factor gamma (k = invstd)"),
                (invstd, "an extra factor invstd"), (1 / invstd, "no factor invstd (k = gamma)")]
+    right = np.all(close(coefficients, errors, 1.0), axis=1)
     for factor, said in factors:
-        if np.allclose(factor, 1.0) or not np.all(close(coefficients, errors, factor[:, None])):
+        fits = np.all(close(coefficients, errors, factor[:, None]), axis=1)
+        if np.allclose(factor, 1.0) or not np.all(fits | right):
             continue
-        exact = np.repeat(factor[:, None], 3, axis=1)
-        yield from _with_sums(case, exact, f"diff_src has {said} in every channel")
+        hit = np.flatnonzero(fits & ~right)
+        if hit.size == 0:
+            continue
+        exact = np.ones((case.channels, 3))
+        exact[hit] = factor[hit, None]  # (a channel where the factor is 1 either way is not one of them)
+        where = "every channel" if hit.size == case.channels else f"{channel_ranges(hit, case.channels)} only"
+        yield from _with_sums(case, exact, f"diff_src has {said} in {where}")
     for i in (1, 2):  # one term with a factor of its own in every channel (a term missing an invstd: TF's x_offset)
         others = [j for j in range(3) if j != i]
         if not np.all(close(coefficients[:, others], (fit.errors[:, others], fit.resolution[:, others]), 1.0)):

@@ -1,5 +1,6 @@
 """Bugs in what reaches memory: channels never written, a sign flipped, a truncating conversion, output or
-inputs with the spatial axes swapped, the other layout (buffers read in it, or diff_src written in its order).
+inputs with the spatial axes swapped, the other layout (buffers read in it, or diff_src written in its order), the
+samples written in reverse order.
 
 Tested by predicting the whole output under the bug (judge/diagnosis/assess.py), or for
 truncation by its exact signature (every differing element one ulp toward zero).
@@ -28,6 +29,7 @@ def candidates(case: Case) -> Iterator[Candidate]:
         yield from _spatial(case)
         yield from _layout(case)
         yield from _written_in_other_layout(case)
+        yield from _samples_reversed(case)
     yield from _truncation(case)
 
 
@@ -201,6 +203,25 @@ def _written_in_other_layout(case: Case) -> Iterator[Candidate]:
                     lambda s: f"diff_src was written in {names[0]} order into the {names[1]} buffer: the right values "
                               f"at the wrong places (the reference so laid out explains {percent(s.share)} of the "
                               "deviation)")
+
+
+def _samples_reversed(case: Case) -> Iterator[Candidate]:
+    """diff_src computed right and written with the samples in reverse order (sample n at N-1-n: a loop or a grid
+    index counted down): the reference's sample N-1-n at every element of sample n."""
+    shape = case.inputs.src.shape
+    if len(shape) < 2 or shape[0] < 2:
+        return
+    reference = case.outputs["diff_src"].expected.reshape(-1)
+
+    def diff_src(rows: tuple) -> tuple[np.ndarray, None]:
+        index = list(np.unravel_index(_flat_positions(case.shape, rows), shape))
+        index[0] = shape[0] - 1 - index[0]
+        return to_float64(reference[np.ravel_multi_index(tuple(index), shape)]), None
+
+    yield Candidate("samples-reversed", Prediction(diff_src=diff_src),
+                    lambda s: f"diff_src was written with its {shape[0]} samples in reverse order (sample n at "
+                              f"n={shape[0] - 1}-n): the right values at the wrong places (the reference so reordered "
+                              f"explains {percent(s.share)} of the deviation)")
 
 
 def _flat_positions(shape: tuple[int, int, int], rows: tuple) -> np.ndarray:
