@@ -294,7 +294,7 @@ def markdown(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def gaps(outcomes: list[Outcome]) -> str:
+def gaps(outcomes: list[Outcome], zoo_module: str = "tools.blind_zoo") -> str:
     out = []
     for o in outcomes:
         bad_verdict = not o.verdict_right
@@ -304,8 +304,9 @@ def gaps(outcomes: list[Outcome]) -> str:
         e = o.entry
         out += [f"### {e.name} ({e.kind}; cause {o.cause}, place {o.place}, exit {o.exit_code}"
                 f"{', VERDICT WRONG' if bad_verdict else ''}{', HINTED' if o.hinted else ''})",
-                f"- kernel: `tools/blind_zoo.py` {e.kernel.__name__}: {(e.kernel.__doc__ or '').strip().splitlines()[0] if e.kernel.__doc__ else o.what}; planted: {o.what}",
-                f"- reproduce: `python -m tools.blind_check --write /tmp/blind {e.name} && python -m bnbwd_cli run "
+                f"- kernel: `{zoo_module.replace('.', '/')}.py` {e.kernel.__name__}: {(e.kernel.__doc__ or '').strip().splitlines()[0] if e.kernel.__doc__ else o.what}; planted: {o.what}",
+                f"- reproduce: `python -m tools.blind_check{'' if zoo_module == 'tools.blind_zoo' else ' --zoo ' + zoo_module}"
+                f" --write /tmp/blind {e.name} && python -m bnbwd_cli run "
                 f"/tmp/blind/{e.name}.npz --reference /tmp/blind/{e.name}.out.npz --brief`",
                 f"- bnbwd said: {o.said or '(no hint)'}",
                 f"- where: {o.where or '(none)'}", ""]
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print(markdown(outcomes))
     if args.gaps:
-        args.gaps.write_text(gaps(outcomes))
+        args.gaps.write_text(gaps(outcomes, args.zoo))
     if args.json:
         args.json.write_text(json.dumps([{
             "name": o.entry.name, "kind": o.entry.kind, "correct": o.entry.correct, "exit_code": o.exit_code,
