@@ -103,3 +103,17 @@ def test_blind_correct_kernels_pass_bnbwds_own_hard_cases():
             report = case.check(outputs(case, KERNELS[name]))
             assert report.status == "pass", (str(case), name, report.summary)
     assert blind_zoo.EPS == 1e-5  # the zoo's own epsilon is back
+
+
+def test_the_reserve_builds_apart_from_the_zoo():
+    """tools/blind_reserve: other realisations of the same kinds (docs/held-out.md), none sharing a name with the zoo."""
+    from tools import blind_reserve
+
+    reserve = blind_reserve.zoo()
+    names = {e.name for e in reserve}
+    assert len(names) == len(reserve) >= 45 and not names & {e.name for e in zoo()}
+    assert {e.kind for e in reserve if not e.correct} <= {e.kind for e in zoo()}
+    for entry in reserve:
+        _, outputs, planted = entry.run()
+        assert outputs["diff_src"].shape == entry.problem().stored(entry.problem().x).shape
+        assert entry.correct or planted.causes or planted.region is not None or planted.coarse, entry.name

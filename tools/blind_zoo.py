@@ -941,7 +941,8 @@ def k_channel_remainder(p):
     dx = elementwise(p, planted.db, planted.dg, gamma=gamma)
     mask = np.zeros(p.shape, bool)
     mask[:, c - r:] = True
-    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), what=f"c={c - r}..{c - 1}")
+    return dataclasses.replace(planted, dx=dx, region=region_where(p, mask), what=f"c={c - r}..{c - 1}",
+                               causes=("fitted-terms", "gamma-ignored"), words=rf"gamma.*c={c - r}\.\.{c - 1}")
 
 
 def k_every_4th_channel(p):
@@ -1296,15 +1297,16 @@ def k_dy_next_channel(p):
     """diff_src reads diff_dst of channel c+1 (a channel pointer off by one) in the elementwise pass only."""
     db, dg = sums(p)
     dy = np.roll(p.dy.astype(F32), -1, axis=1)
-    return Planted(elementwise(dataclasses.replace(p, dy=dy), db, dg), dg, db, causes=(),
-                   coarse=("unexplained:elementwise pass",), what="dy[c+1] in the elementwise pass")
+    return Planted(elementwise(dataclasses.replace(p, dy=dy), db, dg), dg, db, causes=("parameter-misread",),
+                   words=r"diff_dst.*c\+1", coarse=("unexplained:elementwise pass",),
+                   what="dy[c+1] in the elementwise pass")
 
 
 def k_samples_reversed(p):
     """diff_src's samples written in reverse order (a batch index counted from the end)."""
     planted = reference_kernel(p)
-    return dataclasses.replace(planted, dx=planted.dx[::-1], coarse=("unexplained:elementwise pass",),
-                               what="samples reversed in diff_src")
+    return dataclasses.replace(planted, dx=planted.dx[::-1], causes=("samples-reversed",),
+                               coarse=("unexplained:elementwise pass",), what="samples reversed in diff_src")
 
 
 def k_own_welford_large_m(p):

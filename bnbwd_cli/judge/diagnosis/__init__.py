@@ -37,7 +37,7 @@ __all__ = ["diagnose", "Hint"]
 
 AMBIGUOUS = 2.0  # another cause leaving at most this many times the best one's unexplained share: no name
 MIN_COUNT = 8  # elements per channel below which no cause is named
-MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (~10 float64 copies are held)
+MAX_ELEMENTS = 1 << 24  # src elements beyond which no hypothesis is tested (some families hold whole float64 copies)
 
 
 # Fitted models (a parameter per channel or per term, fitted to the data), tried only when no named cause is

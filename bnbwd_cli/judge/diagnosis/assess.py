@@ -13,7 +13,7 @@ rounding noise:
 
 The (C,) sums are tested first (cheap: they reject most hypotheses), then diff_src on the screening sample
 (judge/diagnosis/sample.py: what the sample rejects the whole run would reject too), and only then on the whole
-run, chunk by chunk, its share and its count beyond K units in one walk that stops at the first chunk where too
+run, block by block, its share and its count beyond K units in one walk that stops at the first block where too
 many elements are beyond (``confirmed``): the prediction's diff_src is never held whole for it.
 """
 
@@ -83,11 +83,11 @@ Rows = Callable[[tuple], tuple[np.ndarray, np.ndarray | None]]
 
 
 def confirmed(case: Case, at: Rows, share: bool) -> float | None:
-    """diff_src's whole-run test, chunk by chunk: None when more elements than the judge allows are beyond K units
-    of the prediction (found at the first chunk where they are), else the share of the deviation it explains
-    (``share`` False: NaN, not measured). ``at(rows)``: the prediction's diff_src and noise at a chunk's rows. Each
-    chunk's numbers are the whole tensors' there, and the sums go chunk by chunk in order: the share is the one
-    share_explained gives on the whole arrays."""
+    """diff_src's whole-run test, block by block (prediction.blocks): None when more elements than the judge allows
+    are beyond K units of the prediction (found at the first block where they are), else the share of the deviation
+    it explains (``share`` False: NaN, not measured). ``at(rows)``: the prediction's diff_src and noise at a block's
+    rows. Each block's numbers are the whole tensors' there, and the sums go block by block in order: the share is the
+    one share_explained gives on the whole arrays (to the last bits of its sum's order)."""
     out = case.outputs["diff_src"]
     dtype, allowed = out.comparison.dtype, out.comparison.allowed_mismatches
     count, squares = 0, 0.0
@@ -104,7 +104,7 @@ def confirmed(case: Case, at: Rows, share: bool) -> float | None:
 
 def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.ndarray],
             extra: np.ndarray | None) -> int:
-    """How many elements of a chunk of diff_src are beyond K units of the prediction p (values: a, p, r there).
+    """How many elements of a block of diff_src are beyond K units of the prediction p (values: a, p, r there).
     The tolerance is K*(max(scale, extra) + u|p| + u*sqrt(M)*|p - r|) + ulp(p), a sum of non-negative terms, so
     it is at least K*(u|p|) wherever it is not NaN: an element within that passes, and the scale, the costliest
     term, is formed only at the others. Where the tolerance could be NaN (a non-finite reference, noise, or

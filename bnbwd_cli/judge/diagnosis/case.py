@@ -1,13 +1,13 @@
 """What a diagnosis works on: the run under diagnosis, read where and when a test needs it.
 
 ``Case`` holds the op's inputs and each judged output as the kernel and bnbwd gave them (diff_src and the inputs as
-(N, C, S) views, any float dtype), the per-channel facts, and what one chunked pass over diff_src found: which
+(N, C, S) views, any float dtype), the per-channel facts, and what one pass over diff_src, block by block, found: which
 elements are beyond K units of the reference (``Output.beyond``) and the deviation's norm. A test reads float64
 values where it needs them: ``Case.x_at``/``dy_at``/``xhat_at``/``scale_at`` and ``Output.actual_at``/``reference_at``
 upcast (and for xhat and the error scale compute) any rows of the view, the same numbers element for element as
 the whole tensors (float32 and float16 widen exactly; xhat and the scale are element-wise formulas). The whole
 float64 tensors (``Case.x``, ``Output.actual``...) are formed only when a family asks for them: a failing run's
-diagnosis mostly tests its hypotheses on a sample and the sums, and confirms one on the whole run chunk by chunk.
+diagnosis mostly tests its hypotheses on a sample and the sums, and confirms one on the whole run block by block (prediction.blocks).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Case:
         return s_gamma if name == "diff_gamma" else s_beta
 
     # float64 values at rows of the (N, C, S) view: the whole tensor's when it was formed, else computed there (the
-    # same numbers); a chunk's are kept while a test walks the run chunk by chunk (several read the same chunk)
+    # same numbers); a block's are kept while a test walks the run block by block (several read the same block)
 
     def _at(self, name: str, rows: tuple, compute: Callable[[tuple], np.ndarray]) -> np.ndarray:
         if name in self.__dict__:
@@ -236,8 +236,8 @@ def _xhat(x: np.ndarray, facts: ChannelFacts) -> np.ndarray:
 
 
 def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.ndarray, np.ndarray, Comparison]]) -> Case:
-    """The case of a run; ``outputs``: name -> (actual, reference, comparison). One pass over diff_src, chunk by
-    chunk, finds its elements beyond K units and the deviation's norm."""
+    """The case of a run; ``outputs``: name -> (actual, reference, comparison). One pass over diff_src, block by
+    block, finds its elements beyond K units, the deviation's norm and its per-channel sums."""
     fmt = inputs.data_format
     gamma = np.ones_like(facts.mean) if inputs.gamma is None else to_float64(inputs.gamma)
     first = outputs.get("diff_src", next(iter(outputs.values())))[2]
@@ -273,7 +273,7 @@ def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.n
 class DiffSrcSums:
     """Per channel (C,), over diff_src's finite d = a - r (with finite xhat): how many, and the sums of xhat,
     xhat^2, d and xhat*d (a line fitted to d: candidate.channel_fit), and of a*r and r*r (non-finite values as
-    nan_to_num gives them: candidate.channel_ratio). Formed in build_case's pass, chunk by chunk."""
+    nan_to_num gives them: candidate.channel_ratio). Formed in build_case's pass, block by block."""
 
     count: np.ndarray
     x: np.ndarray
@@ -299,7 +299,7 @@ class DiffSrcSums:
 
 
 def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Comparison) -> tuple[Output, DiffSrcSums]:
-    """diff_src's Output and its per-channel sums: one pass, chunk by chunk, for the elements beyond K units, the
+    """diff_src's Output and its per-channel sums: one pass, block by block, for the elements beyond K units, the
     deviation's norm (||a - r|| over them, or over all when none is: then a second pass) and DiffSrcSums."""
     beyond = np.empty(a3.shape, bool)
     flushed = np.zeros(a3.shape, bool) if comparison.flushed else None

@@ -1,7 +1,7 @@
 """A hypothesis' outputs (``Prediction``) and what testing it found (``Assessment``).
 
 A prediction's diff_src is usually a function of an index into the (N, C, S) view: most hypotheses are rejected on
-the sums alone or on the screening sample, so diff_src is computed on the sample first, then chunk by chunk on the
+the sums alone or on the screening sample, so diff_src is computed on the sample first, then block by block on the
 whole run for the few that survive (judge/diagnosis/assess.py), and held whole only where a test needs it whole.
 """
 
