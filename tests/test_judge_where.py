@@ -353,3 +353,22 @@ def test_errors_larger_in_magnitude_are_said_when_their_sign_is_mixed():
     assert with_sign(base, 48, 3).text == f"{base.text}; 97% smaller in magnitude than the reference"
     assert with_sign(base, 0, 50).text == f"{base.text}; all below the reference"  # the plainer word first
     assert with_sign(base, 50, 50).text == base.text and with_sign(base, 50, 50).larger == 50
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lanes_of_each_channel_s_reduction_order_channels_last(seed):
+    """Channels last: a warp reducing each channel over its positions, lanes lo..hi of every 32 (or 64) positions
+    wrong in every channel: not lanes of the buffer (a period of 32*C), said in each channel's reduction order."""
+    rng = np.random.default_rng(seed)
+    warp = (32, 64)[seed % 2]
+    shape = (int(rng.integers(2, 5)), int(rng.integers(8, 14)), int(rng.integers(8, 14)), int(rng.integers(3, 9)))
+    where = Coordinates(shape, ("n", "h", "w", "c"), 3)
+    lo = int(rng.integers(0, warp - 4))
+    hi = lo + int(rng.integers(1, 4))
+    positions = np.arange(math.prod(shape[:3]))
+    mask = np.zeros(shape, bool)
+    mask.reshape(-1, shape[3])[(positions % warp >= lo) & (positions % warp <= hi)] = True
+    found = localize(mask, where)
+    assert found.kind == "reduction" and found.exact, found
+    assert found.text == (f"lanes {lo}..{hi} of every {warp} positions of each channel's {positions.size} elements "
+                          "in reduction order"), found.text

@@ -377,6 +377,36 @@ def _reduction(failures: _Failures, where: Coordinates, channels: np.ndarray) ->
     return Where("reduction", lead, failing, failing, region, start=start, stop=stop, complexity=complexity)
 
 
+def _reduction_lanes(failures: _Failures, where: Coordinates, channels: np.ndarray, period: int) -> Where | None:
+    """Lanes of a warp-sized group of each channel's reduction order (its other axes flattened in storage order):
+    the positions p with p mod ``period`` in a range, in the channels that hold failures (a channel's reduction by a
+    warp; in channels-last storage these are not lanes of the buffer)."""
+    axis = where.channel_axis
+    if axis is None or len(where.shape) < 2:
+        return None
+    per_position = failures.per_position(axis)
+    span = per_position.size
+    if span < 2 * period:
+        return None
+    whole = span // period * period
+    by_lane = np.bincount(np.arange(span) % period, weights=per_position, minlength=period)
+    lanes = np.flatnonzero(by_lane >= max(1, STRAY * by_lane.max()))
+    ranges = index_ranges(lanes)
+    if lanes.size == period or len(ranges) > 2:
+        return None
+    used = np.flatnonzero(channels)
+    positions = whole // period * lanes.size + int(np.count_nonzero(lanes < span - whole))
+    covered = int(by_lane[lanes].sum())
+    which = (f"position {int(lanes[0])} of every {period}" if lanes.size == 1 else
+             f"lanes {ranges_text(ranges)} of every {period} positions")
+    text = f"{which} of each channel's {span} elements in reduction order"
+    if used.size < where.shape[axis]:
+        text += f", in {where.name(axis)}={indices_text(used)}"
+    complexity = len(ranges) + (_complexity(used) if used.size < where.shape[axis] else 0)
+    return Where("reduction", text, failures.count, covered, positions * used.size, period=period, lanes=ranges,
+                 complexity=complexity)
+
+
 def _elements(failures: _Failures, where: Coordinates) -> Where:
     positions, failing = failures.first(FEW_ELEMENTS), failures.count
     text = f"{failing} element{'s' if failing > 1 else ''}: " + "; ".join(where.at(int(p)) for p in positions)
@@ -431,6 +461,7 @@ def localize(mask: np.ndarray, where: Coordinates, elevated: np.ndarray | None =
         found.append(_elements(failures, where))
     if where.channel_axis is not None and mask.ndim >= 2:
         found.append(_reduction(failures, where, counts[where.channel_axis] > 0))
+        found += [_reduction_lanes(failures, where, counts[where.channel_axis] > 0, lanes) for lanes in WARPS]
     strided = any(len(ranges) > 2 for _, ranges in axes.axes)  # indices at a stride: storage order may say it too
     if not axes.tight or axes.complexity > 1 or strided:
         found += [_period(failures, p, where) for p in _periods(failures)]
