@@ -52,6 +52,10 @@ def test_a_where_is_turned_back_into_the_elements_it_names():
     assert tail.reshape(-1)[100:].all() and not tail.reshape(-1)[:100].any()
     period = where_mask({"kind": "period", "period": 32, "lanes": [[28, 31]]}, shape, names, 1).reshape(-1)
     assert np.array_equal(np.flatnonzero(period), [i for i in range(120) if i % 32 >= 28])
+    lanes = where_mask({"kind": "reduction", "period": 8, "lanes": [[5, 5]], "axes": {}}, shape, names, 1)
+    position = np.arange(2 * 15)[None, :].repeat(4, 0)  # each channel's n, h, w in storage order
+    expected = np.moveaxis((position % 8 == 5).reshape(4, 2, 3, 5), 0, 1)
+    assert np.array_equal(lanes, expected)
     named = where_mask({"kind": "elements", "text": "2 elements: n=0 c=1 h=0 w=1; n=1 c=3 h=2 w=4"}, shape, names, 1)
     assert np.array_equal(np.argwhere(named), [[0, 1, 0, 1], [1, 3, 2, 4]])
     assert where_mask({"kind": "scattered"}, shape, names, 1) is None and where_mask(None, shape, names, 1) is None

@@ -102,11 +102,17 @@ def where_mask(where: dict | None, shape: tuple, axis_names: list, channel_axis:
         for lo, hi in where["lanes"]:
             keep |= (lane >= lo) & (lane <= hi)
         return keep.reshape(shape)
-    if kind == "reduction" and channel_axis is not None and where.get("start") is not None:
+    if kind == "reduction" and channel_axis is not None and (where.get("start") is not None or where.get("period")):
         moved = np.moveaxis(np.arange(size).reshape(shape), channel_axis, 0)
         position = np.empty(size, np.int64)
         position[moved.reshape(moved.shape[0], -1)] = np.arange(moved[0].size)[None, :]
-        keep = (position >= where["start"]) & (position < where["stop"])
+        if where.get("period"):  # lanes of every period of each channel's positions
+            lane = position % where["period"]
+            keep = np.zeros(size, bool)
+            for lo, hi in where["lanes"]:
+                keep |= (lane >= lo) & (lane <= hi)
+        else:
+            keep = (position >= where["start"]) & (position < where["stop"])
         mask = keep.reshape(shape)
         chans = where["axes"].get(axis_names[channel_axis])
         if chans:
