@@ -108,6 +108,8 @@ def test_a_nan_leads_run_reference_verify_and_check(cli, problem, tmp_path):
     case = save_bundle(tmp_path / "case.npz", {**inputs, **dict(np.load(kernel))}, epsilon=1e-3, data_format="NCHW")
     checked = cli("check", case)
     assert checked.exit_code == 1 and f"diff_src FAIL {lead}" in checked.stdout
+    line = next(li for li in checked.stdout.splitlines() if li.startswith("FAIL"))
+    assert f"case.npz: diff_src FAIL {lead}" in line and line.index("NaN where") < line.index("hint:"), line  # NaN first
 
 
 PATTERNS = ("rows", "channels", "sample", "tile", "stride", "tail")

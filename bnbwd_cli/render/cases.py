@@ -75,10 +75,11 @@ def case_line(outcome: CaseOutcome) -> str:
     result = outcome.result
     line = f"{'PASS ' if result.status == Status.PASS else 'FAIL '} {literal(outcome.path)}: "
     hints = _hints(result)
-    if hints:
-        more = f" (+{len(hints) - 1} more: -v)" if len(hints) > 1 else ""
-        line += f"hint: {hints[0]}{more}; "
-    line += ", ".join(_output_cell(o) for o in result.outputs)
+    hint = f"hint: {hints[0]}" + (f" (+{len(hints) - 1} more: -v)" if len(hints) > 1 else "") if hints else None
+    cells = ", ".join(_output_cell(o) for o in result.outputs)
+    # NaN/Inf lead every form: then the cells (which say them first) come before the hint; else the hint leads
+    nonfinite = any(o.comparison is not None and o.comparison.nonfinite.mismatches for o in result.outputs)
+    line += "; ".join(part for part in ((cells, hint) if nonfinite else (hint, cells)) if part)
     if result.status == Status.STRUCTURAL:
         line += "".join(f"; error: {problem.message}" for problem in result.all_problems)
     return line + "".join(f"; {note}" for note in outcome.notes)
