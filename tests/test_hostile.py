@@ -797,12 +797,18 @@ def test_signals_are_held_while_a_set_is_renamed_then_delivered() -> None:
     from bnbwd_cli.files.write import signals_deferred
 
     reached = []
-    with pytest.raises(KeyboardInterrupt):
-        with signals_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached.append("after the signal")  # the block goes on: the signal waits for its end
-    assert reached == ["after the signal"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler for the test: a runner that starts pytest in the background of a shell without job
+    # control hands it SIGINT ignored (then Python keeps SIG_IGN, and an ignored signal is rightly not delivered)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached.append("after the signal")  # the block goes on: the signal waits for its end
+        assert reached == ["after the signal"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_one_commit_renames_every_set_at_its_end_or_none(tmp_path: Path) -> None:
