@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge.heat_map import heat_map
-from bnbwd_cli.judge.where import Coordinates, Where, _Failures, index_ranges, indices_text, localize
+from bnbwd_cli.judge.failures import Failures
+from bnbwd_cli.judge.index_words import index_ranges, indices_text
+from bnbwd_cli.judge.where import Coordinates, Where, localize
 
 NCX, NXC = ("n", "c", "h", "w"), ("n", "h", "w", "c")
 SEEDS = range(12)
@@ -248,7 +250,7 @@ def test_heat_map_counts_every_failure_in_its_cell_both_ways(seed, layout):
         for r, (c0, c1) in enumerate(picture.channels):
             for k, (p0, p1) in enumerate(picture.positions):
                 assert picture.failing[r][k] == by_channel[c0:c1 + 1, p0:p1 + 1].sum()
-        assert (_Failures(mask).positions is not None) == (density < 0.05)
+        assert (Failures(mask).positions is not None) == (density < 0.05)
 
 
 def test_heat_map_needs_a_channel_axis():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnbwd_cli.judge.where import _counts_dtype, _Failures
+from bnbwd_cli.judge.failures import Failures, counts_dtype
 
 MAP_ROWS, MAP_COLUMNS = 16, 60  # at most: channel groups x blocks of each channel's positions
 
@@ -35,11 +35,11 @@ def _edges(count: int, parts: int) -> np.ndarray:
 
 
 def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, columns: int = MAP_COLUMNS,
-             failures: _Failures | None = None) -> HeatMap | None:
+             failures: Failures | None = None) -> HeatMap | None:
     """The failing share per channel group x position block; None without a channel axis (or for a 1-D output)."""
     if channel_axis is None or mask.ndim < 2 or not mask.size:
         return None
-    failures = failures or _Failures(mask)
+    failures = failures or Failures(mask)
     shape = mask.shape
     count, inner = shape[channel_axis], math.prod(shape[channel_axis + 1:])
     span = mask.size // count
@@ -59,14 +59,14 @@ def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, c
         failing = cells.reshape(row_edges.size - 1, column_edges.size - 1)
     elif inner == 1:  # channels last: each block of positions is a block of rows, added row by row
         rows_of = mask.reshape(span, count).view(np.uint8)
-        widest = _counts_dtype(int(np.diff(column_edges).max()))
+        widest = counts_dtype(int(np.diff(column_edges).max()))
         blocks = np.stack([rows_of[a:b].sum(axis=0, dtype=widest) for a, b in zip(column_edges[:-1], column_edges[1:])])
         failing = np.add.reduceat(blocks.astype(np.int64), row_edges[:-1], axis=1).T
     else:
         # channel groups first (one pass adding rows of bytes), then blocks of the far smaller (groups, positions)
         by_channel = mask.reshape(-1, count, inner).view(np.uint8)
         if equal:
-            grouped = by_channel.reshape(-1, count // group, group, inner).sum(axis=2, dtype=_counts_dtype(group))
+            grouped = by_channel.reshape(-1, count // group, group, inner).sum(axis=2, dtype=counts_dtype(group))
         else:
             grouped = np.add.reduceat(by_channel, row_edges[:-1], axis=1, dtype=np.int32)
         by_group = np.moveaxis(grouped, 1, 0).reshape(row_edges.size - 1, span)

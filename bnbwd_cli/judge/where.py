@@ -15,28 +15,29 @@ no files, no terminal. The descriptions tried, each a few vectorised passes over
 
 A description is accepted when it covers at least NEARLY_ALL of the failing elements and at least MOSTLY of the
 elements it names fail; of those accepted, the one with the fewest index ranges wins, a tight one (TIGHT on both
-counts) before any loose one (ties: an exact one, then the order above). When none is accepted the answer says so, with the densest channel or index.
-``heat_map`` is the picture's data: the failing share over channel groups x blocks of each channel's positions.
+counts) before any loose one (ties: an exact one, then the order above). When none is accepted the answer says
+so, with the densest channel or index. The mask is read through judge/failures.py, index sets said by
+judge/index_words.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from bnbwd_cli.judge.failures import Failures
+from bnbwd_cli.judge.index_words import index_ranges, indices_text, ordinal, ranges_needed, ranges_text
 
 NEARLY_ALL = 0.9  # share of the failing elements a description must cover
 TIGHT = 0.95  # a description this good on both counts beats any looser one, however simple
 MOSTLY = 0.5  # share of the elements a description names that must fail
 STRAY = 0.1  # an index holding fewer failures than this share of the busiest index's is stray (second axes try)
 WARPS = (32, 64)  # group sizes tried as lanes whatever the failures' spacing
-MAX_RANGES = 6  # index ranges listed before "and N more"
 FEW_ELEMENTS = 3  # this many failing elements or fewer may be named one by one
 SAMPLE = 1 << 16  # failing positions read to find a period
 PREFIX = 1 << 20  # with many failures, a period is tried on the buffer's first elements before all of them
-SPARSE = 64  # failures at most 1/SPARSE of the elements: counted from their positions, not the mask
 
 _UNIT = {"n": "samples", "c": "channels", "h": "rows", "w": "columns", "d": "planes"}
 
@@ -93,55 +94,6 @@ class Coordinates:
         return " ".join(f"{self.name(a)}={int(i)}" for a, i in enumerate(index))
 
 
-# --------------------------------------------------------------------------- index sets in words
-
-
-def index_ranges(values: Sequence[int] | np.ndarray) -> tuple[tuple[int, int], ...]:
-    """Sorted distinct indices as inclusive runs: [0, 1, 2, 7] -> ((0, 2), (7, 7))."""
-    v = np.unique(np.asarray(values, dtype=np.int64))
-    if not v.size:
-        return ()
-    breaks = np.flatnonzero(np.diff(v) != 1)
-    starts = np.concatenate([[0], breaks + 1])
-    stops = np.concatenate([breaks, [v.size - 1]])
-    return tuple((int(v[a]), int(v[b])) for a, b in zip(starts, stops))
-
-
-def _progression(values: np.ndarray) -> int | None:
-    """The step of an arithmetic progression of at least 3 values with step > 1, else None."""
-    if values.size < 3:
-        return None
-    steps = np.diff(values)
-    return int(steps[0]) if steps[0] > 1 and (steps == steps[0]).all() else None
-
-
-def ranges_text(ranges: Sequence[tuple[int, int]], limit: int = MAX_RANGES) -> str:
-    """((0, 7), (12, 12)) -> "0..7, 12"; past ``limit`` ranges, "and N more"."""
-    shown = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges[:limit])
-    return shown + (f" and {len(ranges) - limit} more" if len(ranges) > limit else "")
-
-
-def indices_text(values: Sequence[int] | np.ndarray, limit: int = MAX_RANGES) -> str:
-    """Indices in as few words as they take: "0..7, 12", or "3, 7, ..., 63 (every 4th)" for a progression."""
-    v = np.unique(np.asarray(values, dtype=np.int64))
-    ranges = index_ranges(v)
-    step = _progression(v)
-    if step is not None and len(ranges) > 2:
-        return f"{v[0]}, {v[1]}, ..., {v[-1]} (every {_ordinal(step)})"
-    return ranges_text(ranges, limit)
-
-
-def _complexity(values: np.ndarray) -> int:
-    """Index ranges a set takes in words (a progression is one)."""
-    ranges = len(index_ranges(values))
-    return 1 if ranges > 2 and _progression(np.unique(values)) is not None else ranges
-
-
-def _ordinal(k: int) -> str:
-    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
-    return f"{k}{suffix}"
-
-
 def _count_text(count: int, total: int, axis_name: str) -> str:
     unit = _UNIT.get(axis_name, "indices")
     return f"{count} of {total} {unit if total != 1 else unit.rstrip('s')}"
@@ -150,106 +102,7 @@ def _count_text(count: int, total: int, axis_name: str) -> str:
 # --------------------------------------------------------------------------- the descriptions
 
 
-def _counts_dtype(bound: int) -> np.dtype:
-    """The narrowest unsigned integer that holds counts up to ``bound``: NumPy adds rows of bytes fastest unwidened."""
-    return np.dtype(np.uint8 if bound < 1 << 8 else np.uint16 if bound < 1 << 16 else np.uint32 if bound < 1 << 32
-                    else np.uint64)
-
-
-class _Failures:
-    """The failing elements, read the cheaper way: from their flat positions when they are few (a bincount per
-    question), from the mask when they are many (a reduction per question, rows of bytes added unwidened)."""
-
-    def __init__(self, mask: np.ndarray) -> None:
-        self.mask, self.flat = mask, mask.reshape(-1)
-        self.count = int(np.count_nonzero(self.flat))
-        self.positions = np.flatnonzero(self.flat) if self.count * SPARSE <= self.flat.size else None
-        self._coordinates: dict[int, np.ndarray] = {}
-
-    def coordinate(self, axis: int) -> np.ndarray:
-        """Each failure's index on ``axis`` (computed once)."""
-        if axis not in self._coordinates:
-            shape = self.mask.shape
-            self._coordinates[axis] = self.positions // math.prod(shape[axis + 1:]) % shape[axis]
-        return self._coordinates[axis]
-
-    def per_axis(self) -> list[np.ndarray]:
-        """Failures at each index of each axis."""
-        shape = self.mask.shape
-        if self.positions is not None:
-            return [np.bincount(self.coordinate(axis), minlength=shape[axis]) for axis in range(len(shape))]
-        # Dense: the leading axis's counts row by row, then the mask summed over that axis (adding whole rows, as
-        # fast as a copy) and the rest counted on that far smaller array, and so on down.
-        counts, rest = [], self.mask.view(np.uint8)
-        for axis in range(len(shape)):
-            rows = rest.reshape(shape[axis], -1)
-            counts.append(np.count_nonzero(rows, axis=1) if axis == 0 else rows.sum(axis=1, dtype=np.int64))
-            if axis + 1 < len(shape):
-                rest = rest.sum(axis=0, dtype=_counts_dtype(int(rest.max(initial=0)) * shape[axis]))
-        return [np.asarray(c, dtype=np.int64).reshape(-1) for c in counts]
-
-    def inside(self, sets: list[np.ndarray]) -> int:
-        """Failures inside the product of these index sets (one per axis)."""
-        if self.positions is not None:
-            inside = np.ones(self.count, dtype=bool)
-            for axis, chosen in enumerate(sets):
-                member = np.zeros(self.mask.shape[axis], dtype=bool)
-                member[chosen] = True
-                inside &= member[self.coordinate(axis)]
-            return int(np.count_nonzero(inside))
-        return int(np.count_nonzero(self.mask[np.ix_(*sets)]))
-
-    def per_lane(self, period: int, prefix: int | None = None) -> np.ndarray:
-        """Failures at each residue of the flat index modulo ``period`` (among the first ``prefix`` elements)."""
-        if self.positions is not None:
-            return np.bincount(self.positions % period, minlength=period)
-        flat = self.flat[:prefix].view(np.uint8)
-        groups = flat.size // period
-        stacked = groups // 255 * 255  # groups of 255 rows added as bytes (no widening: 3x faster), then the rest
-        lanes = flat[:stacked * period].reshape(-1, 255, period).sum(axis=1, dtype=np.uint8).sum(axis=0, dtype=np.int64)
-        lanes += flat[stacked * period:groups * period].reshape(-1, period).sum(axis=0, dtype=np.int64)
-        return lanes + np.bincount(np.arange(flat.size - groups * period), weights=flat[groups * period:],
-                                   minlength=period).astype(np.int64)
-
-    def per_position_of(self, axis: int) -> np.ndarray:
-        """Each failure's position in its channel's reduction order (the axes other than ``axis`` flattened)."""
-        shape = self.mask.shape
-        inner = math.prod(shape[axis + 1:])
-        return self.positions // (shape[axis] * inner) * inner + self.positions % inner
-
-    def per_position(self, axis: int) -> np.ndarray:
-        """Failures at each position of the channels' reduction order (the axes other than ``axis`` flattened)."""
-        shape = self.mask.shape
-        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        if self.positions is not None:
-            return np.bincount(self.per_position_of(axis), minlength=outer * inner)
-        by_channel = self.mask.reshape(outer, shape[axis], inner).view(np.uint8)
-        return by_channel.sum(axis=1, dtype=_counts_dtype(shape[axis])).reshape(-1)
-
-    def bounds(self) -> tuple[int, int]:
-        """[first, last + 1) of the failing flat positions."""
-        if self.positions is not None:
-            return int(self.positions[0]), int(self.positions[-1]) + 1
-        flat = self.flat
-        block = 1 << 12
-        whole = flat.size // block * block
-        tail = np.flatnonzero(flat[whole:])
-        if tail.size:
-            return int(np.argmax(flat)), whole + int(tail[-1]) + 1
-        last = int(np.flatnonzero(flat[:whole].reshape(-1, block).any(axis=1))[-1])  # the last block that fails
-        return int(np.argmax(flat)), last * block + int(np.flatnonzero(flat[last * block:(last + 1) * block])[-1]) + 1
-
-    def first(self, count: int) -> np.ndarray:
-        """The first ``count`` failing flat positions."""
-        if self.positions is not None:
-            return self.positions[:count]
-        start = int(np.argmax(self.flat))
-        return np.flatnonzero(self.flat[start:start + count * 4]) [:count] + start
-
-
-
-
-def _axes(failures: _Failures, where: Coordinates, counts: list[np.ndarray], stray: bool) -> Where | None:
+def _axes(failures: Failures, where: Coordinates, counts: list[np.ndarray], stray: bool) -> Where | None:
     """The product of each axis's indices that hold failures (``stray``: only those holding many)."""
     shape = where.shape
     keep = [c >= max(1, STRAY * c.max()) if stray else c > 0 for c in counts]
@@ -267,7 +120,7 @@ def _axes(failures: _Failures, where: Coordinates, counts: list[np.ndarray], str
     rest = [where.name(a) for a in range(len(shape)) if a not in restricted]
     text = ", ".join(parts) + (f"; all {', '.join(rest)}" if rest else "")
     axes = tuple((where.name(a), index_ranges(sets[a])) for a in restricted)
-    complexity = sum(_complexity(sets[a]) for a in restricted) or 99
+    complexity = sum(ranges_needed(sets[a]) for a in restricted) or 99
     return Where("axes", text, failing, covered, region, axes=axes, complexity=complexity)
 
 
@@ -289,7 +142,7 @@ def _box(start: int, stop: int, where: Coordinates) -> tuple[str, bool]:
     return f"from {where.at(start)} to {where.at(stop - 1)}", False
 
 
-def _flat_range(failures: _Failures, where: Coordinates) -> Where:
+def _flat_range(failures: Failures, where: Coordinates) -> Where:
     flat, failing = failures.flat, failures.count
     start, stop = failures.bounds()
     length = stop - start
@@ -303,7 +156,7 @@ def _flat_range(failures: _Failures, where: Coordinates) -> Where:
     return Where("range", f"{lead}: {box}", failing, failing, length, start=start, stop=stop, complexity=1)
 
 
-def _periods(failures: _Failures) -> list[int]:
+def _periods(failures: Failures) -> list[int]:
     """Periods worth trying: the spacing of the first failures' runs (the most common one and their gcd) and the
     warp sizes."""
     positions = failures.first(SAMPLE)
@@ -317,7 +170,7 @@ def _periods(failures: _Failures) -> list[int]:
     return [p for p in dict.fromkeys(found + list(WARPS)) if 2 <= p <= failures.flat.size // 2]
 
 
-def _period(failures: _Failures, period: int, where: Coordinates) -> Where | None:
+def _period(failures: Failures, period: int, where: Coordinates) -> Where | None:
     size, failing = failures.flat.size, failures.count
     whole = size // period * period
     if failures.positions is None and size > PREFIX:  # many failures: a look at the buffer's start first
@@ -338,11 +191,11 @@ def _period(failures: _Failures, period: int, where: Coordinates) -> Where | Non
         text = (f"elements {lo}..{hi} of every ({', '.join(block)}) block of {period} in storage order: "
                 f"from {inner.at(lo)} to {inner.at(hi)}")
     elif lanes.size == 1:
-        text = f"every {_ordinal(period)} element in storage order, offset {int(lanes[0])}"
+        text = f"every {ordinal(period)} element in storage order, offset {int(lanes[0])}"
     else:
         text = f"lanes {ranges_text(ranges)} of every {period}-element group in storage order"
     return Where("period", text, failing, covered, positions, period=period, lanes=ranges,
-                 complexity=_complexity(lanes))
+                 complexity=ranges_needed(lanes))
 
 
 def _trailing_axes(where: Coordinates, period: int) -> tuple[str, ...] | None:
@@ -353,7 +206,7 @@ def _trailing_axes(where: Coordinates, period: int) -> tuple[str, ...] | None:
     return None
 
 
-def _reduction(failures: _Failures, where: Coordinates, channels: np.ndarray) -> Where | None:
+def _reduction(failures: Failures, where: Coordinates, channels: np.ndarray) -> Where | None:
     """A range of each channel's reduction order (the other axes flattened in storage order), in the channels that
     hold failures."""
     axis = where.channel_axis
@@ -373,11 +226,11 @@ def _reduction(failures: _Failures, where: Coordinates, channels: np.ndarray) ->
             f"elements {start}..{stop - 1} of each channel's {span} in reduction order")
     if used.size < shape[axis]:
         lead += f", in {where.name(axis)}={indices_text(used)}"
-    complexity = 1 + (_complexity(used) if used.size < shape[axis] else 0)
+    complexity = 1 + (ranges_needed(used) if used.size < shape[axis] else 0)
     return Where("reduction", lead, failing, failing, region, start=start, stop=stop, complexity=complexity)
 
 
-def _reduction_lanes(failures: _Failures, where: Coordinates, channels: np.ndarray, period: int) -> Where | None:
+def _reduction_lanes(failures: Failures, where: Coordinates, channels: np.ndarray, period: int) -> Where | None:
     """Lanes of a warp-sized group of each channel's reduction order (its other axes flattened in storage order):
     the positions p with p mod ``period`` in a range, in the channels that hold failures (a channel's reduction by a
     warp; in channels-last storage these are not lanes of the buffer)."""
@@ -402,12 +255,12 @@ def _reduction_lanes(failures: _Failures, where: Coordinates, channels: np.ndarr
     text = f"{which} of each channel's {span} elements in reduction order"
     if used.size < where.shape[axis]:
         text += f", in {where.name(axis)}={indices_text(used)}"
-    complexity = len(ranges) + (_complexity(used) if used.size < where.shape[axis] else 0)
+    complexity = len(ranges) + (ranges_needed(used) if used.size < where.shape[axis] else 0)
     return Where("reduction", text, failures.count, covered, positions * used.size, period=period, lanes=ranges,
                  complexity=complexity)
 
 
-def _elements(failures: _Failures, where: Coordinates) -> Where:
+def _elements(failures: Failures, where: Coordinates) -> Where:
     positions, failing = failures.first(FEW_ELEMENTS), failures.count
     text = f"{failing} element{'s' if failing > 1 else ''}: " + "; ".join(where.at(int(p)) for p in positions)
     return Where("elements", text, failing, failing, failing, complexity=1)  # (a few: as simple as one range)
@@ -446,7 +299,7 @@ def localize(mask: np.ndarray, where: Coordinates, elevated: np.ndarray | None =
     """Where the True elements of ``mask`` (shape where.shape) sit; None when there are none. ``elevated`` (the same
     shape, a superset of ``mask``): the elements off by more than ELEVATED of their allowance, read when nothing
     simple covers the failures (see _by_elevated)."""
-    failures = _Failures(mask)
+    failures = Failures(mask)
     failing, size = failures.count, mask.size
     if failing == 0:
         return None

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from bnbwd_cli.literal import literal, literal_line
-from bnbwd_cli.judge.where import indices_text
+from bnbwd_cli.judge.index_words import indices_text
 from bnbwd_cli.layout import coordinates
 from bnbwd_cli.render.common import Labels, ReportStyle, fmt, fmt_ulp, fmt_value, render_verdict, status_word
 

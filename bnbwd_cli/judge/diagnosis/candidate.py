@@ -10,7 +10,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_from_name
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks
-from bnbwd_cli.judge.where import indices_text
+from bnbwd_cli.judge.index_words import indices_text
 
 
 @dataclass(frozen=True)
