@@ -501,7 +501,7 @@ def test_one_ulp_apart_at_1e200_passes(cli, tmp_path: Path) -> None:
 
 def test_sum_of_squares_keeps_ordinary_sums_bit_for_bit() -> None:
     """Chunks of ordinary values are summed exactly as before (the scaling is only for chunks that over/underflow)."""
-    from bnbwd_cli.judge.accumulators import SumOfSquares
+    from bnbwd_cli.judge.norms import SumOfSquares
 
     rng = np.random.default_rng(9)
     chunks = [rng.normal(size=1000) for _ in range(5)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bnbwd_cli.judge.accumulators import Decades, log_histogram
+from bnbwd_cli.judge.histogram import Decades, log_histogram
 
 
 def _bins(values, max_bins: int = 12) -> list[tuple[float, float, int]]:

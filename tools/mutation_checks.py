@@ -51,7 +51,7 @@ TOL, MODEL, RULES = "bnbwd_cli/judge/tolerance.py", "bnbwd_cli/judge/model.py", 
 NPZ, SAFE, RAW = "bnbwd_cli/files/npz.py", "bnbwd_cli/files/safetensors_file.py", "bnbwd_cli/files/raw.py"
 WRITE, SPEC = "bnbwd_cli/files/write.py", "bnbwd_cli/spec.py"
 EDGES, GUARDS, NAMES = "tests/test_tolerance_edges.py", "tests/test_guard_edges.py", "tests/test_spec_names.py"
-ACCUMULATORS, ASSESS, DIAGNOSIS = ("bnbwd_cli/judge/accumulators.py", "bnbwd_cli/judge/diagnosis/assess.py",
+HISTOGRAM_MODULE, ASSESS, DIAGNOSIS = ("bnbwd_cli/judge/histogram.py", "bnbwd_cli/judge/diagnosis/assess.py",
                                  "bnbwd_cli/judge/diagnosis/__init__.py")
 BIAS_EDGES, HISTOGRAM, RULES_TESTS = ("tests/test_judge_bias_edges.py", "tests/test_judge_histogram.py",
                                       "tests/test_judge_diagnosis_rules.py")
@@ -124,10 +124,10 @@ MUTANTS = (
     Mutant("the bias floor halved", TOL, "BIAS_FLOOR_UNITS = 16.0", "BIAS_FLOOR_UNITS = 8.0", f"{BIAS_EDGES} -k floor"),
     Mutant("the sums' systematic allowance doubled", TOL, "SYSTEMATIC_UNITS = 4.0", "SYSTEMATIC_UNITS = 8.0",
            f"{BIAS_EDGES} -k systematic_allowance"),
-    Mutant("the histogram holds one decade more than max_bins", ACCUMULATORS,
+    Mutant("the histogram holds one decade more than max_bins", HISTOGRAM_MODULE,
            "bottom = max(lowest, highest - max_bins + 1)", "bottom = max(lowest, highest - max_bins)",
            f"{HISTOGRAM} -k max_bins"),
-    Mutant("the histogram's lowest bin leaves out its own decade", ACCUMULATORS, "if d <= k) if low_edge",
+    Mutant("the histogram's lowest bin leaves out its own decade", HISTOGRAM_MODULE, "if d <= k) if low_edge",
            "if d < k) if low_edge", f"{HISTOGRAM} -k lowest_bin"),
     Mutant("a cause explaining 80% of a failure named", ASSESS, "MIN_SHARE = 0.9", "MIN_SHARE = 0.8",
            f"{RULES_TESTS} -k part_of"),

@@ -7,7 +7,6 @@ Every accumulator gives the same answer whatever the chunking (ties go to the lo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,15 +47,6 @@ class ChannelStat:
     mismatches: int
     max_abs: float
     max_ratio: float
-
-
-@dataclass(frozen=True)
-class HistogramBin:
-    """Count of |a - r| in [low, high); the bin low == high == 0 counts exact matches."""
-
-    low: float
-    high: float
-    count: int
 
 
 @dataclass(frozen=True)
@@ -219,67 +209,6 @@ class Channels:
         return tuple(ChannelStat(c, self.rows, int(self.fail[c]), float(self.abs[c]), float(self.ratio[c])) for c in range(self.fail.size))
 
 
-class Decades:
-    """Counts of finite |a - r| per decade, and of exact matches."""
-
-    def __init__(self) -> None:
-        self.exact = 0
-        self.counts: dict[int, int] = {}
-
-    def update(self, finite_err: np.ndarray) -> None:
-        self.exact += int((finite_err == 0).sum())
-        for decade, number in _decade_counts(finite_err).items():
-            self.counts[decade] = self.counts.get(decade, 0) + number
-
-    def finish(self) -> tuple[HistogramBin, ...]:
-        return histogram_bins(self.exact, self.counts)
-
-
-_FLOAT_MAX = float(np.finfo(np.float64).max)
-_LOWEST_DECADE = -330  # below log10 of the smallest subnormal (-323.3): a bincount offset
-
-
-def _decade_counts(abs_err: np.ndarray) -> dict[int, int]:
-    """{k: how many non-zero values lie in [10**k, 10**(k+1))}; a bincount, not a sort."""
-    nonzero = abs_err[abs_err > 0]
-    if not nonzero.size:
-        return {}
-    # |a - r| of two finite values can overflow to inf (1e308 against -1e308): counted in the top decade, [1e308, max].
-    decades = np.floor(np.log10(np.minimum(nonzero, _FLOAT_MAX))).astype(np.intp)
-    if decades.min() < _LOWEST_DECADE:
-        values, numbers = np.unique(decades, return_counts=True)
-        return dict(zip(values.tolist(), numbers.tolist()))
-    counts = np.bincount(decades - _LOWEST_DECADE)
-    return {int(i) + _LOWEST_DECADE: int(counts[i]) for i in np.flatnonzero(counts)}
-
-
-def _power_of_ten(k: int) -> float:
-    """10**k as a bin edge; the top decade's upper edge is the largest float (10**309 is past float64)."""
-    return 10.0**k if k <= 308 else _FLOAT_MAX
-
-
-def histogram_bins(exact: int, decades: Mapping[int, int], max_bins: int = 12) -> tuple[HistogramBin, ...]:
-    bins = [HistogramBin(0.0, 0.0, exact)]
-    if not decades:
-        return tuple(bins)
-    highest, lowest = max(decades), min(decades)
-    bottom = max(lowest, highest - max_bins + 1)
-    for k in range(bottom, highest + 1):
-        low_edge = k == bottom and lowest < bottom
-        count = sum(n for d, n in decades.items() if d <= k) if low_edge else decades.get(k, 0)
-        bins.append(HistogramBin(0.0 if low_edge else _power_of_ten(k), _power_of_ten(k + 1), count))
-    return tuple(bins)
-
-
-def log_histogram(abs_err: np.ndarray, max_bins: int = 12) -> tuple[HistogramBin, ...]:
-    """Counts of finite |a - r| per decade [10**k, 10**(k+1)), after a bin of exact zeros.
-
-    At most ``max_bins`` decades: the lowest bin then starts at 0 and collects everything
-    below it (exact zeros still have their own bin).
-    """
-    return histogram_bins(int((abs_err == 0).sum()), _decade_counts(abs_err), max_bins)
-
-
 class NonFiniteCounts:
     """NaN/Inf per side, and which positions fail because of them (classified only when a chunk has any): their
     count, the first FIRST_POSITIONS of them, and per channel the NaN of actual where the reference is finite."""
@@ -402,79 +331,3 @@ class ZeroCounts:
         if not self.seen:
             return 0.0, 0.0
         return self.actual / self.seen, self.reference / self.seen
-
-
-def _ldexp(value: float, exponent: int) -> float:
-    """value * 2**exponent, inf past the float64 range (math.ldexp raises there)."""
-    try:
-        return math.ldexp(value, exponent)
-    except OverflowError:
-        return math.inf
-
-
-# A chunk's sum of squares below this (values near 1e-154 or smaller) has lost digits to underflow.
-_UNDERFLOWING_SQUARES = 2.0**-900
-_LARGE_TOTAL = 2.0**600  # a running total past this is rescaled (totals of ordinary data never get near)
-
-
-class SumOfSquares:
-    """A sum of squares kept as total * 4**exponent, so that values near the float64 limits neither overflow
-    (1e200 squared is inf) nor underflow (1e-200 squared is 0). Ordinary chunks are summed as they are (the
-    exponent stays 0, the same bits as a plain sum); only a chunk whose plain sum overflows or underflows is
-    scaled by a power of two first."""
-
-    def __init__(self) -> None:
-        self.total, self.exponent = 0.0, 0
-
-    def add(self, values: np.ndarray) -> None:
-        # einsum, not np.dot: BLAS's dot wakes its thread pool on every call (costly on a busy machine,
-        # whatever the chunk size) and its sum order depends on the thread count.
-        with np.errstate(over="ignore", under="ignore"):
-            plain = float(np.einsum("i,i->", values, values))
-        if math.isfinite(plain) and plain >= _UNDERFLOWING_SQUARES:
-            self._add(plain, 0)
-        elif values.size and (largest := float(np.max(np.abs(values)))) > 0:
-            if not math.isfinite(largest):  # |a - r| itself overflowed: the norm is infinite
-                self._add(math.inf, 0)
-                return
-            exponent = math.frexp(largest)[1]
-            scaled = np.ldexp(values, -exponent)
-            with np.errstate(under="ignore"):
-                self._add(float(np.einsum("i,i->", scaled, scaled)), exponent)
-        else:
-            self._add(plain, 0)
-
-    def _add(self, total: float, exponent: int) -> None:
-        if total == 0:
-            return
-        if self.total == 0:
-            self.total, self.exponent = total, exponent
-        else:
-            common = max(self.exponent, exponent)
-            self.total = _ldexp(self.total, 2 * (self.exponent - common)) + _ldexp(total, 2 * (exponent - common))
-            self.exponent = common
-        while math.isfinite(self.total) and self.total > _LARGE_TOTAL:  # keep room to add more without overflow
-            self.total, self.exponent = math.ldexp(self.total, -500), self.exponent + 250
-
-    def norm(self) -> float:
-        return _ldexp(math.sqrt(self.total), self.exponent)
-
-
-class RelativeL2:
-    """||a - r||2 / ||r||2 over the finite elements (without overflow or underflow: see SumOfSquares)."""
-
-    def __init__(self) -> None:
-        self.diff, self.ref = SumOfSquares(), SumOfSquares()
-
-    def update(self, diff: np.ndarray, ref: np.ndarray) -> None:
-        self.diff.add(diff)
-        self.ref.add(ref)
-
-    def finish(self) -> tuple[float, float]:
-        """(rel_l2, ||r||2): rel_l2 is 0 when both norms are 0, inf when only ||r|| is."""
-        diff, ref = self.diff, self.ref
-        if ref.total == 0:
-            return (0.0 if diff.total == 0 else math.inf), 0.0
-        if math.isinf(diff.total):  # an |a - r| that overflowed: the difference is past any bound
-            return math.inf, ref.norm()
-        return _ldexp(math.sqrt(diff.total / ref.total), diff.exponent - ref.exponent), ref.norm()

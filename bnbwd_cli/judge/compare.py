@@ -21,13 +21,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_name, to_float64, ulp_spacing
-from bnbwd_cli.judge.accumulators import (
-    Channels, Decades, Largest, Masks, MaxLocated, NonFiniteCounts,
-    RelativeL2, Worst, ZeroCounts, count_zeros, log_histogram,
-)
+from bnbwd_cli.judge.accumulators import Channels, Largest, Masks, MaxLocated, NonFiniteCounts, Worst, ZeroCounts, count_zeros
 from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
+from bnbwd_cli.judge.histogram import Decades, log_histogram
+from bnbwd_cli.judge.norms import RelativeL2
 from bnbwd_cli.judge.heat_map import heat_map
 from bnbwd_cli.judge.where import Coordinates as WhereCoordinates, localize, with_sign
 from bnbwd_cli.scratch import Scratch

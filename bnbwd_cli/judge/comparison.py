@@ -12,10 +12,11 @@ from functools import cached_property
 
 import numpy as np
 
-from bnbwd_cli.judge.accumulators import ChannelStat, Element, HistogramBin, Located, NonFinite
+from bnbwd_cli.judge.accumulators import ChannelStat, Element, Located, NonFinite
 from bnbwd_cli.judge.criteria import Criterion, criteria_of, deciding
 from bnbwd_cli.judge.tolerance import MaxMismatch, Scaled, Tolerance, bias_threshold
 from bnbwd_cli.judge.heat_map import HeatMap
+from bnbwd_cli.judge.histogram import HistogramBin
 from bnbwd_cli.judge.where import Where
 
 __all__ = ["Bias", "ChannelStat", "Comparison", "Details", "Element", "ElementErrors", "Hint", "HistogramBin",
