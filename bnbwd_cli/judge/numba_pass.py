@@ -100,108 +100,105 @@ def judge_block(values, first, coefficients, rule, pieces, out):  # pragma: no c
     regression) as floats; pieces: the pieces' first flat positions in the block and the block's size.
     out: (stats (P, 3) float64, counts (P, 8) int64, norms (2,) float64 = the relative L2's einsum of d and r,
     table (c * CLUSTERS, 18), dd (c,), ulp_squares (c,), parts (2, EINSUM_BUFFER), rows (2, s)): False where
-    a - r is not finite."""
+    a - r is not finite (the block's outputs then hold nothing the caller reads)."""
+    for piece in range(pieces.size - 1):
+        if not _judge_piece(values, (first, piece, pieces[piece], pieces[piece + 1]), coefficients, rule, out):
+            return False
+    norms, parts, size = out[2], out[6], pieces[-1]
+    if size % EINSUM_BUFFER:  # the last part of the relative L2's einsums
+        norms[0] = norms[0] + _dot(parts[0], size % EINSUM_BUFFER)
+        norms[1] = norms[1] + _dot(parts[1], size % EINSUM_BUFFER)
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _judge_piece(values, where, coefficients, rule, out):  # pragma: no cover - compiled
+    """judge_block's piece ``piece``, its flat positions start..stop of the block (where: first, piece, start,
+    stop): its statistics into stats[piece] and counts[piece], the rest into the block's sums."""
     a3, r3, dy3, src3 = values
+    first, piece, start, stop = where
     stats, counts, norms, table, dd, ulp_squares, parts, rows = out
-    n, c, s = a3.shape
-    max_units, unit, judge_flush, regression_flush = rule[0], rule[1], rule[2], rule[3]
-    smallest, mantissa = np.int64(rule[4]), np.int64(rule[5])
-    regression_smallest, regression_mantissa = np.int64(rule[6]), np.int64(rule[7])
-    clusters = table.shape[0] // c
-    shift = np.uint64(64 - CLUSTER_BITS)
-    golden = _GOLDEN
-    piece = -1
-    next_piece = 0
-    p = 0
-    # the piece's statistics (written to stats and counts when it ends)
+    _, c, s = a3.shape
+    limits, flush = (rule[0], rule[1], rule[2]), rule[3]  # (K, unit, the judge's smallest normal); the regression's
+    grids = (np.int64(rule[4]), np.int64(rule[5]), np.int64(rule[6]), np.int64(rule[7]))
+    golden, shift, clusters = _GOLDEN, np.uint64(64 - CLUSTER_BITS), table.shape[0] // c
     top_abs = top_ulp = top_units = -1.0
     at_abs = at_ulp = at_units = zeros_a = zeros_r = mismatches = flushed = outside = 0
-    for i in range(n):
-        for j in range(c):
-            channel = first + j
-            mean, invstd = coefficients[0, channel], coefficients[1, channel]
-            base, per_xhat, per_dy = coefficients[2, channel], coefficients[3, channel], coefficients[4, channel]
-            bins = j * clusters
-            for q in range(s):
-                if p == next_piece:
-                    if piece >= 0:
-                        stats[piece, MAX_ABS], stats[piece, MAX_ULP], stats[piece, MAX_UNITS] = top_abs, top_ulp, top_units
-                        counts[piece, AT_ABS], counts[piece, AT_ULP], counts[piece, AT_UNITS] = at_abs, at_ulp, at_units
-                        counts[piece, ZEROS_A], counts[piece, ZEROS_R] = zeros_a, zeros_r
-                        counts[piece, MISMATCHES], counts[piece, FLUSHED], counts[piece, OUTSIDE] = mismatches, flushed, outside
-                    piece += 1
-                    next_piece = pieces[piece + 1]
-                    top_abs = top_ulp = top_units = -1.0
-                    at_abs = at_ulp = at_units = zeros_a = zeros_r = mismatches = flushed = outside = 0
-                a = np.float64(load(a3, (i, j, q)))
-                r = np.float64(load(r3, (i, j, q)))
-                d = a - r
-                if not np.isfinite(d):
-                    return False
-                error = abs(d)
-                if error > top_abs:
-                    top_abs = error
-                    at_abs = p
-                zeros_a += a == 0.0
-                zeros_r += r == 0.0
-                spacing = _spacing(r, smallest, mantissa)
-                ulps = error / spacing
-                if ulps > top_ulp:
-                    top_ulp = ulps
-                    at_ulp = p
-                g = np.float64(load(dy3, (i, j, q)))
-                xhat = (np.float64(load(src3, (i, j, q))) - mean) * invstd
-                # The rule (rules.ScaledRule) as add_scaled judges it: only past one ULP (within it every unit is 0 and
-                # nothing fails). Formed everywhere and kept past one ULP: a branch on it mispredicts on noisy data.
-                past = error > spacing
-                scale = abs(xhat) * per_xhat + base
-                scale = scale + abs(g) * per_dy
-                scale = scale + unit * abs(r)
-                fails = past and error > max_units * scale + spacing
-                units = max(error - spacing, 0.0)
-                units = (np.inf if units > 0.0 else 0.0) if scale == 0.0 else units / scale
-                if fails and a == 0.0 and 0.0 < abs(r) < judge_flush:  # rules.pass_flushed
-                    fails = False
-                    units = 0.0
-                    flushed += 1
-                outside += past
-                mismatches += fails
-                if past and units > top_units:
-                    top_units = units
-                    at_units = p
-                # the relative L2's einsums of the flat block, in parts of EINSUM_BUFFER
-                part = p % EINSUM_BUFFER
-                parts[0, part] = d
-                parts[1, part] = r
-                if part == EINSUM_BUFFER - 1:
-                    norms[0] = norms[0] + _dot(parts[0], EINSUM_BUFFER)
-                    norms[1] = norms[1] + _dot(parts[1], EINSUM_BUFFER)
-                # the regression (bias.BlockSums.add): an element left out (xhat not finite, a flushed zero) weighs 0
-                if np.isfinite(xhat) and not (a == 0.0 and 0.0 < abs(r) < regression_flush):
-                    w, x, rr, dd_value = 1.0, xhat, r, d
-                    rows[1, q] = _spacing(a, regression_smallest, regression_mantissa)
-                else:
-                    w, x, rr, dd_value = 0.0, 0.0, 0.0, 0.0
-                    rows[1, q] = 0.0
-                if s == 1:  # (NXC) a run of one element: its einsum dot is its square
-                    dd[j] = dd[j] + dd_value * dd_value
-                    ulp_squares[j] = ulp_squares[j] + rows[1, 0] * rows[1, 0]
-                rows[0, q] = dd_value
-                by_dy = bins + np.int64((np.uint64(_f64_bits(g)) * golden) >> shift)
-                by_reference = bins + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
-                _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
-                p += 1
-            if s > 1:
-                dd[j] = dd[j] + _dot(rows[0], s)
-                ulp_squares[j] = ulp_squares[j] + _dot(rows[1], s)
-    stats[piece, MAX_ABS], stats[piece, MAX_ULP], stats[piece, MAX_UNITS] = top_abs, top_ulp, top_units
-    counts[piece, AT_ABS], counts[piece, AT_ULP], counts[piece, AT_UNITS] = at_abs, at_ulp, at_units
-    counts[piece, ZEROS_A], counts[piece, ZEROS_R] = zeros_a, zeros_r
-    counts[piece, MISMATCHES], counts[piece, FLUSHED], counts[piece, OUTSIDE] = mismatches, flushed, outside
-    if p % EINSUM_BUFFER:
-        norms[0] = norms[0] + _dot(parts[0], p % EINSUM_BUFFER)
-        norms[1] = norms[1] + _dot(parts[1], p % EINSUM_BUFFER)
+    i, j, q, p = start // (c * s), start // s % c, start % s, start
+    while p < stop:  # run by run (the part of one in the piece): a run's channel constants once
+        channel, end = first + j, min(s, q + stop - p)
+        mean, invstd, scale_terms = coefficients[0, channel], coefficients[1, channel], (
+            coefficients[2, channel], coefficients[3, channel], coefficients[4, channel])
+        for at in range(q, end):
+            a, r = np.float64(load(a3, (i, j, at))), np.float64(load(r3, (i, j, at)))
+            d = a - r
+            if not np.isfinite(d):
+                return False
+            error, spacing = abs(d), _spacing(r, grids[0], grids[1])
+            ulps, position = error / spacing, p + at - q
+            if error > top_abs:
+                top_abs, at_abs = error, position
+            if ulps > top_ulp:
+                top_ulp, at_ulp = ulps, position
+            zeros_a, zeros_r = zeros_a + (a == 0.0), zeros_r + (r == 0.0)
+            g = np.float64(load(dy3, (i, j, at)))
+            xhat = (np.float64(load(src3, (i, j, at))) - mean) * invstd
+            past, fails, units, flush_zero = _rule((a, r, g, xhat), (error, spacing), scale_terms, limits)
+            flushed, outside, mismatches = flushed + flush_zero, outside + past, mismatches + fails
+            if past and units > top_units:
+                top_units, at_units = units, position
+            part = position & (EINSUM_BUFFER - 1)  # the relative L2's einsums, by part (a power of two)
+            parts[0, part], parts[1, part] = d, r
+            if part == EINSUM_BUFFER - 1:
+                norms[0], norms[1] = norms[0] + _dot(parts[0], EINSUM_BUFFER), norms[1] + _dot(parts[1], EINSUM_BUFFER)
+            # the regression (bias.BlockSums.add): an element left out (xhat not finite, a flushed zero) weighs 0
+            if np.isfinite(xhat) and not (a == 0.0 and 0.0 < abs(r) < flush):
+                w, x, rr, dd_value, rows[1, at] = 1.0, xhat, r, d, _spacing(a, grids[2], grids[3])
+            else:
+                w, x, rr, dd_value, rows[1, at] = 0.0, 0.0, 0.0, 0.0, 0.0
+            rows[0, at] = dd_value
+            by_dy = j * clusters + np.int64((np.uint64(_f64_bits(g)) * golden) >> shift)
+            by_reference = j * clusters + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
+            _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
+        p, q = p + end - q, end
+        if q == s:  # the end of a run: its einsum dots of d and the spacing
+            dd[j], ulp_squares[j] = dd[j] + _dot(rows[0], s), ulp_squares[j] + _dot(rows[1], s)
+            q, j = 0, j + 1
+            if j == c:
+                j, i = 0, i + 1
+    _end_piece(stats[piece], counts[piece], (top_abs, top_ulp, top_units), (at_abs, at_ulp, at_units),
+               (zeros_a, zeros_r, mismatches, flushed, outside))
     return True
+
+
+@njit(inline="always")
+def _end_piece(stats, counts, tops, positions, tallies):  # pragma: no cover - compiled
+    """A piece's statistics into its row of stats and counts."""
+    stats[MAX_ABS], stats[MAX_ULP], stats[MAX_UNITS] = tops
+    counts[AT_ABS], counts[AT_ULP], counts[AT_UNITS] = positions
+    counts[ZEROS_A], counts[ZEROS_R], counts[MISMATCHES], counts[FLUSHED], counts[OUTSIDE] = tallies
+
+
+@njit(inline="always")
+def _rule(element, errors, coefficients, limits):  # pragma: no cover - compiled
+    """rules.ScaledRule as add_scaled judges an element (a, r, diff_dst, xhat) whose |a - r| and ULP spacing are
+    ``errors``: (past one ULP, fails, units, a flushed zero let pass). Only past one ULP counts (within it every
+    unit is 0 and nothing fails); formed everywhere and kept there, since a branch on it mispredicts on noisy data.
+    The scale adds its terms left to right (model._scale)."""
+    a, r, g, xhat = element
+    error, spacing = errors
+    base, per_xhat, per_dy = coefficients
+    max_units, unit, flush = limits
+    scale = abs(xhat) * per_xhat + base
+    scale = scale + abs(g) * per_dy
+    scale = scale + unit * abs(r)
+    past = error > spacing
+    fails = past and error > max_units * scale + spacing
+    units = max(error - spacing, 0.0)
+    units = (np.inf if units > 0.0 else 0.0) if scale == 0.0 else units / scale  # (rules.safe_ratio)
+    if fails and a == 0.0 and 0.0 < abs(r) < flush:  # rules.pass_flushed
+        return past, False, 0.0, True
+    return past, fails, units, False
 
 
 @njit(inline="always")
