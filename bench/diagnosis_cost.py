@@ -9,7 +9,10 @@ and `run --reference` on each failing kernel. Prints per bug the median (min-max
 all threads: steadier than wall on a shared machine) and wall seconds of the whole failing run, what it adds to
 a plain run, and the cause the diagnosis named (from --json). ``--base TREE`` (e.g. `git archive BASE bnbwd_cli |
 tar -x -C /tmp/base`): each round also runs every failing kernel with TREE's bnbwd_cli, back to back with this
-tree's, and a row per bug gives its numbers and the paired CPU ratio this/base.
+tree's, and a row per bug gives its numbers and the paired CPU ratio this/base. A second table (unless
+--no-phases) splits each failing run's CPU by phase (startup and imports, reading and the core, the channel facts,
+the judging pass, where and the heat map, the diagnosis, the DAZ scan, the report, the rest): one more fresh
+process per bug and round, timed by bench/failing_phases.py without a profiler.
 """
 
 from __future__ import annotations
@@ -76,7 +79,44 @@ def _in_tree(command: list[str], tree: str) -> tuple[float, float]:
     return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[str], base: str | None = None) -> list[str]:
+# The phase table's columns: bench/failing_phases.py's phases, grouped by who owns the work
+PHASE_COLUMNS = {
+    "startup, imports": ("startup", "imports"),
+    "read, core": ("read inputs", "core", "read kernel"),
+    "channel facts": ("channel facts",),
+    "judging pass": ("judging",),
+    "where, heat map": ("where, heat map",),
+    "diagnosis": ("diagnosis", "precision hints"),
+    "DAZ scan": ("DAZ scan",),
+    "report (text, JSON)": ("text report", "JSON", "--save-error"),
+    "other": ("other",),
+}
+PHASE_HEADER = ["| layout | failing kernel | whole run CPU s (phases' process) | "
+                + " | ".join(f"{column} s" for column in PHASE_COLUMNS) + " |",
+                "|---|---|---|" + "---|" * len(PHASE_COLUMNS)]
+
+
+def _phases(command: list[str], into: Path) -> dict[str, float]:
+    """One fresh process of ``command`` (``-m bnbwd_cli run ...``) timed by bench/failing_phases.py: CPU s by column."""
+    run_child(["-m", "bench.failing_phases", str(into), *command[2:]])
+    phases = json.loads(into.read_text())
+    return {"whole": phases["total"], **{column: sum(phases[name] for name in names)
+                                         for column, names in PHASE_COLUMNS.items()}}
+
+
+def phase_rows(data_format: str, seen: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Per bug the median of each column over the rounds."""
+    out = []
+    for name, runs in seen.items():
+        cells = [spread([run[column] for run in runs], ".2f") for column in ("whole", *PHASE_COLUMNS)]
+        out.append(f"| {data_format} | {name} | {' | '.join(cells)} |")
+    return out
+
+
+def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[str], base: str | None = None,
+         phases: dict[str, list[dict[str, float]]] | None = None) -> list[str]:
+    """The whole-run table's rows; with ``phases`` (a dict), each round also runs every failing kernel once timed by
+    phase (bench/failing_phases.py), its columns added to ``phases`` by bug."""
     end_to_end.write_inputs(work, data_format)
     reference = work / "reference"
     run_child(end_to_end.run_command(work, data_format, threads, ["--out-dir", str(reference)])[1:], reference)
@@ -98,6 +138,8 @@ def rows(work: Path, data_format: str, threads: int, rounds: int, names: list[st
                 seen[name]["cpu"].append(cpu)
             if name in judged and name not in causes:
                 causes[name] = _causes(report)
+            if phases is not None and name in judged and round_:
+                phases.setdefault(name, []).append(_phases(command, work / "phases.json"))
             if base is not None and name in judged:
                 wall, cpu = _in_tree(command, base)
                 if round_:
@@ -150,6 +192,7 @@ def main() -> None:
     parser.add_argument("--bugs", default=",".join(BUGS), help=f"comma list of {', '.join(BUGS)}")
     parser.add_argument("--layouts", default="NCHW,NHWC")
     parser.add_argument("--base", help="another tree holding bnbwd_cli, run back to back with this one")
+    parser.add_argument("--no-phases", action="store_true", help="skip the table of each failing run's CPU by phase")
     args = parser.parse_args()
     names = args.bugs.split(",")
     unknown = set(names) - set(BUGS)
@@ -158,11 +201,19 @@ def main() -> None:
     print(f"# A failing kernel's run --reference, f32 (32,128,56,56), {args.rounds} rounds, {args.threads} threads; "
           f"medians (min-max); load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}\n")
     print("\n".join(HEADER), flush=True)
+    phases: dict[str, dict[str, list[dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory() as root:
         for layout in args.layouts.split(","):
             work = Path(root) / layout
             work.mkdir()
-            print("\n".join(rows(work, layout, args.threads, args.rounds, names, args.base)), flush=True)
+            phases[layout] = {} if not args.no_phases else None
+            print("\n".join(rows(work, layout, args.threads, args.rounds, names, args.base, phases[layout])), flush=True)
+    if not args.no_phases:
+        print("\nThe same failing runs by phase (bench/failing_phases.py: CPU s, medians (min-max); startup is the "
+              "interpreter's own):\n")
+        print("\n".join(PHASE_HEADER))
+        for layout, seen in phases.items():
+            print("\n".join(phase_rows(layout, seen)), flush=True)
     print(f"\nload average at the end {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

@@ -199,3 +199,36 @@ def test_daz_through_the_cli_and_a_buggy_daz_kernel_still_fails(tmp_path):
     np.savez(tmp_path / "buggy.npz", **buggy)
     failed = bnbwd("run", "-q", bundle, "--reference", tmp_path / "buggy.npz", "--brief")
     assert failed.returncode == 1 and "DAZ" not in failed.stdout, failed.stdout
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32", "bf16", "f16"])
+def test_the_inputs_bit_test_finds_what_the_magnitude_test_finds(dtype):
+    """judge/daz.py reads the bits of each input a chunk at a time (fast: asked of every failing run's inputs): it
+    flags the same arrays as the plain test by magnitude, at every edge (either sign of the smallest and largest
+    subnormal, zeros, the smallest normal, NaN, Inf), in the first, a middle and the last (short) chunk, and on
+    strided views (read by magnitude)."""
+    from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_from_name
+    from bnbwd_cli.judge import daz
+
+    kind = dtype_from_name(dtype)
+    tiny = SMALLEST_NORMAL[dtype]  # the dtype's own smallest normal, and its smallest subnormal:
+    smallest = {"f64": 2.0**-1074, "f32": 2.0**-149, "bf16": 2.0**-133, "f16": 2.0**-24}[dtype]
+    plain = np.array([0.0, -0.0, tiny, -tiny, 1.0, -2.5, np.inf, -np.inf, np.nan], dtype=np.float64).astype(kind)
+    edges = [smallest, -smallest, tiny - smallest, smallest - tiny]
+    size = 3 * daz._CHUNK + 17
+    background = np.resize(plain, size)
+    assert not daz._holds_subnormal(background) and daz._flushed(background) is None
+    for value in edges:
+        value = np.array(value).astype(kind)
+        expected = bool(daz._subnormal_mask(value[None]).any())  # float16: none is (a normal float32 once loaded)
+        assert expected == (dtype != "f16")
+        for position in (0, daz._CHUNK + 5, size - 1):
+            array = background.copy()
+            array[position] = value
+            assert daz._holds_subnormal(array) == expected, (value, position)
+            assert daz._holds_subnormal(array[::-1]) == expected  # strided: the magnitude test
+            flushed = daz._flushed(array)
+            assert (flushed is None) != expected
+            if expected:
+                assert flushed[position] == 0 and np.array_equal(np.delete(flushed, position), np.delete(array, position),
+                                                                 equal_nan=True)

@@ -17,7 +17,7 @@ from bnbwd_cli.dtypes import to_float64
 from bnbwd_cli.judge import diff_src, model, sets
 from bnbwd_cli.judge.bias import ChannelRegression
 from bnbwd_cli.judge.job import Job
-from bnbwd_cli.judge.tolerance import Judging
+from bnbwd_cli.judge.tolerance import Judging, MaxMismatch, PerOutput
 from bnbwd_cli.layout import view3
 from bnbwd_cli.scratch import Scratch
 
@@ -192,9 +192,11 @@ def test_to_float64_into_a_buffer_is_the_plain_upcast() -> None:
 
 
 @pytest.mark.parametrize("with_inputs", [True, False], ids=["scaled", "fixed"])
-def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_inputs: bool) -> None:
+@pytest.mark.parametrize("ulps", [3, 40], ids=["passing", "failing"])
+def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_inputs: bool, ulps: int) -> None:
     """--json/--verbose gather every output's details in the judging pass: the same document as computing them
-    in a second pass on first use, with one pass over diff_src instead of two."""
+    in a second pass on first use, with one pass over diff_src instead of two. A failing diff_src gathers them in
+    its one pass either way (from where it is seen to fail)."""
     from bnbwd_cli.app.judge import reference_outputs
     from bnbwd_cli.render.json import Source, report_document
     from tests.conftest import make_inputs
@@ -205,7 +207,7 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
     reference = reference_outputs(op, ("diff_src", "diff_gamma", "diff_beta"))
     actual = {name: value.copy() for name, value in reference.items()}
     bits = actual["diff_src"].reshape(-1).view(np.uint32)
-    bits[::5] += rng.integers(1, 40, bits[::5].size).astype(np.uint32)  # some elements off by a few ulps
+    bits[::5] += rng.integers(1, ulps, bits[::5].size).astype(np.uint32)  # some elements off by a few ulps
     actual["diff_gamma"][::2] *= np.float32(1 + 3e-6)
     passes = []
     diff_src_pass = diff_src._diff_src_pass
@@ -216,7 +218,8 @@ def test_details_gathered_up_front_equal_the_second_pass(monkeypatch, with_input
         judging = Judging(details_up_front=up_front)
         result = sets.compare_sets(actual, reference, judging, data_format="NCX", inputs=op if with_inputs else None)
         documents.append(report_document(result, Source("bnbwd verify", "a", "r")))  # reads every detail
-        assert len(passes) == (0 if not with_inputs else 1 if up_front else 2)
+        assert result.outputs[0].comparison.passed == (ulps == 3 or not with_inputs)  # (fixed: within its atol)
+        assert len(passes) == (0 if not with_inputs else 1 if up_front or ulps == 40 else 2)
     assert documents[0] == documents[1]
     assert any(output["comparison"]["worst"] for output in documents[0]["outputs"]), "no details in the document"
 
@@ -326,3 +329,35 @@ def test_judging_does_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPat
         assert other.bias.significant == results[0].bias.significant
         assert other.bias.scale == pytest.approx(results[0].bias.scale, rel=1e-9)
         assert other.bias.stderr == pytest.approx(results[0].bias.stderr, rel=1e-9)
+
+
+@pytest.mark.parametrize("first_failure, allowed", [(0, 0), (333, 0), (333, 6), (590, 0)])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_a_failing_diff_src_gathers_its_details_in_its_one_pass(first_failure: int, allowed: int, data_format: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the judging pass has seen more mismatches than allowed, it gathers the details from there on, after a
+    detailed judgement of the pieces before: every detail is the detailed pass's from the start, bit for bit
+    (masks, where, heat map and NaN positions included), and reading them starts no second pass."""
+    monkeypatch.setattr(diff_src, "BLOCK", 150)
+    monkeypatch.setattr(diff_src, "PIECE", 40)
+    rng = np.random.default_rng(first_failure)
+    inputs, shape = small_op(rng, data_format)
+    reference = rng.standard_normal(shape).astype(np.float32)
+    actual = (reference + rng.choice([0.0, 1e-7, 1e-6], size=shape)).astype(np.float32)
+    flat = actual.reshape(-1)
+    flat[first_failure::7] += 0.5  # failures from this flat index on
+    flat[first_failure + 3] = np.nan
+    passes = []
+    real = diff_src._diff_src_pass
+    monkeypatch.setattr(diff_src, "_diff_src_pass", lambda *args, **kw: passes.append(args[1]) or real(*args, **kw))
+    results = []
+    for up_front in (False, True):
+        judging = Judging(top=5, details_up_front=up_front, max_mismatch=PerOutput(MaxMismatch(allowed)))
+        results.append(sets.compare_sets({"diff_src": actual}, {"diff_src": reference}, judging, data_format=data_format,
+                                         inputs=inputs).outputs[0].comparison)
+    lazy, up_front = results
+    assert not lazy.passed and lazy.mismatches > allowed
+    assert passes == [False, True]  # (the second: up front)
+    assert repr(lazy) == repr(up_front) and lazy.details == up_front.details
+    assert passes == [False, True]  # reading the details started no pass
+    assert lazy.details.where is not None and lazy.details.nonfinite_where is not None and lazy.worst[0].ratio > 1

@@ -72,15 +72,27 @@ def test_scaled_rule_passes_agree(rng):
 
 
 def test_details_are_computed_once_and_only_when_asked(rng, monkeypatch):
+    """A passing output's details: a second pass on first use, once. A failing one's (its report reads them): in its
+    one pass, from the chunk where it is seen to fail on, after a detailed pass over the chunks before (``end``)."""
     actual, reference = _awkward_pair(rng, np.float32)
     passes = []
     real = compare._fixed_pass
-    monkeypatch.setattr(compare, "_fixed_pass", lambda *args: passes.append(args[-1].detailed) or real(*args))
-    comparison = compare_arrays(actual, reference, DEFAULT_TOLERANCES["f32"])
-    assert passes == [False]
+    monkeypatch.setattr(compare, "CHUNK", 128)
+    monkeypatch.setattr(compare, "_fixed_pass",
+                        lambda *args: passes.append((args[3].detailed, args[4] if len(args) > 4 else None)) or real(*args))
+    within = DEFAULT_TOLERANCES["f32"]
+    close = np.nextafter(reference, np.float32(np.inf))  # one ulp off: passes
+    close[~np.isfinite(reference)] = reference[~np.isfinite(reference)]
+    passing = compare_arrays(close, reference, within, replace(Setup(), equal_nan=True))
+    assert passing.passed and passes == [(False, None)]
+    assert passing.worst and passes == [(False, None), (True, None)]
+    passes.clear()
+    comparison = compare_arrays(actual, reference, within)
+    assert not comparison.passed and passes == [(False, None), (True, 128)]  # (the first chunk fails already)
     first = comparison.worst
     assert comparison.histogram and comparison.max_rel.index is not None and comparison.worst is first
-    assert passes == [False, True]
+    assert passes == [(False, None), (True, 128)]
+    assert repr(comparison.details) == repr(compare_arrays(actual, reference, within, lazy_details=False).details)
 
 
 def test_ulp_spacing_from_exponent_bits_equals_frexp_route():

@@ -4,6 +4,7 @@ and the example cases, whose regeneration must give the committed bytes."""
 
 from __future__ import annotations
 
+import json
 import pkgutil
 import re
 import shutil
@@ -198,3 +199,35 @@ def test_make_example_cases_rewrites_the_committed_bytes(tmp_path):
     assert len(written) == 16
     for relative in written:
         assert (tmp_path / relative).read_bytes() == (ROOT / "fixtures" / relative).read_bytes(), relative
+
+
+# --------------------------------------------------------------------------- bench/failing_phases.py
+
+
+def test_failing_phases_split_a_failing_runs_cpu_into_phases_that_add_up(tmp_path):
+    """bench/failing_phases.py runs bnbwd as `python -m bnbwd_cli` does (same exit code and report) and splits the
+    process's CPU into phases that add up to it, each function it names found and timed."""
+    from bench import failing_phases
+    from tests.conftest import make_inputs, save_bundle
+
+    inputs = make_inputs(np.random.default_rng(4), (3, 4, 5, 6))
+    bundle = save_bundle(tmp_path / "in.npz", inputs, epsilon=1e-5, data_format="NCHW")
+    good = tmp_path / "good.npz"
+    assert subprocess.run([sys.executable, "-m", "bnbwd_cli", "run", "-q", bundle, "-o", good], cwd=ROOT).returncode == 0
+    with np.load(good) as z:
+        outputs = {key: z[key] for key in z.files}
+    outputs["diff_src"] = outputs["diff_src"] * np.float32(1.01)  # a scaling bug: fails, diagnosed
+    np.savez(tmp_path / "bad.npz", **outputs)
+    args = ["run", "-q", bundle, "--reference", str(tmp_path / "bad.npz"), "--json", str(tmp_path / "r.json")]
+    done = subprocess.run([sys.executable, "-m", "bench.failing_phases", str(tmp_path / "p.json"), *args], cwd=ROOT,
+                          capture_output=True, text=True)
+    plain = subprocess.run([sys.executable, "-m", "bnbwd_cli", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == plain.returncode == 1, done.stderr
+    assert done.stdout == plain.stdout
+    phases = json.loads((tmp_path / "p.json").read_text())
+    assert phases["exit"] == 1 and set(failing_phases.SHOWN) <= set(phases)
+    assert abs(sum(phases[name] for name in failing_phases.SHOWN) - phases["total"]) < 1e-6
+    for name in ("imports", "read inputs", "core", "channel facts", "judging", "diagnosis", "DAZ scan", "text report",
+                 "JSON"):
+        assert phases[name] > 0, name
+    assert all(phases[name] >= -0.01 for name in failing_phases.SHOWN), phases

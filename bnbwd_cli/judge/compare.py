@@ -10,6 +10,9 @@ failing output's report or --verbose/--json shows them. They are computed lazily
 on first use (``Once``): here for the fixed rule, in judge/diff_src.py for the scaled rule's diff_src
 (which rebuilds its error scale for it); a Setup with ``detailed`` gathers them in the same pass, which
 --json and --verbose ask for up front (Judging.details_up_front), since they read every output's details.
+A pass without them starts gathering them where its output is seen to fail (more mismatches than allowed:
+its report will read them), after a detailed judgement of the chunks before (``continue_details``): a
+failing output pays one pass, with the details of a detailed pass from the start.
 """
 
 from __future__ import annotations
@@ -269,6 +272,13 @@ class Accumulator:
         else:  # (a scale of inf) every unit is 0: the chunk's first element holds the maximum
             self.max_units.offer(0.0, offset)
 
+    def continue_details(self, earlier: Accumulator) -> None:
+        """Gather the details from the next chunk on, continuing ``earlier``'s: a detailed judgement of every chunk
+        fed here so far, in the same order (the details then are a detailed pass's from the start, bit for bit). A
+        pass that finds its output failing calls it: the failing output's report reads the details, which then
+        cost no second pass."""
+        self.details = earlier.details
+
     def add_norms(self, a: np.ndarray, r: np.ndarray) -> None:
         """The relative L2's sums of a flat chunk, as add() forms them (non-finite positions count as 0 on both
         sides; |a - r| and a - r have the same squares)."""
@@ -325,14 +335,20 @@ class Accumulator:
         )
 
 
-def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup) -> Accumulator:
+def _fixed_pass(actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance, setup: Setup,
+                end: int | None = None) -> Accumulator:
+    """The chunks of the flat range [0, end) (None: the whole output) judged in order. Without details, they are
+    gathered from the chunk where the output is seen to fail (more mismatches than allowed) on, after a detailed
+    pass over the chunks before: its report reads them, and a failing output then pays one pass."""
     state = Accumulator(actual, reference, FixedRule(tolerance), setup)
     a_flat, r_flat = actual.reshape(-1), reference.reshape(-1)
     scratch = Scratch()
-    for start in range(0, a_flat.size, CHUNK):
+    for start in range(0, a_flat.size if end is None else end, CHUNK):
         stop = min(start + CHUNK, a_flat.size)
         a64, r64 = scratch.take(("a", "r"), stop - start)
         state.add(to_float64(a_flat[start:stop], a64), to_float64(r_flat[start:stop], r64), start)
+        if state.details is None and state.mismatches > state.allowed:
+            state.continue_details(_fixed_pass(actual, reference, tolerance, replace(setup, detailed=True), stop))
     return state
 
 

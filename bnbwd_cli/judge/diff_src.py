@@ -48,8 +48,9 @@ class _DiffSrc:
 
 def _diff_src_pass(case: _DiffSrc, detailed: bool, regression: ChannelRegression | None = None) -> Accumulator:
     """One blocked pass over diff_src: the verdict's statistics, and the details when ``detailed`` (in the judging
-    pass when asked for up front, else a second pass on first use); with ``regression``, its sums too, from the
-    same upcast pieces (one thread: _regression_pass's sums without a pass of their own)."""
+    pass when asked for up front, else a second pass on first use) or once the output is seen to fail (_Pass.block:
+    its report reads them, so a failing output pays one pass); with ``regression``, its sums too, from the same
+    upcast pieces (one thread: _regression_pass's sums without a pass of their own)."""
     inputs = case.inputs
     state = case.job.accumulator(case.a, case.r, inputs, "diff_src", detailed)
     judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
@@ -79,22 +80,49 @@ class _Pass:
         self.scale_sound &= state.rule.scaled.max_units >= 0
 
     def block(self, where: tuple[slice, slice, slice], regression: ChannelRegression | None = None) -> None:
-        a3, r3 = self.views[:2]
+        a3 = self.views[0]
         shape = a3[where].shape
-        # r and d = a - r of the whole block: the relative L2's sums are by block
-        r_block = r3[where] if r3.dtype == np.float64 else self.scratch.get("r", shape)
-        d_block = self.scratch.get("difference", shape)
+        r_block, d_block = self._block_buffers(where)
         sums = regression.start(shape) if regression is not None else None
         offset = flat_offset(a3.shape, where)
         finite = True
         for piece in blocks(shape, PIECE):
             finite &= self._piece(where, piece, (r_block, d_block, sums), offset + flat_offset(shape, piece))
+            if self.state.details is None and self.state.mismatches > self.state.allowed:
+                # The output fails whatever follows, and a failing output's report reads its details: gather them
+                # from here on, after those of the pieces judged so far (a second pass over those alone).
+                self.state.continue_details(self._detailed_through((where, piece)))
         if finite:  # d is a - r everywhere, and a and r are finite
             self.state.l2.update(d_block.reshape(-1), r_block.reshape(-1))
         else:
             self.state.add_norms(to_float64(a3[where]).reshape(-1), r_block.reshape(-1))
         if sums is not None:
             regression.finish(sums, where[1])
+
+    def _block_buffers(self, where: tuple[slice, slice, slice]) -> tuple[np.ndarray, np.ndarray]:
+        """r and d = a - r of the whole block (the relative L2's sums are by block): a float64 reference is read
+        where it is, else upcast into a buffer."""
+        r3 = self.views[1]
+        shape = r3[where].shape
+        return r3[where] if r3.dtype == np.float64 else self.scratch.get("r", shape), self.scratch.get("difference", shape)
+
+    def _detailed_through(self, last: tuple[tuple[slice, ...], tuple[slice, ...]]) -> Accumulator:
+        """A detailed judgement of the pieces from the first up to ``last`` (its block and piece) included: the
+        same pieces, scales and order as a detailed pass from the start, on buffers of its own (this pass's hold
+        its current block)."""
+        case = self.case
+        state = case.job.accumulator(case.a, case.r, case.inputs, "diff_src", detailed=True)
+        catching_up = _Pass(case, state, self.model, Scratch())
+        a3 = self.views[0]
+        for where in blocks(a3.shape, BLOCK):
+            shape = a3[where].shape
+            r_block, d_block = catching_up._block_buffers(where)
+            offset = flat_offset(a3.shape, where)
+            for piece in blocks(shape, PIECE):
+                catching_up._piece(where, piece, (r_block, d_block, None), offset + flat_offset(shape, piece))
+                if (where, piece) == last:
+                    return state
+        raise ValueError("the piece to catch up to is not one of this pass's")
 
     def _piece(self, where: tuple[slice, slice, slice], piece: tuple[slice, slice, slice], block: tuple,
                offset: int) -> bool:
@@ -312,8 +340,8 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
         fit = _regression_pass(a, r, inputs, dtype, flushed_below).fit()
     bias = pooled_bias(fit.scale, fit.stderr, state.rule.scaled.unit)
     # The details (worst elements, per-channel table, histogram) cost about as much as the verdict and
-    # only a failing output's report or --verbose/--json shows them: unless asked for up front, a second
-    # pass on first use.
+    # only a failing output's report or --verbose/--json shows them: unless asked for up front or gathered by
+    # the pass from where it saw the output fail, a second pass on first use.
     details_of = None if job.judging.details_up_front else Once(
         lambda: _diff_src_pass(replace(case, advance=None), detailed=True).details.finish(a, r, state.dtype))
 
