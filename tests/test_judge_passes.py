@@ -361,3 +361,22 @@ def test_a_failing_diff_src_gathers_its_details_in_its_one_pass(first_failure: i
     assert repr(lazy) == repr(up_front) and lazy.details == up_front.details
     assert passes == [False, True]  # reading the details started no pass
     assert lazy.details.where is not None and lazy.details.nonfinite_where is not None and lazy.worst[0].ratio > 1
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_worst_elements_ranked_from_candidates_are_the_whole_ranking(k: int) -> None:
+    """accumulators.Worst ranks only a chunk's elements at or above the k-th largest ratio kept: the k worst of the
+    whole output all the same, ties (many equal ratios, across chunks) to the lowest index, non-positive ratios never."""
+    from bnbwd_cli.judge.accumulators import Worst
+
+    rng = np.random.default_rng(k)
+    ratio = rng.choice([0.0, -1.0, 0.5, 2.0, 3.0, 7.0], size=4000) * rng.choice([1.0, 1.0, 1.0 + 1e-9], size=4000)
+    ratio[3100:3110] = 9.0  # late ties at the top
+    fails, units = ratio > 1, ratio * 2
+    worst = Worst(k)
+    for start in range(0, ratio.size, 300):
+        worst.update(ratio[start:start + 300], fails[start:start + 300], units[start:start + 300], start)
+    actual = np.arange(ratio.size, dtype=np.float32).reshape(40, 100)
+    got = [(e.index, e.ratio, e.passed, e.units) for e in worst.finish(actual, actual, "f32")]
+    order = sorted((i for i in range(ratio.size) if ratio[i] > 0), key=lambda i: (-ratio[i], i))[:k]
+    assert got == [(divmod(i, 100), ratio[i], not fails[i], units[i]) for i in order]
