@@ -380,3 +380,17 @@ def test_worst_elements_ranked_from_candidates_are_the_whole_ranking(k: int) -> 
     got = [(e.index, e.ratio, e.passed, e.units) for e in worst.finish(actual, actual, "f32")]
     order = sorted((i for i in range(ratio.size) if ratio[i] > 0), key=lambda i: (-ratio[i], i))[:k]
     assert got == [(divmod(i, 100), ratio[i], not fails[i], units[i]) for i in order]
+
+
+@pytest.mark.parametrize("shape", [(1, 42, 3136), (3, 5, 16), (2, 7, 15), (40, 128, 1), (1, 1, 500), (4, 3, 64)])
+def test_channels_found_by_runs_are_each_positions_channel(shape: tuple[int, int, int]) -> None:
+    """diff_src.channels_at (runs searched where a channel's run is long): the channel each flat position's index
+    says, for any subset of positions, none, all, or runs left out entirely."""
+    rng = np.random.default_rng(sum(shape))
+    size = math.prod(shape)
+    for share in (0.0, 0.03, 0.5, 1.0):
+        positions = np.flatnonzero(rng.random(size) < share)
+        expected = 9 + positions // shape[2] % shape[1]
+        assert np.array_equal(diff_src.channels_at(positions, shape, 9), expected)
+    positions = np.arange(shape[2] * 2, size) if size > shape[2] * 2 else np.arange(size)
+    assert np.array_equal(diff_src.channels_at(positions, shape, 0), positions // shape[2] % shape[1])
