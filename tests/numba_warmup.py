@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from bnbwd_cli.core import Op, Settings, backward
+from bnbwd_cli.layout import view3
 from bnbwd_cli.runtime import load_numba_core
 
 DTYPES = (np.float64, np.float32, ml_dtypes.bfloat16, np.float16)
@@ -34,6 +35,23 @@ def warm_up() -> None:
             op = Op(src, diff_dst, np.zeros(channels, np.float32), np.ones(channels, np.float32), None,
                     epsilon=1e-5, data_format=data_format)
             backward(op, Settings(core="numba", threads=1))
+    warm_up_judging()
+
+
+def warm_up_judging() -> None:
+    """The compiled judging's kernels (judge/numba_facts.py), each dtype in each layout's loop."""
+    from bnbwd_cli.judge import model, numba_facts
+
+    for dtype in DTYPES:
+        if not load_numba_core().supports(np.dtype(dtype)):
+            continue
+        for shape, data_format in (((2, 3, 5), "NCX"), ((4, 3), "NXC")):
+            channels = shape[1] if data_format == "NCX" else shape[-1]
+            src, diff_dst = np.ones(shape, dtype), np.ones(shape, dtype)
+            op = Op(src, diff_dst, np.zeros(channels, np.float32), np.ones(channels, np.float32), None,
+                    epsilon=1e-5, data_format=data_format)
+            blocks = list(model.blocks(view3(diff_dst, data_format).shape))
+            numba_facts.facts_sums(op, blocks, model.channel_constants(op)[:2])
 
 
 if __name__ == "__main__":

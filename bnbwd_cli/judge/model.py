@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnbwd_cli import runtime
 from bnbwd_cli.dtypes import dtype_name, to_float64
 from bnbwd_cli.layout import per_channel, view3
 from bnbwd_cli.scratch import Scratch
@@ -253,6 +254,13 @@ def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> C
     dy3 = view3(inputs.diff_dst, inputs.data_format)
     channels = dy3.shape[1]
     mean, invstd, scale = channel_constants(inputs)
+    if runtime.numba_judging(dy3.size):  # compiled: the same sums (judge/numba_facts.py)
+        from bnbwd_cli.judge import numba_facts
+
+        compiled = numba_facts.facts_sums(inputs, list(blocks(dy3.shape)), (mean, invstd), advance)
+        if compiled is not None:
+            sums, sequential = compiled
+            return _facts(dy3.shape, (mean, invstd, scale), sums, sequential)
     # One set of block buffers for the whole pass (the accumulators use theirs one after another): fresh
     # temporaries would cost page faults on every block.
     scratch = Scratch()
@@ -288,16 +296,26 @@ def channel_facts(inputs: Op, advance: Callable[[int], None] | None = None) -> C
             seq_gamma.add(terms, where[1])
             if advance is not None:
                 advance(dy.size)
-    count = dy3.shape[0] * dy3.shape[2]
+    sums = np.stack([beta.total, beta.partial_squares, beta.squares, gamma.total, gamma.partial_squares, gamma.squares])
+    sequential = np.stack([seq_beta.total, seq_gamma.total, seq_centred.total])
+    return _facts(dy3.shape, (mean, invstd, scale), sums, sequential)
+
+
+def _facts(shape3: tuple[int, int, int], constants: tuple[np.ndarray, ...], sums: np.ndarray,
+           sequential: np.ndarray) -> ChannelFacts:
+    """The facts from the pass's sums: (6, C) float64, the total, the sum of squared prefix sums and the sum of
+    squares of dy, then of dy*xhat; (3, C) float32, the sequential sums of dy, dy*xhat and dy*(x - mean)."""
+    mean, invstd, scale = constants
+    total_beta, partial_beta, squares_beta, total_gamma, partial_gamma, squares_gamma = sums
     with np.errstate(invalid="ignore", over="ignore"):
-        centred_error = np.abs(seq_centred.total * invstd - gamma.total)
+        centred_error = np.abs(sequential[2] * invstd - total_gamma)
     return ChannelFacts(
-        count=count, mean=mean, invstd=invstd, scale=scale,
-        diff_beta=beta.total, diff_gamma=gamma.total,
-        partial_beta=beta.partial_squares, partial_gamma=gamma.partial_squares,
-        norm_beta=np.sqrt(beta.squares), norm_gamma=np.sqrt(gamma.squares),
-        sequential_beta=np.abs(seq_beta.total - beta.total),
-        sequential_gamma=np.maximum(np.abs(seq_gamma.total - gamma.total), centred_error),
+        count=shape3[0] * shape3[2], mean=mean, invstd=invstd, scale=scale,
+        diff_beta=total_beta, diff_gamma=total_gamma,
+        partial_beta=partial_beta, partial_gamma=partial_gamma,
+        norm_beta=np.sqrt(squares_beta), norm_gamma=np.sqrt(squares_gamma),
+        sequential_beta=np.abs(sequential[0] - total_beta),
+        sequential_gamma=np.maximum(np.abs(sequential[1] - total_gamma), centred_error),
     )
 
 

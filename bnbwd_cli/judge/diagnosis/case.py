@@ -92,6 +92,13 @@ class Output:
     def reference_at(self, rows: tuple) -> np.ndarray:
         return self.reference[rows] if "reference" in self.__dict__ else upcast(self.expected, rows)
 
+    def reference_at_positions(self, rows: tuple, positions: np.ndarray) -> np.ndarray:
+        """reference_at(rows).reshape(-1)[positions] (``rows``: slices), upcast at those positions alone."""
+        if "reference" in self.__dict__:
+            return self.reference[rows].reshape(-1)[positions]
+        block = self.expected[rows]
+        return to_float64(block[np.unravel_index(positions, block.shape)])
+
     def where(self, values: np.ndarray, rows: tuple | None = None) -> np.ndarray:
         """The elements a share is measured on (of ``values``, the output's ``rows``): those beyond K units when
         there are any, else all."""
@@ -194,13 +201,14 @@ class Case:
         return self._at("src_scale", rows, lambda r: self.model.block(self.xhat_at(r), self.dy_at(r), reference(r),
                                                                       slice(0, self.channels)))
 
-    def channel(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Channel c's dy and xhat, float64 (N, S) arrays in storage order (the whole tensors' numbers there)."""
+    def channel(self, c: int, samples: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Channel c's dy and xhat, float64 (n, S) arrays in storage order (the whole tensors' numbers there) of the
+        ``samples`` (default: all N)."""
         if "dy" in self.__dict__ and "xhat" in self.__dict__:
-            return np.ascontiguousarray(self.dy[:, c, :]), np.ascontiguousarray(self.xhat[:, c, :])
-        dy = upcast(self.dy3, (slice(None), c, slice(None)))
+            return np.ascontiguousarray(self.dy[samples, c, :]), np.ascontiguousarray(self.xhat[samples, c, :])
+        dy = upcast(self.dy3, (samples, c, slice(None)))
         with np.errstate(invalid="ignore", over="ignore"):
-            xhat = np.subtract(upcast(self.src3, (slice(None), c, slice(None))), self.facts.mean[c])
+            xhat = np.subtract(upcast(self.src3, (samples, c, slice(None))), self.facts.mean[c])
             return dy, np.multiply(xhat, self.facts.invstd[c], out=xhat)
 
     def _whole(self, at: Callable[[tuple], np.ndarray]) -> np.ndarray:

@@ -1,0 +1,93 @@
+"""The compiled judging (numba, optional: runtime.numba_judging) reports the NumPy path's numbers bit for bit: the
+channel facts (judge/numba_facts.py) in every dtype and layout, odd shapes, tiny M, several blocks, NaN and Inf."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bnbwd_cli.judge import model
+from bnbwd_cli.layout import view3
+from bnbwd_cli.op import Op
+
+pytestmark = pytest.mark.numba
+numba_facts = pytest.importorskip("bnbwd_cli.judge.numba_facts", exc_type=ImportError)
+
+DTYPES = (np.float32, ml_dtypes.bfloat16, np.float16, np.float64)
+# (shape, layout): odd runs, M of 1 and 2, rows of one element (NXC), a run longer than einsum's 8-element step,
+# and (last two) several blocks of model.CHUNK elements in each layout
+SHAPES = (((2, 3, 5, 7), "NCX"), ((3, 4, 17), "NCX"), ((1, 2, 1), "NCX"), ((2, 1, 3), "NXC"), ((64, 9), "NXC"),
+          ((5, 7, 2, 3), "NXC"), ((3, 3, 300, 11), "NCX"))
+SEVERAL_BLOCKS = (((2, 4, 400, 400), "NCX"), ((45, 100, 100, 3), "NXC"))
+
+
+def _op(rng: np.random.Generator, shape: tuple[int, ...], data_format: str, dtype, non_finite: bool = False) -> Op:
+    channels = shape[1] if data_format == "NCX" else shape[-1]
+    src = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    dy = (rng.standard_normal(shape) + 0.5).astype(dtype)
+    if non_finite:
+        dy.reshape(-1)[1], src.reshape(-1)[-1], dy.reshape(-1)[-2] = np.nan, np.inf, -np.inf
+    mean = (rng.standard_normal(channels) * 0.1).astype(np.float32)
+    variance = rng.uniform(0.5, 1.5, channels).astype(np.float32)
+    return Op(src, dy, mean, variance, None, epsilon=1e-5, data_format=data_format)
+
+
+def _facts(op: Op, core: str, monkeypatch: pytest.MonkeyPatch, advance=None) -> model.ChannelFacts:
+    """model.channel_facts with the judging compiled ($BNBWD_CORE=numba: runtime.numba_judging) or not (numpy)."""
+    monkeypatch.setenv("BNBWD_CORE", core)
+    with np.errstate(all="ignore"):
+        return model.channel_facts(op, advance)
+
+
+def _same_bits(a: model.ChannelFacts, b: model.ChannelFacts) -> list[str]:
+    """The facts' fields whose bits differ."""
+    differ = []
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, np.ndarray):
+            if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+                differ.append(field.name)
+        elif x != y:
+            differ.append(field.name)
+    return differ
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_compiled_channel_facts_are_the_numpy_facts_bit_for_bit(dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(31)
+    for (shape, data_format), non_finite in zip(SHAPES * 2, [False] * len(SHAPES) + [True] * len(SHAPES)):
+        op = _op(rng, shape, data_format, dtype, non_finite)
+        dy3 = view3(op.diff_dst, data_format)
+        with np.errstate(all="ignore"):  # (the hook's own call: it did not decline)
+            assert numba_facts.facts_sums(op, list(model.blocks(dy3.shape)), model.channel_constants(op)[:2]) is not None
+        compiled, plain = (_facts(op, core, monkeypatch) for core in ("numba", "numpy"))
+        assert _same_bits(compiled, plain) == [], (shape, data_format, non_finite)
+
+
+@pytest.mark.parametrize("shape,data_format", SEVERAL_BLOCKS)
+def test_compiled_channel_facts_carry_the_sums_across_blocks(shape: tuple[int, ...], data_format: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    op = _op(np.random.default_rng(32), shape, data_format, np.float32)
+    assert len(list(model.blocks(view3(op.diff_dst, data_format).shape))) >= 2
+    ticks: list[int] = []
+    compiled = _facts(op, "numba", monkeypatch, ticks.append)
+    assert _same_bits(compiled, _facts(op, "numpy", monkeypatch)) == [] and sum(ticks) == op.src.size
+
+
+def test_blocks_of_one_channel_are_left_to_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One channel in a block: NumPy's einsum and plane.sum take other orders there, so the compiled sums decline
+    and model.channel_facts forms them itself; elsewhere it takes the compiled ones when the judging runs
+    compiled ($BNBWD_CORE=numba), never with $BNBWD_CORE=numpy."""
+    rng = np.random.default_rng(33)
+    calls = []
+    compiled = numba_facts.facts_sums
+    monkeypatch.setattr(numba_facts, "facts_sums", lambda *args: calls.append(compiled(*args)) or calls[-1])
+    one, two = _op(rng, (4, 1, 30), "NCX", np.float32), _op(rng, (4, 2, 30), "NCX", np.float32)
+    assert _facts(one, "numba", monkeypatch).diff_beta.shape == (1,) and calls == [None]
+    _facts(two, "numba", monkeypatch)
+    assert len(calls) == 2 and calls[-1] is not None
+    _facts(two, "numpy", monkeypatch)
+    assert len(calls) == 2
