@@ -223,7 +223,7 @@ class Accumulator:
         """add(..., norms=False) under the scaled rule for a flat chunk whose d = a - r is given and finite, forming
         the scale only where |a - r| is more than one ULP of r: elsewhere an element passes with 0 units, whatever
         its scale, as long as that scale is >= 0 and not NaN and K >= 0 (the caller's promise). ``scale_at``:
-        the scale at these flat positions of the chunk (None: at every one). Without details only (they need every
+        the scale at these flat positions of the chunk, ascending (None: at every one). Without details only (they need every
         element's ratio): with them, add() is used."""
         if self.details is not None:
             self.add(a, r, offset, scale_at(None), norms=False)
