@@ -18,6 +18,7 @@ from bnbwd_cli.judge.model import channel_facts
 from tools import bugs, zoo
 
 assess_module = importlib.import_module("bnbwd_cli.judge.diagnosis.assess")  # (the package's `assess` is the function)
+case_module = importlib.import_module("bnbwd_cli.judge.diagnosis.case")
 
 PLANTED = [{"block": 64, "lost": {1: 3}}, {"epsilon": 1e-2}, {"gamma": "next"}, {"no_mean_dy": (0, 3)},
            {"skip_tail": 19}]
@@ -100,11 +101,13 @@ def test_a_lean_walk_with_non_finite_outputs_counts_as_the_plain_one(fmt):
     """NaN and Inf in the kernel's diff_src (the lean test must send them to the full test) and in the reference
     (the plain walk is used: the same numbers)."""
     def spoil(outputs):
-        flat = outputs["diff_src"].reshape(-1)
-        flat[::97] = np.nan
-        flat[5::131] = np.inf
+        spoiled = outputs["diff_src"].copy()
+        spoiled.reshape(-1)[::97] = np.nan
+        spoiled.reshape(-1)[5::131] = np.inf
+        outputs["diff_src"] = spoiled
     case = _case(fmt, {"epsilon": 1e-2}, spoil=spoil)
     out = case.outputs["diff_src"]
+    assert np.isnan(out.given).any() and np.isinf(out.given).any()
     for candidate in diagnosis._candidates(case):
         if candidate.prediction.lean is not None:
             assert _counts(case, candidate.prediction, out) == _counts(case, candidate.prediction, out, lean=True)
@@ -127,3 +130,54 @@ def test_a_tail_from_the_end_of_the_row_sums_as_from_the_whole():
         dy, terms = reductions._row(case, 2, t)
         full_dy, full_terms = reductions._row(case, 2)
         assert dy.size >= t and np.array_equal(dy, full_dy[-dy.size:]) and np.array_equal(terms, full_terms[-dy.size:])
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("hooks", PLANTED, ids=[next(iter(h)) for h in PLANTED])
+def test_the_judges_failing_elements_are_the_ones_the_case_finds(hooks, fmt):
+    """A failed diff_src's case takes the judge's failing mask (case._judged_failing) instead of judging every
+    element again: the same elements beyond, deviation norm and per-channel sums, bit for bit."""
+    case = _case(fmt, hooks)
+    out = case.outputs["diff_src"]
+    comparison = out.comparison
+    failing = case_module._judged_failing(comparison, case.inputs.data_format)
+    assert failing is not None and out.failed
+    given, given_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison, failing)
+    judged, judged_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison)
+    assert np.array_equal(given.beyond, judged.beyond) and given.deviation_norm == judged.deviation_norm
+    for name in ("count", "x", "xx", "d", "xd", "ar", "rr"):
+        assert np.array_equal(getattr(given_sums, name), getattr(judged_sums, name)), name
+
+
+def test_no_failing_mask_is_taken_where_it_could_differ():
+    """NaN in the kernel's output (the judge classes NaN/Inf apart), or an output that passed (its details are not
+    gathered): the case judges every element itself."""
+    def spoil(outputs):
+        spoiled = outputs["diff_src"].copy()
+        spoiled.reshape(-1)[::97] = np.nan
+        outputs["diff_src"] = spoiled
+    case = _case("NCX", {"epsilon": 1e-2}, spoil=spoil)
+    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is None
+    case = _case("NCX", {"epsilon": 1e-2})
+    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is not None
+    assert case_module._judged_failing(case.outputs["diff_beta"].comparison, "NCX") is None  # (C,): it passed
+
+
+def test_the_sums_of_a_block_with_non_finite_values_are_the_checked_ones():
+    """DiffSrcSums.add sums a block as it is when its channel sums are finite, else as the checked path does:
+    the same sums whichever way a block goes (a kept mask of all True forces the checked path)."""
+    rng = np.random.default_rng(4)
+    blocks = [rng.standard_normal((3, 2, 3, 5)) for _ in range(5)]
+    blocks[1][0, 0, 1, 2] = np.nan  # a NaN in a
+    blocks[2][1, 1, 2, 3] = np.inf  # an Inf in r
+    blocks[3][:2, :, :, 3] = 1e300  # finite a and r whose products overflow
+    blocks[4][2, 0, 1, 0] = -np.inf  # an Inf in xhat
+    sums = [case_module.DiffSrcSums(*(np.zeros(3) for _ in range(7))) for _ in range(2)]
+    for a, r, x in blocks:
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = a - r
+            sums[0].add(a, r, d, x)
+            sums[1].add(a, r, d, x, np.ones(a.shape, bool))
+    assert not np.isfinite(sums[0].ar).all() and sums[0].count.sum() < 5 * 30
+    for name in ("count", "x", "xx", "d", "xd", "ar", "rr"):
+        assert np.array_equal(getattr(sums[0], name), getattr(sums[1], name), equal_nan=True), name

@@ -128,7 +128,8 @@ class _DetailStats:
             picture = heat_map(failing, coordinates.channel_axis)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
                        self.channels.finish() if self.channels is not None else None, self.decades.finish(),
-                       where, nonfinite_where, picture, self._errors(shape))
+                       where, nonfinite_where, picture, self._errors(shape),
+                       None if masks.failing is None else masks.failing.reshape(shape))
 
     def _errors(self, shape: tuple[int, ...]) -> ElementErrors | None:
         masks = self.masks
