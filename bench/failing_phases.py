@@ -28,6 +28,9 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "read inputs": (("bnbwd_cli.app.run", "prepare"),),
     "core": (("bnbwd_cli.app.run", "compute"),),
     "read kernel": (("bnbwd_cli.app.run", "kernel_under_test"),),
+    # the arrays' data, wherever read: the inputs, and the kernel's outputs (read on first use, in the judging)
+    "reading files": (("bnbwd_cli.files.read", "_read_npy_path"), ("bnbwd_cli.files.read", "read_npz_key"),
+                      ("bnbwd_cli.files.read", "read_safetensors")),
     "channel facts": (("bnbwd_cli.judge.model", "channel_facts"),),
     "judging": (("bnbwd_cli.judge.sets", "_compare_pair"),),
     "where, heat map": (("bnbwd_cli.judge.compare", "localize"), ("bnbwd_cli.judge.compare", "heat_map"),
