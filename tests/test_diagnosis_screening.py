@@ -70,9 +70,9 @@ def test_few_hypotheses_are_computed_in_full(hooks, cause, monkeypatch):
     confirmed, whole = [], []
     original = assess_module.confirmed
 
-    def counting(case, at, share):
+    def counting(case, at, share, lean=None):
         confirmed.append(at)
-        return original(case, at, share)
+        return original(case, at, share, lean)
 
     monkeypatch.setattr(assess_module, "confirmed", counting)
     monkeypatch.setattr(Prediction, "resolve_in_chunks", lambda self, shape: whole.append(shape))

@@ -361,3 +361,36 @@ def test_a_failing_diff_src_gathers_its_details_in_its_one_pass(first_failure: i
     assert repr(lazy) == repr(up_front) and lazy.details == up_front.details
     assert passes == [False, True]  # reading the details started no pass
     assert lazy.details.where is not None and lazy.details.nonfinite_where is not None and lazy.worst[0].ratio > 1
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_worst_elements_ranked_from_candidates_are_the_whole_ranking(k: int) -> None:
+    """accumulators.Worst ranks only a chunk's elements at or above the k-th largest ratio kept: the k worst of the
+    whole output all the same, ties (many equal ratios, across chunks) to the lowest index, non-positive ratios never."""
+    from bnbwd_cli.judge.accumulators import Worst
+
+    rng = np.random.default_rng(k)
+    ratio = rng.choice([0.0, -1.0, 0.5, 2.0, 3.0, 7.0], size=4000) * rng.choice([1.0, 1.0, 1.0 + 1e-9], size=4000)
+    ratio[3100:3110] = 9.0  # late ties at the top
+    fails, units = ratio > 1, ratio * 2
+    worst = Worst(k)
+    for start in range(0, ratio.size, 300):
+        worst.update(ratio[start:start + 300], fails[start:start + 300], units[start:start + 300], start)
+    actual = np.arange(ratio.size, dtype=np.float32).reshape(40, 100)
+    got = [(e.index, e.ratio, e.passed, e.units) for e in worst.finish(actual, actual, "f32")]
+    order = sorted((i for i in range(ratio.size) if ratio[i] > 0), key=lambda i: (-ratio[i], i))[:k]
+    assert got == [(divmod(i, 100), ratio[i], not fails[i], units[i]) for i in order]
+
+
+@pytest.mark.parametrize("shape", [(1, 42, 3136), (3, 5, 16), (2, 7, 15), (40, 128, 1), (1, 1, 500), (4, 3, 64)])
+def test_channels_found_by_runs_are_each_positions_channel(shape: tuple[int, int, int]) -> None:
+    """diff_src.channels_at (runs searched where a channel's run is long): the channel each flat position's index
+    says, for any subset of positions, none, all, or runs left out entirely."""
+    rng = np.random.default_rng(sum(shape))
+    size = math.prod(shape)
+    for share in (0.0, 0.03, 0.5, 1.0):
+        positions = np.flatnonzero(rng.random(size) < share)
+        expected = 9 + positions // shape[2] % shape[1]
+        assert np.array_equal(diff_src.channels_at(positions, shape, 9), expected)
+    positions = np.arange(shape[2] * 2, size) if size > shape[2] * 2 else np.arange(size)
+    assert np.array_equal(diff_src.channels_at(positions, shape, 0), positions // shape[2] % shape[1])

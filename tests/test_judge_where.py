@@ -10,7 +10,7 @@ import pytest
 
 from bnbwd_cli.judge.heat_map import heat_map
 from bnbwd_cli.judge.failures import Failures
-from bnbwd_cli.judge.index_words import index_ranges, indices_text
+from bnbwd_cli.judge.index_words import distinct, index_ranges, indices_text
 from bnbwd_cli.judge.where import Coordinates, Where, localize
 
 NCX, NXC = ("n", "c", "h", "w"), ("n", "h", "w", "c")
@@ -374,3 +374,15 @@ def test_lanes_of_each_channel_s_reduction_order_channels_last(seed):
     assert found.kind == "reduction" and found.exact, found
     assert found.text == (f"lanes {lo}..{hi} of every {warp} positions of each channel's {positions.size} elements "
                           "in reduction order"), found.text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_distinct_is_numpys_unique_of_integers(seed):
+    """index_words.distinct (np.unique without its numpy.ma import): the same sorted values, same dtype."""
+    rng = np.random.default_rng(seed)
+    for size in (0, 1, 2, 7, 500):
+        for dtype in (np.int64, np.int32, np.uint8):
+            values = rng.integers(0, [1, 3, 255][seed % 3] + 1, size).astype(dtype)
+            found = distinct(values)
+            assert found.dtype == np.unique(values).dtype and np.array_equal(found, np.unique(values))
+    assert np.array_equal(distinct([[3, 1], [3, 2]]), [1, 2, 3])  # any shape, flattened as np.unique does

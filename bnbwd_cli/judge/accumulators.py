@@ -96,7 +96,7 @@ class MaxLocated:
 
     def update(self, values: np.ndarray, mask: np.ndarray | None, offset: int) -> None:
         """``mask``: the elements that count (None: all of them)."""
-        if mask is not None:
+        if mask is not None and not mask.all():  # (every element counting, the usual case: no masked copy)
             if not mask.any():
                 return
             values = np.where(mask, values, -np.inf)
@@ -146,8 +146,15 @@ class Worst:
         self.units = np.zeros(0)
 
     def update(self, ratio: np.ndarray, fails: np.ndarray, units: np.ndarray | None, offset: int) -> None:
-        best = top(np.where(ratio > 0, ratio, -1.0), self.k)
-        best = best[ratio[best] > 0]
+        if self.k and self.ratio.size >= self.k:
+            # Only an element at or above the k-th largest ratio kept can be among the worst (ties included: finish
+            # orders them by index): those few are ranked, not the whole chunk.
+            floor = np.partition(self.ratio, self.ratio.size - self.k)[self.ratio.size - self.k]
+            candidates = np.flatnonzero(ratio >= floor)
+            best = candidates[top(ratio[candidates], self.k)]
+        else:
+            best = top(np.where(ratio > 0, ratio, -1.0), self.k)
+            best = best[ratio[best] > 0]
         self.index = np.concatenate([self.index, offset + best])
         self.ratio = np.concatenate([self.ratio, ratio[best]])
         self.fail = np.concatenate([self.fail, fails[best]])

@@ -96,6 +96,7 @@ class _DetailStats:
         self.channels = Channels(shape, axis) if axis is not None else None
         self.masks = Masks(math.prod(shape), setup.keep_errors)
         self.coordinates = WhereCoordinates(shape, setup.layout.axis_names, axis)
+        self.scratch = Scratch()
 
     def update(self, chunk: Chunk, judged: _Judged) -> None:
         ratio = judged.verdicts.ratio
@@ -103,8 +104,9 @@ class _DetailStats:
         if judged.finite is not None:  # the worst elements and the channels' worst ratio are finite elements'
             ratio[~judged.finite] = -1.0
         nonzero = chunk.ref != 0
-        self.max_rel.update(safe_ratio(chunk.abs_err, np.abs(chunk.ref)), nonzero if judged.finite is None else judged.finite & nonzero,
-                            judged.offset)
+        magnitude, relative = self.scratch.take(("magnitude", "relative"), chunk.ref.size)
+        relative = safe_ratio(chunk.abs_err, np.abs(chunk.ref, out=magnitude), out=relative)
+        self.max_rel.update(relative, nonzero if judged.finite is None else judged.finite & nonzero, judged.offset)
         self.worst.update(ratio, judged.fails, judged.verdicts.units, judged.offset)
         self.decades.update(chunk.abs_err if judged.finite is None else chunk.abs_err[judged.finite])
         if self.channels is not None:
@@ -126,7 +128,8 @@ class _DetailStats:
             picture = heat_map(failing, coordinates.channel_axis)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
                        self.channels.finish() if self.channels is not None else None, self.decades.finish(),
-                       where, nonfinite_where, picture, self._errors(shape))
+                       where, nonfinite_where, picture, self._errors(shape),
+                       None if masks.failing is None else masks.failing.reshape(shape))
 
     def _errors(self, shape: tuple[int, ...]) -> ElementErrors | None:
         masks = self.masks
@@ -222,7 +225,7 @@ class Accumulator:
         """add(..., norms=False) under the scaled rule for a flat chunk whose d = a - r is given and finite, forming
         the scale only where |a - r| is more than one ULP of r: elsewhere an element passes with 0 units, whatever
         its scale, as long as that scale is >= 0 and not NaN and K >= 0 (the caller's promise). ``scale_at``:
-        the scale at these flat positions of the chunk (None: at every one). Without details only (they need every
+        the scale at these flat positions of the chunk, ascending (None: at every one). Without details only (they need every
         element's ratio): with them, add() is used."""
         if self.details is not None:
             self.add(a, r, offset, scale_at(None), norms=False)

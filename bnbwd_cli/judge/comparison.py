@@ -96,6 +96,9 @@ class Details:
     nonfinite_where: Where | None = field(default=None, repr=False)
     picture: HeatMap | None = field(default=None, repr=False)
     errors: ElementErrors | None = field(default=None, repr=False, compare=False)
+    # the failing elements (the output's shape; NaN/Inf ones included), None when none fails: the diagnosis takes
+    # them instead of judging every element again (judge/diagnosis/case.py)
+    failing: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 class Once:
@@ -103,6 +106,11 @@ class Once:
 
     def __init__(self, compute: Callable[[], Details]) -> None:
         self._compute, self._value = compute, None
+
+    @property
+    def ready(self) -> bool:
+        """Is the value computed already (reading it costs nothing)?"""
+        return self._value is not None
 
     def __call__(self) -> Details:
         if self._value is None:
@@ -155,6 +163,12 @@ class Comparison:
     @property
     def details(self) -> Details:
         return self.details_of()
+
+    @property
+    def details_ready(self) -> bool:
+        """Are the details in hand (gathered by the judging pass, or computed already), so reading them costs no
+        pass?"""
+        return not isinstance(self.details_of, Once) or self.details_of.ready
 
     @property
     def errors(self) -> ElementErrors | None:

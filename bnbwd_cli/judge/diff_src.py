@@ -144,7 +144,7 @@ class _Pass:
                     self.views, where, piece, constants, self.scratch)
                 out = tuple(self.scratch.take(("scale", "term"), shape))
                 return model.block(xhat, dy, r, channels, out=out).reshape(-1)
-            channel = channels.start + positions // shape[2] % shape[1]
+            channel = channels_at(positions, shape, channels.start)
             if values.xhat is not None:
                 dy, xhat = (v.reshape(-1)[positions] for v in (values.diff_dst, values.xhat))
             else:
@@ -174,6 +174,22 @@ def _compiled_pass(case: _DiffSrc, dtype: str, flushed_below: float) -> tuple[Ac
         if numba_pass.judge(judged, regression, (BLOCK, PIECE), case.advance):
             return state, regression
     return None
+
+
+# A piece's channels are found run by run (a search per run, not an integer division per element) when a channel's
+# run is at least this long (NCX): a division costs ~5 ns an element, a repeat ~1.
+CHANNEL_RUN = 16
+
+
+def channels_at(positions: np.ndarray, shape: tuple[int, int, int], first: int) -> np.ndarray:
+    """The channel of each flat position of an (n, c, s) piece whose first channel is ``first``; ``positions``
+    ascending (np.flatnonzero's)."""
+    n, c, s = shape
+    if s < CHANNEL_RUN:
+        return first + positions // s % c
+    ends = np.searchsorted(positions, np.arange(1, n * c) * s)  # where each run but the last ends
+    counts = np.diff(ends, prepend=0, append=positions.size)
+    return np.repeat(first + np.arange(n * c) % c, counts)
 
 
 def _views(a: np.ndarray, r: np.ndarray, inputs: Op) -> tuple[np.ndarray, ...]:

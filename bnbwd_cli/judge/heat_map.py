@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.judge.failures import Failures, counts_dtype
+from bnbwd_cli.judge.index_words import distinct
 
 MAP_ROWS, MAP_COLUMNS = 16, 60  # at most: channel groups x blocks of each channel's positions
 
@@ -31,7 +32,7 @@ class HeatMap:
 
 def _edges(count: int, parts: int) -> np.ndarray:
     """Starts of at most ``parts`` nearly equal blocks of ``count`` items, and the end."""
-    return np.unique(np.linspace(0, count, min(parts, count) + 1).round().astype(np.int64))
+    return distinct(np.linspace(0, count, min(parts, count) + 1).round().astype(np.int64))
 
 
 def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, columns: int = MAP_COLUMNS,

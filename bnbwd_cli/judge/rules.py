@@ -92,12 +92,15 @@ def pass_flushed(verdicts: Verdicts, actual: np.ndarray, ref: np.ndarray, smalle
     """Let the failing elements that are a subnormal flushed to zero pass (FTZ: CUDA -ftz, --use_fast_math, x86
     fast-math): actual == 0 where the reference is subnormal in the output's dtype (0 < |r| < its smallest normal).
     Changes ``verdicts`` in place (the element needs nothing and uses no units) and returns how many it let pass.
-    Only the failing elements are read: a passing chunk pays one scan of its verdicts."""
-    failing = np.flatnonzero(verdicts.fails)
+    A passing chunk pays one scan of its verdicts; a failing one two more (its zeros), and only its failing zeros
+    are gathered (none, usually: a kernel that fails most elements need not gather them all)."""
+    if not verdicts.fails.any():
+        return 0
+    failing = np.flatnonzero(np.logical_and(verdicts.fails, actual == 0))
     if not failing.size:
         return 0
     ref_abs = np.abs(ref[failing])
-    flushed = failing[(actual[failing] == 0) & (ref_abs > 0) & (ref_abs < smallest_normal)]
+    flushed = failing[(ref_abs > 0) & (ref_abs < smallest_normal)]
     verdicts.fails[flushed] = False
     for array in (verdicts.units, verdicts.ratio):
         if array is not None:

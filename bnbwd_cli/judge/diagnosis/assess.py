@@ -27,7 +27,7 @@ import numpy as np
 from bnbwd_cli.dtypes import dtype_from_name, dtype_name, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.diagnosis.case import Case, Output
-from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks
+from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks, chunks
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 
 MIN_SHARE = 0.9  # of an element-wise failure's deviation a hypothesis must explain
@@ -59,10 +59,10 @@ def rounded(p: np.ndarray, dtype: str) -> np.ndarray:
         return p.astype(dtype_from_name({"f32": "float32", "f16": "float16"}.get(dtype, dtype))).astype(np.float64)
 
 
-def _squares(a: np.ndarray, q: np.ndarray) -> float:
+def _squares(a: np.ndarray, q: np.ndarray | float) -> float:
     """The sum of squares of the finite a - q (flat)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        d = (a - q).reshape(-1)
+        d = np.reshape(a - q, -1)
     d = np.where(np.isfinite(d), d, 0.0)
     return float(np.dot(d, d))
 
@@ -80,26 +80,92 @@ def _share(before: float, after: float) -> float:
 
 
 Rows = Callable[[tuple], tuple[np.ndarray, np.ndarray | None]]
+Lean = Callable[[tuple], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]]
 
 
-def confirmed(case: Case, at: Rows, share: bool) -> float | None:
+def confirmed(case: Case, at: Rows, share: bool, lean: Lean | None = None) -> float | None:
     """diff_src's whole-run test, block by block (prediction.blocks): None when more elements than the judge allows
     are beyond K units of the prediction (found at the first block where they are), else the share of the deviation
     it explains (``share`` False: NaN, not measured). ``at(rows)``: the prediction's diff_src and noise at a block's
-    rows. Each block's numbers are the whole tensors' there, and the sums go block by block in order: the share is the
-    one share_explained gives on the whole arrays (to the last bits of its sum's order)."""
+    rows; ``lean`` (Prediction.lean): its diff_src there and its noise at positions, used when the tolerance is a
+    number wherever the reference is finite (_cheap): the noise is then formed only where the test needs it. Each
+    block's numbers are the whole tensors' there, and the sums go block by block in order: the share is the one
+    share_explained gives on the whole arrays (to the last bits of its sum's order)."""
     out = case.outputs["diff_src"]
     dtype, allowed = out.comparison.dtype, out.comparison.allowed_mismatches
     count, squares = 0, 0.0
+    lean = lean if lean is not None and _cheap(case) else None
     for rows in blocks(case.shape):
-        p, extra = at(rows)
-        a, r = out.actual_at(rows), out.reference_at(rows)
-        if share:
-            squares += _squares(out.where(a, rows), rounded(out.where(p, rows), dtype))
-        count += _beyond(case, rows, (a, p, r), extra)
+        if lean is not None:
+            p, noise_at = lean(rows)
+            a = out.actual_at(rows)
+            count += _beyond_lean(case, rows, a, p, noise_at)
+        else:
+            p, extra = at(rows)
+            a = out.actual_at(rows)
+            count += _beyond(case, rows, (a, p, out.reference_at(rows)), extra)
         if count > allowed:
             return None
+        if share:
+            squares += _block_squares(out, rows, a, p, dtype)
     return _share(out.deviation_norm, math.sqrt(squares)) if share else math.nan
+
+
+def _block_squares(out: Output, rows: tuple, a: np.ndarray, p: np.ndarray, dtype: str) -> float:
+    """_squares(out.where(a, rows), rounded(out.where(p, rows), dtype)): the same differences, in the same order,
+    taken from the whole block when most elements are measured, else gathered first."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if not out.some_beyond:
+            d = a - rounded(p, dtype)
+        else:
+            mask = out.beyond[rows]
+            measured = int(np.count_nonzero(mask))
+            if measured == mask.size:
+                d = a - rounded(p, dtype)
+            elif 2 * measured > mask.size:
+                d = (a - rounded(p, dtype))[mask]
+            else:
+                d = a[mask] - rounded(p[mask], dtype)
+        d = d.reshape(-1)
+        total = float(np.dot(d, d))
+    if math.isfinite(total):  # (every difference finite: no element to leave out)
+        return total
+    return _squares(d, 0.0)
+
+
+def _cheap(case: Case) -> bool:
+    """Is diff_src's tolerance a number wherever its noise is (_sound, and the reference finite everywhere)? Then
+    an element within K*u*|p| of the prediction passes without its tolerance formed (_beyond_lean)."""
+    return _sound(case) and case.once("reference_finite", lambda: _finite(case.outputs["diff_src"].expected))
+
+
+def _finite(array: np.ndarray) -> bool:
+    """Is every element of an (N, C, S) view finite (checked chunk by chunk)?"""
+    return all(bool(np.isfinite(array[part]).all()) for part in chunks(array.shape))
+
+
+def _beyond_lean(case: Case, rows: tuple, a: np.ndarray, p: np.ndarray,
+                 noise_at: Callable[[np.ndarray], np.ndarray]) -> int:
+    """_beyond's count where _cheap holds and the noise comes from Prediction.lean: an element within K*u*|p| of
+    p passes (its tolerance is a number: the noise is NaN only where p is, and such an element is not within), the
+    others are tested in full with the noise, the scale and the reference formed at them alone."""
+    out = case.outputs["diff_src"]
+    k = out.comparison.scaled.max_units
+    with np.errstate(invalid="ignore", over="ignore"):
+        off = np.abs(a - p)
+        outside = ~(off <= k * (case.unit * np.abs(p)))
+        if out.flushed is not None:
+            outside &= out.kept(rows)
+        unsure = np.flatnonzero(outside)
+        if unsure.size == 0:
+            return 0
+        n, channels, s = p.shape
+        channel = unsure // s % channels
+        xhat, dy = (v.reshape(-1)[unsure] for v in (case.xhat_at(rows), case.dy_at(rows)))
+        r_at, p_at = out.reference_at_positions(rows, unsure), p.reshape(-1)[unsure]
+        scale = case.model.at(channel, xhat, dy, r_at)
+        tolerance = _tolerance(case, "diff_src", p_at, r_at, noise_at(unsure), scale)
+        return int(np.count_nonzero(~(off.reshape(-1)[unsure] <= tolerance)))
 
 
 def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -252,7 +318,7 @@ def _diff_src_share(case: Case, prediction: Prediction) -> tuple[bool, float | N
         return True, None
     if out.failed and not _sample_agrees(case, prediction):
         return True, None
-    return True, confirmed(case, prediction.rows, out.failed)
+    return True, confirmed(case, prediction.rows, out.failed, prediction.lean)
 
 
 def assess(case: Case, prediction: Prediction) -> Assessment | None:

@@ -92,6 +92,13 @@ class Output:
     def reference_at(self, rows: tuple) -> np.ndarray:
         return self.reference[rows] if "reference" in self.__dict__ else upcast(self.expected, rows)
 
+    def reference_at_positions(self, rows: tuple, positions: np.ndarray) -> np.ndarray:
+        """reference_at(rows).reshape(-1)[positions] (``rows``: slices), upcast at those positions alone."""
+        if "reference" in self.__dict__:
+            return self.reference[rows].reshape(-1)[positions]
+        block = self.expected[rows]
+        return to_float64(block[np.unravel_index(positions, block.shape)])
+
     def where(self, values: np.ndarray, rows: tuple | None = None) -> np.ndarray:
         """The elements a share is measured on (of ``values``, the output's ``rows``): those beyond K units when
         there are any, else all."""
@@ -194,13 +201,14 @@ class Case:
         return self._at("src_scale", rows, lambda r: self.model.block(self.xhat_at(r), self.dy_at(r), reference(r),
                                                                       slice(0, self.channels)))
 
-    def channel(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Channel c's dy and xhat, float64 (N, S) arrays in storage order (the whole tensors' numbers there)."""
+    def channel(self, c: int, samples: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Channel c's dy and xhat, float64 (n, S) arrays in storage order (the whole tensors' numbers there) of the
+        ``samples`` (default: all N)."""
         if "dy" in self.__dict__ and "xhat" in self.__dict__:
-            return np.ascontiguousarray(self.dy[:, c, :]), np.ascontiguousarray(self.xhat[:, c, :])
-        dy = upcast(self.dy3, (slice(None), c, slice(None)))
+            return np.ascontiguousarray(self.dy[samples, c, :]), np.ascontiguousarray(self.xhat[samples, c, :])
+        dy = upcast(self.dy3, (samples, c, slice(None)))
         with np.errstate(invalid="ignore", over="ignore"):
-            xhat = np.subtract(upcast(self.src3, (slice(None), c, slice(None))), self.facts.mean[c])
+            xhat = np.subtract(upcast(self.src3, (samples, c, slice(None))), self.facts.mean[c])
             return dy, np.multiply(xhat, self.facts.invstd[c], out=xhat)
 
     def _whole(self, at: Callable[[tuple], np.ndarray]) -> np.ndarray:
@@ -261,7 +269,7 @@ def build_case(inputs: Op, facts: ChannelFacts, outputs: Mapping[str, tuple[np.n
     case = Case(inputs, facts, view3(inputs.src, fmt), view3(inputs.diff_dst, fmt), gamma, observed, unit, max_units,
                 diff_src_scale(facts, unit, inputs.training))
     if pending is not None:
-        output, sums = _diff_src_pass(case, *pending)
+        output, sums = _diff_src_pass(case, *pending, _judged_failing(pending[2], fmt))
         observed["diff_src"] = output
         observed = {name: observed[name] for name in outputs}  # (the run's order)
         case = Case(case.inputs, facts, case.src3, case.dy3, gamma, observed, unit, max_units, case.model,
@@ -285,6 +293,16 @@ class DiffSrcSums:
 
     def add(self, a: np.ndarray, r: np.ndarray, d: np.ndarray, x: np.ndarray, kept: np.ndarray | bool = True) -> None:
         """One block's a, r, d = a - r and xhat; ``kept``: the elements the line's fit reads (not the flushed)."""
+        if kept is True:  # the usual case first: every d and xhat finite, which their channel sums say (a NaN or Inf
+            d_sum, x_sum = d.sum(axis=(0, 2)), x.sum(axis=(0, 2))  # makes its sum so; an overflow takes the check)
+            if np.isfinite(d_sum).all() and np.isfinite(x_sum).all():
+                self.count += d.shape[0] * d.shape[2]
+                self.x += x_sum
+                self.xx += np.einsum("ncs,ncs->c", x, x)
+                self.d += d_sum
+                self.xd += np.einsum("ncs,ncs->c", x, d)
+                self._products(a, r)
+                return
         usable = np.isfinite(d) & np.isfinite(x) & kept
         if not usable.all():
             d, x = np.where(usable, d, 0.0), np.where(usable, x, 0.0)
@@ -293,15 +311,38 @@ class DiffSrcSums:
         self.xx += np.einsum("ncs,ncs->c", x, x)
         self.d += d.sum(axis=(0, 2))
         self.xd += np.einsum("ncs,ncs->c", x, d)
-        a, r = (v if np.isfinite(v).all() else np.nan_to_num(v) for v in (a, r))
-        self.ar += np.einsum("ncs,ncs->c", a, r)
-        self.rr += np.einsum("ncs,ncs->c", r, r)
+        self._products(a, r)
+
+    def _products(self, a: np.ndarray, r: np.ndarray) -> None:
+        """a*r and r*r, non-finite values as nan_to_num gives them: summed as they are first (finite sums: every a
+        and r finite, nothing to replace), else again with the replacement."""
+        ar, rr = np.einsum("ncs,ncs->c", a, r), np.einsum("ncs,ncs->c", r, r)
+        if not (np.isfinite(ar).all() and np.isfinite(rr).all()):
+            a, r = (v if np.isfinite(v).all() else np.nan_to_num(v) for v in (a, r))
+            ar, rr = np.einsum("ncs,ncs->c", a, r), np.einsum("ncs,ncs->c", r, r)
+        self.ar += ar
+        self.rr += rr
 
 
-def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Comparison) -> tuple[Output, DiffSrcSums]:
+def _judged_failing(comparison: Comparison, fmt: str) -> np.ndarray | None:
+    """The judge's failing elements of diff_src as an (N, C, S) view, when they are the elements beyond K units of
+    the reference _diff_src_pass would find: the judging pass gathered them (a failed output's details are in hand),
+    every actual and reference value is finite (the judge's NaN/Inf classes differ from a plain comparison) and none
+    passed as a flushed subnormal. Else None (_diff_src_pass judges every element itself)."""
+    nonfinite = comparison.nonfinite
+    if (comparison.elements_passed or not comparison.details_ready or comparison.flushed
+            or nonfinite.nan_actual or nonfinite.nan_reference or nonfinite.inf_actual or nonfinite.inf_reference):
+        return None
+    failing = comparison.details.failing
+    return None if failing is None else view3(failing, fmt)
+
+
+def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Comparison,
+                   failing: np.ndarray | None = None) -> tuple[Output, DiffSrcSums]:
     """diff_src's Output and its per-channel sums: one pass, block by block, for the elements beyond K units, the
-    deviation's norm (||a - r|| over them, or over all when none is: then a second pass) and DiffSrcSums."""
-    beyond = np.empty(a3.shape, bool)
+    deviation's norm (||a - r|| over them, or over all when none is: then a second pass) and DiffSrcSums.
+    ``failing``: the elements beyond as the judge found them (_judged_failing), not judged again."""
+    beyond = np.empty(a3.shape, bool) if failing is None else failing
     flushed = np.zeros(a3.shape, bool) if comparison.flushed else None
     squares = 0.0
     k = comparison.scaled.max_units
@@ -309,16 +350,17 @@ def _diff_src_pass(case: Case, a3: np.ndarray, r3: np.ndarray, comparison: Compa
     with np.errstate(invalid="ignore", over="ignore"):
         for rows in blocks(a3.shape):
             a, r, xhat = upcast(a3, rows), upcast(r3, rows), case.xhat_at(rows)
-            scale = case.model.block(xhat, case.dy_at(rows), r, slice(0, case.channels))
             difference = a - r
             here = beyond[rows]
-            np.less_equal(np.abs(difference), k * scale + ulp_spacing(r, comparison.dtype), out=here)
-            np.logical_not(here, out=here)
             kept = True
-            if flushed is not None:
-                flushed[rows] = _flushed(a, r, comparison)
-                here &= ~flushed[rows]
-                kept = ~flushed[rows]
+            if failing is None:
+                scale = case.model.block(xhat, case.dy_at(rows), r, slice(0, case.channels))
+                np.less_equal(np.abs(difference), k * scale + ulp_spacing(r, comparison.dtype), out=here)
+                np.logical_not(here, out=here)
+                if flushed is not None:
+                    flushed[rows] = _flushed(a, r, comparison)
+                    here &= ~flushed[rows]
+                    kept = ~flushed[rows]
             squares += _squares(difference if here.all() else difference[here])
             sums.add(a, r, difference, xhat, kept)
         if not beyond.any():  # the share is measured on every element

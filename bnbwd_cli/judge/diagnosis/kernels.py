@@ -7,6 +7,7 @@ kernel would output, before its own rounding, for the outputs the run holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,15 +68,27 @@ def backward_with(case: Case, used: Ingredients) -> Prediction:
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         coefficients = _coefficients(case, used, _Sums(beta, gamma_sum, invstd))
 
-    def diff_src(rows: tuple[slice, slice, slice]) -> tuple[np.ndarray, np.ndarray]:
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            xhat = case.xhat_at(rows) if same_xhat else (x_at(rows) - mean[:, None]) * invstd[:, None]
-            return _diff_src(coefficients, case.unit, xhat, dy_at(rows))
+    def ingredients(rows: tuple) -> tuple[np.ndarray, np.ndarray]:
+        xhat = case.xhat_at(rows) if same_xhat else (x_at(rows) - mean[:, None]) * invstd[:, None]
+        return xhat, dy_at(rows)
 
+    def diff_src(rows: tuple) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            xhat, dy = ingredients(rows)
+            return _diff_src(coefficients, xhat, dy), _noise(coefficients, case.unit, xhat, dy)
+
+    def lean(rows: tuple) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            xhat, dy = ingredients(rows)
+            return _diff_src(coefficients, xhat, dy), lambda positions: _noise_at(coefficients, case.unit, xhat, dy,
+                                                                                  positions)
+
+    held = "diff_src" in case.outputs
     return Prediction(
-        diff_src=diff_src if "diff_src" in case.outputs else None,
+        diff_src=diff_src if held else None,
         diff_gamma=pick(used.written_gamma, gamma_sum) if "diff_gamma" in case.outputs else None,
         diff_beta=beta if "diff_beta" in case.outputs else None,
+        lean=lean if held and _noise_never_nan(coefficients, case.unit) else None,
     )
 
 
@@ -116,11 +129,50 @@ def _coefficients(case: Case, used: Ingredients, sums: _Sums) -> _Coefficients:
                          ((u * np.abs(sums.gamma_sum) + s_gamma) / divisor)[:, None])
 
 
-def _diff_src(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarray):
-    """diff_src and its error scale at some rows: the coefficients' formulas, element by element."""
+def _diff_src(coefficients: _Coefficients, xhat: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """diff_src at some rows: the coefficients' formula, element by element."""
     k = coefficients.k
     if coefficients.mean_dy is None:
-        return k * dy, np.abs(k) * u * np.abs(dy)
-    diff_src = k * (dy - coefficients.mean_dy - xhat * coefficients.mean_g)
-    noise = np.abs(k) * (u * np.abs(dy) + coefficients.beta_noise + np.abs(xhat) * coefficients.gamma_noise)
-    return diff_src, noise
+        return k * dy
+    return k * (dy - coefficients.mean_dy - xhat * coefficients.mean_g)
+
+
+def _noise(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """diff_src's error scale at some rows: the coefficients' formula, element by element."""
+    k = coefficients.k
+    if coefficients.mean_dy is None:
+        return np.abs(k) * u * np.abs(dy)
+    return np.abs(k) * (u * np.abs(dy) + coefficients.beta_noise + np.abs(xhat) * coefficients.gamma_noise)
+
+
+def _noise_at(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarray,
+              positions: np.ndarray) -> np.ndarray:
+    """_noise at some flat positions of the rows xhat and dy hold ((n, C, s) arrays): the same operations on the
+    same operands, each element's channel coefficients gathered (the numbers _noise gives there)."""
+    channels, s = xhat.shape[1], xhat.shape[2]
+    channel = positions // s % channels
+    dy, xhat = dy.reshape(-1)[positions], xhat.reshape(-1)[positions]
+
+    def at(coefficient: np.ndarray) -> np.ndarray:
+        return coefficient.reshape(-1)[channel]
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        if coefficients.mean_dy is None:
+            return at(np.abs(coefficients.k) * u) * np.abs(dy)
+        return np.abs(at(coefficients.k)) * (u * np.abs(dy) + at(coefficients.beta_noise)
+                                             + np.abs(xhat) * at(coefficients.gamma_noise))
+
+
+def _noise_never_nan(coefficients: _Coefficients, u: float) -> bool:
+    """Is the noise a number wherever diff_src is (its NaN only where dy or xhat is NaN, which makes diff_src NaN
+    too)? Finite coefficients, a factor |k| (|k|*u) > 0 and a gamma term > 0 (so an infinite dy or xhat makes it
+    inf, never 0*inf), a beta term >= 0 (no inf - inf): then Prediction.lean may leave it unformed where the test
+    needs no noise (assess.confirmed)."""
+    k = np.abs(coefficients.k)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if coefficients.mean_dy is None:
+            factor = k * u
+            return bool(np.all(np.isfinite(factor) & (factor > 0)))
+        beta, gamma = coefficients.beta_noise, coefficients.gamma_noise
+        return bool(np.all(np.isfinite(k) & (k > 0) & np.isfinite(beta) & (beta >= 0) & np.isfinite(gamma)
+                           & (gamma > 0)))

@@ -47,12 +47,16 @@ class Prediction:
     """A hypothesis' outputs (float64; None: as the reference). ``sum_scales``: per output, the error scale of
     a kernel computing that way where it exceeds a correct kernel's (e.g. sums of dy*x instead of dy*xhat,
     diff_src from sums not divided by M); the larger of the two applies. ``diff_src`` may be a function
-    of an index into the (N, C, S) view returning (diff_src, its error scale) there."""
+    of an index into the (N, C, S) view returning (diff_src, its error scale) there. ``lean`` (optional, with such a
+    function): the same diff_src at rows of blocks, and a function giving its error scale at flat positions there,
+    for a test that needs the scale at few elements (assess.confirmed); offered only where that scale is a number
+    wherever diff_src is (the scale's NaN only where diff_src's)."""
 
     diff_src: np.ndarray | Callable[[tuple], tuple[np.ndarray, np.ndarray | None]] | None = None
     diff_gamma: np.ndarray | None = None
     diff_beta: np.ndarray | None = None
     sum_scales: Mapping[str, np.ndarray] = field(default_factory=dict)
+    lean: Callable[[tuple], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] | None = None
     _computed: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _resolve(self) -> None:

@@ -143,15 +143,21 @@ def _best(misfit: np.ndarray) -> int | None:
     return int(order[0])
 
 
-def _row(case: Case, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """Channel c's terms dy and dy*xhat (float64, (M,)) in storage order (_ordered's row c, the same numbers)."""
-    dy, xhat = case.channel(c)
+def _row(case: Case, c: int, last: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Channel c's terms dy and dy*xhat (float64, (M,)) in storage order (_ordered's row c, the same numbers);
+    ``last``: only the row's end, whole samples holding at least its last ``last`` elements (a tail's sums need no
+    more: the storage order is sample by sample)."""
+    n, _, s = case.shape
+    samples = slice(0 if last is None else max(0, n - -(-last // max(s, 1))), None)
+    dy, xhat = case.channel(c, samples)
     return dy.reshape(-1), (dy * xhat).reshape(-1)
 
 
 def _tail_sums(row: np.ndarray, t: np.ndarray | int) -> np.ndarray:
-    """The sums of a row's last t elements, added from the last one backwards (a reversed running sum)."""
-    return np.cumsum(row[::-1])[np.asarray(t) - 1]
+    """The sums of a row's last t elements, added from the last one backwards (a reversed running sum: the same
+    numbers from any end of the row holding those t, as a running sum adds one element at a time)."""
+    t = np.asarray(t)
+    return np.cumsum(row[:-int(t.max()) - 1:-1])[t - 1]
 
 
 def _missing_part(case: Case, deviation: SumDeviation) -> Iterator[Candidate]:
@@ -179,7 +185,7 @@ def _tail_length(case: Case, deviation: SumDeviation, hit: np.ndarray) -> int | 
     lengths = np.arange(1, case.count)
     worst = np.zeros(lengths.size)
     for c in [first] + [c for c in range(case.channels) if c != first]:
-        dy, terms = _row(case, c)
+        dy, terms = _row(case, c, None if c == first else int(lengths.max()))  # (the first: every length)
         worst = np.maximum(worst, _misfit(deviation, c, _tail_sums(dy, lengths), _tail_sums(terms, lengths)))
         keep = worst <= 1
         if not keep.any():
@@ -192,7 +198,7 @@ def _tail_length(case: Case, deviation: SumDeviation, hit: np.ndarray) -> int | 
 def _missing_tail(case: Case, t: int) -> Candidate:
     """The last t elements of every channel left out of the sums."""
     m = case.count
-    rows = [_row(case, c) for c in range(case.channels)]
+    rows = [_row(case, c, t) for c in range(case.channels)]
     tail_beta = np.array([_tail_sums(dy, t) for dy, _ in rows])
     tail_gamma = np.array([_tail_sums(terms, t) for _, terms in rows])
     used = Ingredients(beta=case.facts.diff_beta - tail_beta, gamma_sum=case.facts.diff_gamma - tail_gamma)
@@ -270,7 +276,7 @@ def _gamma_from_x(case: Case) -> Iterator[Candidate]:
             used = Ingredients(gamma_sum=value) if in_src else Ingredients(written_gamma=value)
             prediction = backward_with(case, used)
             prediction = Prediction(prediction.diff_src, prediction.diff_gamma, prediction.diff_beta,
-                                    {**prediction.sum_scales, **scales})
+                                    {**prediction.sum_scales, **scales}, lean=prediction.lean)
             also = " (and diff_src used it)" if in_src else ""
             yield Candidate("gamma-sum-from-x", prediction,
                             lambda s, label=label, also=also: (
