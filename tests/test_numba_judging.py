@@ -156,7 +156,8 @@ def test_compiled_judging_pass_reports_the_numpy_numbers_bit_for_bit(dtype, shap
 
 def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of several einsum buffers (the relative L2's parts of 8192) and many pieces, some ending inside a
-    channel's run (a piece of 1000 elements against runs of 3000): the same numbers."""
+    channel's run (a piece of 1000 elements against runs of 3000): the same numbers. A failing output leaves the
+    compiled pass at its first failing block for the NumPy pass."""
     from bnbwd_cli.app.judge import reference_outputs
     from bnbwd_cli.judge import diff_src
 
@@ -172,4 +173,5 @@ def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(monkeypatch: py
         outputs = {**reference, "diff_src": _kernel_output(reference["diff_src"], kind, rng)}
         assert _judged(op, outputs, reference, "numba", monkeypatch) == _judged(op, outputs, reference, "numpy",
                                                                                monkeypatch)
-    assert len(passes) == 4 and all(outcome is not None for outcome in passes)
+    # ulps: compiled, with one thread and two; failing: handed to the NumPy pass (it gathers the details as it fails)
+    assert [outcome is not None for outcome in passes] == [True, True, False, False]

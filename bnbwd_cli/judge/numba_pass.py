@@ -233,8 +233,9 @@ def _scatter(table, by_dy, by_reference, basis):  # pragma: no cover - compiled
 def judge(judged, regression: ChannelRegression, sizes: tuple[int, int], advance: Callable[[int], None] | None) -> bool:
     """diff_src's judging pass (``judged``: judge/diff_src.py's _Pass, without details) and ``regression``'s sums,
     block by block of ``sizes`` (block, piece) elements; a block the kernel leaves (a - r not finite somewhere, or a
-    scale not sound) is judged by ``judged.block`` (NumPy, the regression's sums too). False, having done nothing,
-    where it does not apply (applies)."""
+    scale not sound) is judged by ``judged.block`` (NumPy, the regression's sums too). False where it does not apply
+    (applies), and as soon as the output fails (more mismatches than allowed): a failing output's report reads its
+    details, which the NumPy pass gathers from where it sees the failure (the caller starts it afresh)."""
     if not applies(judged, regression, sizes[0]):
         return False
     state, facts, model = judged.state, judged.case.facts, judged.model
@@ -255,10 +256,14 @@ def judge(judged, regression: ChannelRegression, sizes: tuple[int, int], advance
                 _commit(judged, regression, (where, pieces), out)
                 if advance is not None:
                     advance(a3[where].size)
+                if state.mismatches > state.allowed:
+                    return False
                 continue
         judged.block(where, regression)
         if advance is not None:
             advance(a3[where].size)
+        if state.mismatches > state.allowed:  # failing: the NumPy pass, which gathers the details as it fails
+            return False
     return True
 
 
