@@ -386,3 +386,17 @@ def test_distinct_is_numpys_unique_of_integers(seed):
             found = distinct(values)
             assert found.dtype == np.unique(values).dtype and np.array_equal(found, np.unique(values))
     assert np.array_equal(distinct([[3, 1], [3, 2]]), [1, 2, 3])  # any shape, flattened as np.unique does
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_failures_inside_a_box_counts_what_a_fancy_index_counts(seed):
+    """Failures.inside (dense: a take along one axis at a time, full axes skipped; sparse: the positions' own
+    coordinates) counts the failures of the product of the index sets, as mask[np.ix_(*sets)] does."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(1, 9, 4))
+    for density in (0.005, 0.5):  # sparse and dense
+        mask = rng.random(shape) < density
+        failures = Failures(mask)
+        for _ in range(5):
+            sets = [np.flatnonzero(rng.random(size) < rng.choice([0.3, 1.0])) for size in shape]
+            assert failures.inside(sets) == int(np.count_nonzero(mask[np.ix_(*sets)])), (shape, sets)

@@ -49,7 +49,7 @@ class Failures:
         return [np.asarray(c, dtype=np.int64).reshape(-1) for c in counts]
 
     def inside(self, sets: list[np.ndarray]) -> int:
-        """Failures inside the product of these index sets (one per axis)."""
+        """Failures inside the product of these index sets (one per axis, each distinct indices: np.flatnonzero's)."""
         if self.positions is not None:
             inside = np.ones(self.count, dtype=bool)
             for axis, chosen in enumerate(sets):
@@ -57,7 +57,13 @@ class Failures:
                 member[chosen] = True
                 inside &= member[self.coordinate(axis)]
             return int(np.count_nonzero(inside))
-        return int(np.count_nonzero(self.mask[np.ix_(*sets)]))
+        # Dense: the sub-box taken one axis at a time, the most selective first (np.ix_'s fancy index of every axis
+        # at once costs tens of nanoseconds an element; a take along one axis copies whole runs), full axes left be.
+        box = self.mask
+        for axis in sorted(range(len(sets)), key=lambda a: len(sets[a]) / max(1, self.mask.shape[a])):
+            if len(sets[axis]) < self.mask.shape[axis]:
+                box = np.take(box, sets[axis], axis=axis)
+        return int(np.count_nonzero(box))
 
     def per_lane(self, period: int, prefix: int | None = None) -> np.ndarray:
         """Failures at each residue of the flat index modulo ``period`` (among the first ``prefix`` elements)."""
