@@ -400,3 +400,20 @@ def test_failures_inside_a_box_counts_what_a_fancy_index_counts(seed):
         for _ in range(5):
             sets = [np.flatnonzero(rng.random(size) < rng.choice([0.3, 1.0])) for size in shape]
             assert failures.inside(sets) == int(np.count_nonzero(mask[np.ix_(*sets)])), (shape, sets)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_failures_dense_lanes_folded_from_a_wider_count_are_each_periods_own(seed):
+    """Failures.per_lane, dense: counted modulo a multiple of the period near LANE_ROW, kept, and folded for every
+    period that divides it: the failures at each residue of the flat index, over the whole mask and over a prefix,
+    for sizes that are not a multiple of any of them."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(100, 20000))
+    mask = rng.random(size) < 0.4
+    failures = Failures(mask)
+    assert failures.positions is None  # dense
+    positions = np.flatnonzero(mask)
+    for period in (2, 3, 32, 64, 7, 96, 1024, 1500):
+        for prefix in (None, int(rng.integers(1, size))):
+            kept = positions if prefix is None else positions[positions < prefix]
+            assert np.array_equal(failures.per_lane(period, prefix), np.bincount(kept % period, minlength=period))
