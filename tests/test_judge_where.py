@@ -417,3 +417,16 @@ def test_failures_dense_lanes_folded_from_a_wider_count_are_each_periods_own(see
         for prefix in (None, int(rng.integers(1, size))):
             kept = positions if prefix is None else positions[positions < prefix]
             assert np.array_equal(failures.per_lane(period, prefix), np.bincount(kept % period, minlength=period))
+
+
+@pytest.mark.parametrize("shape", [(3, 13, 5, 7), (2, 16, 9, 11), (4, 7, 3, 130)])
+def test_heat_map_of_a_dense_mask_counts_each_cell(shape):
+    """The dense heat map (channel groups then position blocks, block by block): each cell's count is its own,
+    with unequal channel groups (13, 7: prime) and equal ones (16)."""
+    mask = np.random.default_rng(sum(shape)).random(shape) < 0.5
+    picture = heat_map(mask, 1, rows=4, columns=9)
+    assert Failures(mask).positions is None
+    by_channel = np.moveaxis(mask, 1, 0).reshape(shape[1], -1)
+    for r, (c0, c1) in enumerate(picture.channels):
+        for k, (p0, p1) in enumerate(picture.positions):
+            assert picture.failing[r][k] == by_channel[c0:c1 + 1, p0:p1 + 1].sum()
