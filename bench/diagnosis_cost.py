@@ -82,9 +82,9 @@ def _in_tree(command: list[str], tree: str) -> tuple[float, float]:
 # The phase table's columns: bench/failing_phases.py's phases, grouped by who owns the work
 PHASE_COLUMNS = {
     "startup, imports": ("startup", "imports"),
-    "read, core": ("read inputs", "core", "read kernel"),
+    "read, core": ("read inputs", "reading files", "core", "read kernel"),
     "channel facts": ("channel facts",),
-    "judging pass": ("judging",),
+    "judging pass": ("judging", "regression sums"),
     "where, heat map": ("where, heat map",),
     "diagnosis": ("diagnosis", "precision hints"),
     "DAZ scan": ("DAZ scan",),

@@ -227,7 +227,7 @@ def test_failing_phases_split_a_failing_runs_cpu_into_phases_that_add_up(tmp_pat
     phases = json.loads((tmp_path / "p.json").read_text())
     assert phases["exit"] == 1 and set(failing_phases.SHOWN) <= set(phases)
     assert abs(sum(phases[name] for name in failing_phases.SHOWN) - phases["total"]) < 1e-6
-    for name in ("imports", "read inputs", "core", "channel facts", "judging", "diagnosis", "DAZ scan", "text report",
+    for name in ("imports", "read inputs", "reading files", "core", "channel facts", "judging", "diagnosis", "DAZ scan", "text report",
                  "JSON"):
         assert phases[name] > 0, name
     assert all(phases[name] >= -0.01 for name in failing_phases.SHOWN), phases

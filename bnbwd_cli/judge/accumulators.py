@@ -96,7 +96,7 @@ class MaxLocated:
 
     def update(self, values: np.ndarray, mask: np.ndarray | None, offset: int) -> None:
         """``mask``: the elements that count (None: all of them)."""
-        if mask is not None:
+        if mask is not None and not mask.all():  # (every element counting, the usual case: no masked copy)
             if not mask.any():
                 return
             values = np.where(mask, values, -np.inf)

@@ -96,6 +96,7 @@ class _DetailStats:
         self.channels = Channels(shape, axis) if axis is not None else None
         self.masks = Masks(math.prod(shape), setup.keep_errors)
         self.coordinates = WhereCoordinates(shape, setup.layout.axis_names, axis)
+        self.scratch = Scratch()
 
     def update(self, chunk: Chunk, judged: _Judged) -> None:
         ratio = judged.verdicts.ratio
@@ -103,8 +104,9 @@ class _DetailStats:
         if judged.finite is not None:  # the worst elements and the channels' worst ratio are finite elements'
             ratio[~judged.finite] = -1.0
         nonzero = chunk.ref != 0
-        self.max_rel.update(safe_ratio(chunk.abs_err, np.abs(chunk.ref)), nonzero if judged.finite is None else judged.finite & nonzero,
-                            judged.offset)
+        magnitude, relative = self.scratch.take(("magnitude", "relative"), chunk.ref.size)
+        relative = safe_ratio(chunk.abs_err, np.abs(chunk.ref, out=magnitude), out=relative)
+        self.max_rel.update(relative, nonzero if judged.finite is None else judged.finite & nonzero, judged.offset)
         self.worst.update(ratio, judged.fails, judged.verdicts.units, judged.offset)
         self.decades.update(chunk.abs_err if judged.finite is None else chunk.abs_err[judged.finite])
         if self.channels is not None:
