@@ -430,3 +430,23 @@ def test_heat_map_of_a_dense_mask_counts_each_cell(shape):
     for r, (c0, c1) in enumerate(picture.channels):
         for k, (p0, p1) in enumerate(picture.positions):
             assert picture.failing[r][k] == by_channel[c0:c1 + 1, p0:p1 + 1].sum()
+
+
+@pytest.mark.parametrize("kinds", [("f32", "f32"), ("bf16", "bf16"), ("f16", "f32"), ("f64", "f64")])
+def test_the_failures_sign_counts_are_the_same_gathered_or_in_pieces(kinds):
+    """compare._above: how many failing elements lie above the reference and how many are larger in magnitude, by
+    gathering the few (at most 1/SPARSE of them) or in pieces over the mask: each equals the plain float64 count."""
+    from bnbwd_cli.dtypes import dtype_from_name, to_float64
+    from bnbwd_cli.judge.compare import SIGN_PIECE, _above
+    from bnbwd_cli.judge.failures import SPARSE
+
+    rng = np.random.default_rng(len(kinds[0]) + len(kinds[1]))
+    size = 3 * SIGN_PIECE + 11
+    reference = rng.standard_normal(size).astype(dtype_from_name(kinds[1]))
+    actual = (rng.standard_normal(size) * 0.5).astype(dtype_from_name(kinds[0]))
+    actual[::7] = reference[::7].astype(actual.dtype)  # ties: neither above nor larger
+    a64, r64 = to_float64(actual), to_float64(reference)
+    for share in (0.5 / SPARSE, 0.3):  # gathered, and in pieces
+        mask = rng.random(size) < share
+        expected = (int(np.count_nonzero((a64 > r64) & mask)), int(np.count_nonzero((np.abs(a64) > np.abs(r64)) & mask)))
+        assert _above(actual, reference, mask) == expected
