@@ -84,7 +84,7 @@ PHASE_COLUMNS = {
     "startup, imports": ("startup", "imports"),
     "read, core": ("read inputs", "reading files", "core", "read kernel"),
     "channel facts": ("channel facts",),
-    "judging pass": ("judging",),
+    "judging pass": ("judging", "regression sums"),
     "where, heat map": ("where, heat map",),
     "diagnosis": ("diagnosis", "precision hints"),
     "DAZ scan": ("DAZ scan",),

@@ -33,6 +33,9 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
                       ("bnbwd_cli.files.read", "read_safetensors")),
     "channel facts": (("bnbwd_cli.judge.model", "channel_facts"),),
     "judging": (("bnbwd_cli.judge.sets", "_compare_pair"),),
+    # diff_src's bias regression: with two threads a pass on a thread of its own, beside the channel facts and the
+    # judging pass (its CPU there is that thread's, taken out of whatever the main thread did meanwhile)
+    "regression sums": (("bnbwd_cli.judge.diff_src", "_regression_pass"), ("bnbwd_cli.judge.diff_src", "_unmoved_pass")),
     "where, heat map": (("bnbwd_cli.judge.compare", "localize"), ("bnbwd_cli.judge.compare", "heat_map"),
                         ("bnbwd_cli.judge.compare", "_above")),
     "diagnosis": (("bnbwd_cli.judge.diagnosis", "diagnose"),),
@@ -46,26 +49,53 @@ SHOWN = ("startup", "imports", *PHASES, "other")  # startup: the interpreter's o
 
 
 class Clock:
-    """CPU seconds per phase, each less its nested phases' (main thread only: a call on a worker thread is part of
-    the main thread's phase that started it)."""
+    """CPU seconds per phase, each less its nested phases'. A phase's function called on another thread (a side
+    call: diff_src's regression beside the facts and the judging pass) is timed by that thread's own clock, and
+    its CPU is taken out of the main thread's phases that ran meanwhile; any other thread's CPU (the core's pool)
+    is part of the main thread's phase that started it."""
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
         self._nested: list[float] = []
         self._main = threading.get_ident()
+        self._lock = threading.Lock()
+        self._side_done = 0.0  # CPU of the side calls that have returned
+        self._side_live: dict[int, tuple[int, float]] = {}  # thread -> (its CPU clock, its CPU when the call began)
+
+    def _cpu(self) -> float:
+        """The process's CPU less the side calls'."""
+        with self._lock:
+            side = self._side_done + sum(time.clock_gettime(clock) - began for clock, began in self._side_live.values())
+            return time.process_time() - side
 
     def inside(self, phase: str, function, args, kwargs):
         if threading.get_ident() != self._main:
-            return function(*args, **kwargs)
-        started = time.process_time()
+            return self._aside(phase, function, args, kwargs)
+        started = self._cpu()
         self._nested.append(0.0)
         try:
             return function(*args, **kwargs)
         finally:
-            total = time.process_time() - started
+            total = self._cpu() - started
             self.spent[phase] += total - self._nested.pop()
             if self._nested:
                 self._nested[-1] += total
+
+    def _aside(self, phase: str, function, args, kwargs):
+        thread = threading.get_ident()
+        with self._lock:
+            nested = thread in self._side_live  # then part of the side call it is in
+            if not nested:
+                self._side_live[thread] = (time.pthread_getcpuclockid(thread), time.thread_time())
+        if nested:
+            return function(*args, **kwargs)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            with self._lock:
+                spent = time.thread_time() - self._side_live.pop(thread)[1]
+                self._side_done += spent
+                self.spent[phase] += spent
 
 
 def _timed(clock: Clock, phase: str, function):

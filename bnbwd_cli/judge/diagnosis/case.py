@@ -35,6 +35,8 @@ __all__ = ["Assessment", "Case", "Output", "Prediction", "build_case", "chunks"]
 SUMS = ("diff_gamma", "diff_beta")
 def _is_slices(rows: tuple) -> bool:
     """Are ``rows`` slices only (a block of prediction.blocks, a chunk, a strided sample), not an index array?"""
+    if len(rows) == 3:  # (the (N, C, S) view's: called once a block and value, so without a generator)
+        return type(rows[0]) is slice and type(rows[1]) is slice and type(rows[2]) is slice
     return all(type(r) is slice for r in rows)
 
 
@@ -172,16 +174,21 @@ class Case:
         return s_gamma if name == "diff_gamma" else s_beta
 
     # float64 values at rows of the (N, C, S) view: the whole tensor's when it was formed, else computed there (the
-    # same numbers); a block's are kept while a test walks the run block by block (several read the same block)
+    # same numbers); a block's are kept while a test walks the run block by block (several read the same block), and
+    # those at the last index rows asked for (the same tuple object: the screening sample's, which every hypothesis
+    # reads)
 
     def _at(self, name: str, rows: tuple, compute: Callable[[tuple], np.ndarray]) -> np.ndarray:
         if name in self.__dict__:
             return self.__dict__[name][rows]
-        if not _is_slices(rows):
-            return compute(rows)
-        held = self.shared.get("block")
-        if held is None or held.key != rows:
-            held = self.shared["block"] = _Block(rows)
+        if _is_slices(rows):
+            held = self.shared.get("block")
+            if held is None or held.key != rows:
+                held = self.shared["block"] = _Block(rows)
+        else:
+            held = self.shared.get("gathered")
+            if held is None or held.key is not rows:
+                held = self.shared["gathered"] = _Block(rows)
         if name not in held.values:
             held.values[name] = compute(rows)
         return held.values[name]
