@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_from_name, dtype_name, ulp_spacing
+from bnbwd_cli.dtypes import dtype_from_name, dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.diagnosis.case import Case, Output
 from bnbwd_cli.judge.diagnosis.prediction import Assessment, Lean, Prediction, blocks, chunks
@@ -120,7 +120,7 @@ def _confirmed_lean(case: Case, lean: Lean, share: bool) -> float | None:
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for rows in blocks(case.shape):
             p, xhat, dy = lean.at(rows)
-            a = out.actual_at(rows)
+            a = out.actual_operand(rows)
             off = np.abs(a - p)
             outside = ~(off <= k * (unit * np.abs(p)))
             if out.flushed is not None:
@@ -151,14 +151,19 @@ class _Unsure:
         self.size = 0
 
     def add(self, rows: tuple, positions: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
-        """``values``: a block's p, |a - p| and the prediction's xhat and dy ((n, C, s) arrays)."""
+        """``values``: a block's p, |a - p| (fresh float64 arrays) and the prediction's xhat and dy ((n, C, s) arrays,
+        dy possibly as stored: Lean.at)."""
         case, lean = self.case, self.lean
-        p, off, xhat, dy = (v.reshape(-1)[positions] for v in values)
-        n, channels, s = values[0].shape
-        case_xhat = xhat if lean.case_xhat else case.xhat_at(rows).reshape(-1)[positions]
-        case_dy = dy if lean.case_dy else case.dy_at(rows).reshape(-1)[positions]
-        reference = case.outputs["diff_src"].reference_at_positions(rows, positions)
-        self.parts.append((positions // s % channels, off, p, reference, case_xhat, case_dy, xhat, dy))
+        p, off, xhat, dy = values
+        n, channels, s = p.shape
+        index = np.unravel_index(positions, p.shape)
+        p, off = p.reshape(-1)[positions], off.reshape(-1)[positions]
+        xhat, dy = xhat[index], to_float64(dy[index])
+        channel = positions // s % channels
+        case_xhat = xhat if lean.case_xhat else case.xhat_gathered(rows, index, channel)
+        case_dy = dy if lean.case_dy else case.dy_gathered(rows, index)
+        reference = case.outputs["diff_src"].reference_at_positions(rows, index)
+        self.parts.append((channel, off, p, reference, case_xhat, case_dy, xhat, dy))
         self.size += positions.size
 
     def count(self) -> int:

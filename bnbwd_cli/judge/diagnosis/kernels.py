@@ -76,8 +76,13 @@ def backward_with(case: Case, used: Ingredients) -> Prediction:
             xhat, dy = ingredients(rows)
             return _diff_src(coefficients, xhat, dy), _noise(coefficients, case.unit, xhat, dy)
 
+    # lean: the same numbers from src and diff_dst as stored where they widen exactly (case.operand): no upcast passes
+    x_operand = case.src_operand if used.x is None else used.x.__getitem__
+    dy_operand = case.dy_operand if used.dy is None else used.dy.__getitem__
+
     def lean_at(rows: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # (the caller's errstate)
-        xhat, dy = ingredients(rows)
+        xhat = case.xhat_at(rows) if same_xhat else (x_operand(rows) - mean[:, None]) * invstd[:, None]
+        dy = dy_operand(rows)
         return _diff_src(coefficients, xhat, dy), xhat, dy
 
     held = "diff_src" in case.outputs

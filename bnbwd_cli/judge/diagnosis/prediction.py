@@ -45,7 +45,8 @@ def blocks(shape: tuple[int, int, int], size: int = BLOCK) -> list[tuple[slice, 
 @dataclass(frozen=True)
 class Lean:
     """A hypothesis' diff_src for a test that needs its error scale (noise) at few elements (assess.confirmed):
-    ``at(rows)``: diff_src at a block's rows and the xhat and dy it was computed from there; ``noise(channel, xhat,
+    ``at(rows)``: diff_src at a block's rows and the xhat and dy it was computed from there (dy possibly as stored,
+    float16/float32: case.operand); ``noise(channel, xhat,
     dy)``: the noise at scattered elements from their channels, xhat and dy (the numbers the whole formula gives
     them). ``case_xhat``/``case_dy``: whether that xhat/dy is the case's own (Case.xhat_at/dy_at's numbers)."""
 
