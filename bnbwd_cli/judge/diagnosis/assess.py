@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bnbwd_cli.dtypes import dtype_from_name, dtype_name, ulp_spacing
+from bnbwd_cli.dtypes import dtype_from_name, dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.bias import ChannelRegression, pooled_bias, vector_bias
 from bnbwd_cli.judge.diagnosis.case import Case, Output
-from bnbwd_cli.judge.diagnosis.prediction import Assessment, Prediction, blocks, chunks
+from bnbwd_cli.judge.diagnosis.prediction import Assessment, Lean, Prediction, blocks, chunks
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 
 MIN_SHARE = 0.9  # of an element-wise failure's deviation a hypothesis must explain
@@ -80,35 +80,101 @@ def _share(before: float, after: float) -> float:
 
 
 Rows = Callable[[tuple], tuple[np.ndarray, np.ndarray | None]]
-Lean = Callable[[tuple], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]]
+FLUSH = 1 << 14  # elements past the cheap test gathered over blocks before their full test (_Unsure)
 
 
 def confirmed(case: Case, at: Rows, share: bool, lean: Lean | None = None) -> float | None:
     """diff_src's whole-run test, block by block (prediction.blocks): None when more elements than the judge allows
     are beyond K units of the prediction (found at the first block where they are), else the share of the deviation
     it explains (``share`` False: NaN, not measured). ``at(rows)``: the prediction's diff_src and noise at a block's
-    rows; ``lean`` (Prediction.lean): its diff_src there and its noise at positions, used when the tolerance is a
-    number wherever the reference is finite (_cheap): the noise is then formed only where the test needs it. Each
-    block's numbers are the whole tensors' there, and the sums go block by block in order: the share is the one
-    share_explained gives on the whole arrays (to the last bits of its sum's order)."""
+    rows; ``lean`` (Prediction.lean), when given and the tolerance is a number wherever the reference is finite
+    (_cheap): the walk _confirmed_lean takes instead. Each block's numbers are the whole tensors' there, and the sums
+    go block by block in order: the share is the one share_explained gives on the whole arrays (to the last bits of
+    its sum's order)."""
+    if lean is not None and _cheap(case):
+        return _confirmed_lean(case, lean, share)
     out = case.outputs["diff_src"]
     dtype, allowed = out.comparison.dtype, out.comparison.allowed_mismatches
     count, squares = 0, 0.0
-    lean = lean if lean is not None and _cheap(case) else None
     for rows in blocks(case.shape):
-        if lean is not None:
-            p, noise_at = lean(rows)
-            a = out.actual_at(rows)
-            count += _beyond_lean(case, rows, a, p, noise_at)
-        else:
-            p, extra = at(rows)
-            a = out.actual_at(rows)
-            count += _beyond(case, rows, (a, p, out.reference_at(rows)), extra)
+        p, extra = at(rows)
+        a = out.actual_at(rows)
+        count += _beyond(case, rows, (a, p, out.reference_at(rows)), extra)
         if count > allowed:
             return None
         if share:
             squares += _block_squares(out, rows, a, p, dtype)
     return _share(out.deviation_norm, math.sqrt(squares)) if share else math.nan
+
+
+def _confirmed_lean(case: Case, lean: Lean, share: bool) -> float | None:
+    """confirmed's walk with the prediction's noise formed only where the test needs it: an element within K*u*|p|
+    of the prediction p passes (_cheap: its tolerance, at least that, is a number; the noise is NaN only where p is,
+    and such an element is not within), the others are gathered, block after block, and tested in full FLUSH at a
+    time (_Unsure): the same count as _beyond's, the same share."""
+    out = case.outputs["diff_src"]
+    dtype, allowed = out.comparison.dtype, out.comparison.allowed_mismatches
+    k, unit = out.comparison.scaled.max_units, case.unit
+    unsure = _Unsure(case, lean)
+    count, squares = 0, 0.0
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for rows in blocks(case.shape):
+            p, xhat, dy = lean.at(rows)
+            a = out.actual_operand(rows)
+            off = np.abs(a - p)
+            outside = ~(off <= k * (unit * np.abs(p)))
+            if out.flushed is not None:
+                outside &= out.kept(rows)
+            positions = np.flatnonzero(outside)
+            if positions.size:
+                unsure.add(rows, positions, (p, off, xhat, dy))
+                if unsure.size >= FLUSH:
+                    count += unsure.count()
+                    if count > allowed:
+                        return None
+            if share:
+                squares += _block_squares(out, rows, a, p, dtype)
+        count += unsure.count()
+    if count > allowed:
+        return None
+    return _share(out.deviation_norm, math.sqrt(squares)) if share else math.nan
+
+
+class _Unsure:
+    """The elements of a lean walk farther than K*u*|p| from the prediction, gathered block after block (each one's
+    channel, |a - p|, p, the reference, the case's xhat and dy for the error scale, the prediction's for its noise),
+    and counted beyond their full tolerance many at a time: the numbers _beyond forms at them."""
+
+    def __init__(self, case: Case, lean: Lean) -> None:
+        self.case, self.lean = case, lean
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.size = 0
+
+    def add(self, rows: tuple, positions: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
+        """``values``: a block's p, |a - p| (fresh float64 arrays) and the prediction's xhat and dy ((n, C, s) arrays,
+        dy possibly as stored: Lean.at)."""
+        case, lean = self.case, self.lean
+        p, off, xhat, dy = values
+        n, channels, s = p.shape
+        index = np.unravel_index(positions, p.shape)
+        p, off = p.reshape(-1)[positions], off.reshape(-1)[positions]
+        xhat, dy = xhat[index], to_float64(dy[index])
+        channel = positions // s % channels
+        case_xhat = xhat if lean.case_xhat else case.xhat_gathered(rows, index, channel)
+        case_dy = dy if lean.case_dy else case.dy_gathered(rows, index)
+        reference = case.outputs["diff_src"].reference_at_positions(rows, index)
+        self.parts.append((channel, off, p, reference, case_xhat, case_dy, xhat, dy))
+        self.size += positions.size
+
+    def count(self) -> int:
+        """How many of the gathered elements are beyond K units of the prediction (then none is held)."""
+        if not self.parts:
+            return 0
+        channel, off, p, r, case_xhat, case_dy, xhat, dy = (np.concatenate(v) for v in zip(*self.parts))
+        self.parts, self.size = [], 0
+        scale = self.case.model.at(channel, case_xhat, case_dy, r)
+        tolerance = _tolerance(self.case, "diff_src", p, r, self.lean.noise(channel, xhat, dy), scale)
+        return int(np.count_nonzero(~(off <= tolerance)))
 
 
 def _block_squares(out: Output, rows: tuple, a: np.ndarray, p: np.ndarray, dtype: str) -> float:
@@ -135,37 +201,13 @@ def _block_squares(out: Output, rows: tuple, a: np.ndarray, p: np.ndarray, dtype
 
 def _cheap(case: Case) -> bool:
     """Is diff_src's tolerance a number wherever its noise is (_sound, and the reference finite everywhere)? Then
-    an element within K*u*|p| of the prediction passes without its tolerance formed (_beyond_lean)."""
+    an element within K*u*|p| of the prediction passes without its tolerance formed (_confirmed_lean)."""
     return _sound(case) and case.once("reference_finite", lambda: _finite(case.outputs["diff_src"].expected))
 
 
 def _finite(array: np.ndarray) -> bool:
     """Is every element of an (N, C, S) view finite (checked chunk by chunk)?"""
     return all(bool(np.isfinite(array[part]).all()) for part in chunks(array.shape))
-
-
-def _beyond_lean(case: Case, rows: tuple, a: np.ndarray, p: np.ndarray,
-                 noise_at: Callable[[np.ndarray], np.ndarray]) -> int:
-    """_beyond's count where _cheap holds and the noise comes from Prediction.lean: an element within K*u*|p| of
-    p passes (its tolerance is a number: the noise is NaN only where p is, and such an element is not within), the
-    others are tested in full with the noise, the scale and the reference formed at them alone."""
-    out = case.outputs["diff_src"]
-    k = out.comparison.scaled.max_units
-    with np.errstate(invalid="ignore", over="ignore"):
-        off = np.abs(a - p)
-        outside = ~(off <= k * (case.unit * np.abs(p)))
-        if out.flushed is not None:
-            outside &= out.kept(rows)
-        unsure = np.flatnonzero(outside)
-        if unsure.size == 0:
-            return 0
-        n, channels, s = p.shape
-        channel = unsure // s % channels
-        xhat, dy = (v.reshape(-1)[unsure] for v in (case.xhat_at(rows), case.dy_at(rows)))
-        r_at, p_at = out.reference_at_positions(rows, unsure), p.reshape(-1)[unsure]
-        scale = case.model.at(channel, xhat, dy, r_at)
-        tolerance = _tolerance(case, "diff_src", p_at, r_at, noise_at(unsure), scale)
-        return int(np.count_nonzero(~(off.reshape(-1)[unsure] <= tolerance)))
 
 
 def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.ndarray],

@@ -35,12 +35,29 @@ __all__ = ["Assessment", "Case", "Output", "Prediction", "build_case", "chunks"]
 SUMS = ("diff_gamma", "diff_beta")
 def _is_slices(rows: tuple) -> bool:
     """Are ``rows`` slices only (a block of prediction.blocks, a chunk, a strided sample), not an index array?"""
+    if len(rows) == 3:  # (the (N, C, S) view's: called once a block and value, so without a generator)
+        return type(rows[0]) is slice and type(rows[1]) is slice and type(rows[2]) is slice
     return all(type(r) is slice for r in rows)
 
 
 def upcast(view: np.ndarray, rows: tuple) -> np.ndarray:
     """float64 of ``view[rows]`` (a fresh array; float64 input: a view or a gather)."""
     return to_float64(view[rows])
+
+
+WIDENING = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def operand(view: np.ndarray, rows: tuple) -> np.ndarray:
+    """``view[rows]`` for a ufunc whose other operand is float64: as stored where NumPy widens it to float64 exactly
+    on the way (float16, float32), so the result is upcast()'s without its pass; bfloat16 upcast (to_float64)."""
+    part = view[rows]
+    return part if part.dtype in WIDENING else to_float64(part)
+
+
+def gathered(view: np.ndarray, index: tuple) -> np.ndarray:
+    """float64 of ``view[index]`` (an index of np.unravel_index: scattered elements of a block)."""
+    return to_float64(view[index])
 
 
 @dataclass(frozen=True)
@@ -92,12 +109,16 @@ class Output:
     def reference_at(self, rows: tuple) -> np.ndarray:
         return self.reference[rows] if "reference" in self.__dict__ else upcast(self.expected, rows)
 
-    def reference_at_positions(self, rows: tuple, positions: np.ndarray) -> np.ndarray:
-        """reference_at(rows).reshape(-1)[positions] (``rows``: slices), upcast at those positions alone."""
+    def actual_operand(self, rows: tuple) -> np.ndarray:
+        """actual_at's values for a ufunc with float64 operands (case.operand: no pass of their own)."""
+        return self.actual[rows] if "actual" in self.__dict__ else operand(self.given, rows)
+
+    def reference_at_positions(self, rows: tuple, index: tuple) -> np.ndarray:
+        """reference_at(rows)[index] (``rows``: slices; ``index``: np.unravel_index's of some elements there), upcast
+        at those elements alone."""
         if "reference" in self.__dict__:
-            return self.reference[rows].reshape(-1)[positions]
-        block = self.expected[rows]
-        return to_float64(block[np.unravel_index(positions, block.shape)])
+            return self.reference[rows][index]
+        return gathered(self.expected[rows], index)
 
     def where(self, values: np.ndarray, rows: tuple | None = None) -> np.ndarray:
         """The elements a share is measured on (of ``values``, the output's ``rows``): those beyond K units when
@@ -172,16 +193,21 @@ class Case:
         return s_gamma if name == "diff_gamma" else s_beta
 
     # float64 values at rows of the (N, C, S) view: the whole tensor's when it was formed, else computed there (the
-    # same numbers); a block's are kept while a test walks the run block by block (several read the same block)
+    # same numbers); a block's are kept while a test walks the run block by block (several read the same block), and
+    # those at the last index rows asked for (the same tuple object: the screening sample's, which every hypothesis
+    # reads)
 
     def _at(self, name: str, rows: tuple, compute: Callable[[tuple], np.ndarray]) -> np.ndarray:
         if name in self.__dict__:
             return self.__dict__[name][rows]
-        if not _is_slices(rows):
-            return compute(rows)
-        held = self.shared.get("block")
-        if held is None or held.key != rows:
-            held = self.shared["block"] = _Block(rows)
+        if _is_slices(rows):
+            held = self.shared.get("block")
+            if held is None or held.key != rows:
+                held = self.shared["block"] = _Block(rows)
+        else:
+            held = self.shared.get("gathered")
+            if held is None or held.key is not rows:
+                held = self.shared["gathered"] = _Block(rows)
         if name not in held.values:
             held.values[name] = compute(rows)
         return held.values[name]
@@ -193,7 +219,29 @@ class Case:
         return self._at("dy", rows, lambda r: upcast(self.dy3, r))
 
     def xhat_at(self, rows: tuple) -> np.ndarray:
-        return self._at("xhat", rows, lambda r: _xhat(self.x_at(r), self.facts))
+        return self._at("xhat", rows, lambda r: _xhat(self.src_operand(r), self.facts))
+
+    def src_operand(self, rows: tuple) -> np.ndarray:
+        """x_at's values for a ufunc with float64 operands (operand: no upcast pass where src widens exactly)."""
+        return self.x[rows] if "x" in self.__dict__ else operand(self.src3, rows)
+
+    def dy_operand(self, rows: tuple) -> np.ndarray:
+        """dy_at's values for a ufunc with float64 operands."""
+        return self.dy[rows] if "dy" in self.__dict__ else operand(self.dy3, rows)
+
+    def xhat_gathered(self, rows: tuple, index: tuple, channel: np.ndarray) -> np.ndarray:
+        """xhat_at(rows)[index] (``channel``: each element's), formed at those elements alone: _xhat's operations on
+        the same operands, the channels' mean and invstd gathered."""
+        if "xhat" in self.__dict__:
+            return self.xhat[rows][index]
+        x = self.x[rows][index] if "x" in self.__dict__ else gathered(self.src3[rows], index)
+        with np.errstate(invalid="ignore", over="ignore"):
+            xhat = np.subtract(x, self.facts.mean[channel])
+            return np.multiply(xhat, self.facts.invstd[channel], out=xhat)
+
+    def dy_gathered(self, rows: tuple, index: tuple) -> np.ndarray:
+        """dy_at(rows)[index], upcast at those elements alone."""
+        return self.dy[rows][index] if "dy" in self.__dict__ else gathered(self.dy3[rows], index)
 
     def scale_at(self, rows: tuple) -> np.ndarray:
         """diff_src's error scale of a correct kernel at ``rows`` (the run must hold diff_src)."""
@@ -236,7 +284,8 @@ class Case:
 
 
 def _xhat(x: np.ndarray, facts: ChannelFacts) -> np.ndarray:
-    """(x - mean) * invstd of float64 rows of the (N, C, S) view holding every channel (a new array)."""
+    """(x - mean) * invstd of rows of the (N, C, S) view holding every channel (a new float64 array; x float64 or
+    one NumPy widens exactly, case.operand)."""
     mean, invstd = facts.mean[:, None], facts.invstd[:, None]
     with np.errstate(invalid="ignore", over="ignore"):
         xhat = np.subtract(x, mean)

@@ -7,13 +7,12 @@ kernel would output, before its own rounding, for the outputs the run holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.case import Case
-from bnbwd_cli.judge.diagnosis.prediction import Prediction
+from bnbwd_cli.judge.diagnosis.prediction import Lean, Prediction
 
 
 @dataclass(frozen=True)
@@ -77,18 +76,25 @@ def backward_with(case: Case, used: Ingredients) -> Prediction:
             xhat, dy = ingredients(rows)
             return _diff_src(coefficients, xhat, dy), _noise(coefficients, case.unit, xhat, dy)
 
-    def lean(rows: tuple) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            xhat, dy = ingredients(rows)
-            return _diff_src(coefficients, xhat, dy), lambda positions: _noise_at(coefficients, case.unit, xhat, dy,
-                                                                                  positions)
+    # lean: the same numbers from src and diff_dst as stored where they widen exactly (case.operand): no upcast passes
+    x_operand = case.src_operand if used.x is None else used.x.__getitem__
+    dy_operand = case.dy_operand if used.dy is None else used.dy.__getitem__
+
+    def lean_at(rows: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # (the caller's errstate)
+        xhat = case.xhat_at(rows) if same_xhat else (x_operand(rows) - mean[:, None]) * invstd[:, None]
+        dy = dy_operand(rows)
+        return _diff_src(coefficients, xhat, dy), xhat, dy
 
     held = "diff_src" in case.outputs
+    lean = None
+    if held and _noise_never_nan(coefficients, case.unit):
+        lean = Lean(lean_at, lambda channel, xhat, dy: _noise_at(coefficients, case.unit, channel, xhat, dy),
+                    same_xhat, used.dy is None)
     return Prediction(
         diff_src=diff_src if held else None,
         diff_gamma=pick(used.written_gamma, gamma_sum) if "diff_gamma" in case.outputs else None,
         diff_beta=beta if "diff_beta" in case.outputs else None,
-        lean=lean if held and _noise_never_nan(coefficients, case.unit) else None,
+        lean=lean,
     )
 
 
@@ -145,14 +151,10 @@ def _noise(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarr
     return np.abs(k) * (u * np.abs(dy) + coefficients.beta_noise + np.abs(xhat) * coefficients.gamma_noise)
 
 
-def _noise_at(coefficients: _Coefficients, u: float, xhat: np.ndarray, dy: np.ndarray,
-              positions: np.ndarray) -> np.ndarray:
-    """_noise at some flat positions of the rows xhat and dy hold ((n, C, s) arrays): the same operations on the
+def _noise_at(coefficients: _Coefficients, u: float, channel: np.ndarray, xhat: np.ndarray,
+              dy: np.ndarray) -> np.ndarray:
+    """_noise at scattered elements (flat arrays of each one's channel, xhat and dy): the same operations on the
     same operands, each element's channel coefficients gathered (the numbers _noise gives there)."""
-    channels, s = xhat.shape[1], xhat.shape[2]
-    channel = positions // s % channels
-    dy, xhat = dy.reshape(-1)[positions], xhat.reshape(-1)[positions]
-
     def at(coefficient: np.ndarray) -> np.ndarray:
         return coefficient.reshape(-1)[channel]
 

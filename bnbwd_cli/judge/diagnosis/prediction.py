@@ -43,20 +43,34 @@ def blocks(shape: tuple[int, int, int], size: int = BLOCK) -> list[tuple[slice, 
 
 
 @dataclass(frozen=True)
+class Lean:
+    """A hypothesis' diff_src for a test that needs its error scale (noise) at few elements (assess.confirmed):
+    ``at(rows)``: diff_src at a block's rows and the xhat and dy it was computed from there (dy possibly as stored,
+    float16/float32: case.operand); ``noise(channel, xhat,
+    dy)``: the noise at scattered elements from their channels, xhat and dy (the numbers the whole formula gives
+    them). ``case_xhat``/``case_dy``: whether that xhat/dy is the case's own (Case.xhat_at/dy_at's numbers)."""
+
+    at: Callable[[tuple], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    noise: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    case_xhat: bool
+    case_dy: bool
+
+
+@dataclass(frozen=True)
 class Prediction:
     """A hypothesis' outputs (float64; None: as the reference). ``sum_scales``: per output, the error scale of
     a kernel computing that way where it exceeds a correct kernel's (e.g. sums of dy*x instead of dy*xhat,
     diff_src from sums not divided by M); the larger of the two applies. ``diff_src`` may be a function
     of an index into the (N, C, S) view returning (diff_src, its error scale) there. ``lean`` (optional, with such a
-    function): the same diff_src at rows of blocks, and a function giving its error scale at flat positions there,
-    for a test that needs the scale at few elements (assess.confirmed); offered only where that scale is a number
-    wherever diff_src is (the scale's NaN only where diff_src's)."""
+    function): the same diff_src at rows of blocks, and its error scale at scattered elements, for a test that needs
+    the scale at few elements (assess.confirmed); offered only where that scale is a number wherever diff_src is
+    (the scale's NaN only where diff_src's)."""
 
     diff_src: np.ndarray | Callable[[tuple], tuple[np.ndarray, np.ndarray | None]] | None = None
     diff_gamma: np.ndarray | None = None
     diff_beta: np.ndarray | None = None
     sum_scales: Mapping[str, np.ndarray] = field(default_factory=dict)
-    lean: Callable[[tuple], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] | None = None
+    lean: Lean | None = None
     _computed: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _resolve(self) -> None:
