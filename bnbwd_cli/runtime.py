@@ -77,9 +77,11 @@ def usable_numba_core():
 
 
 def numba_judging(elements: int) -> bool:
-    """Whether the judge's bias regression sums diff_src's ``elements`` compiled (judge/numba_sums.py, the same
-    numbers): numba installed and $BNBWD_CORE not "numpy", and either $BNBWD_CORE is "numba", the numba core
-    has run in this process (numba's start-up is paid), or there are AUTO_NUMBA_MIN_ELEMENTS elements or more;
+    """Whether the judge works on diff_src's ``elements`` compiled (the same numbers): the channel facts
+    (judge/numba_facts.py), the judging pass with the bias regression's sums (judge/numba_pass.py), the regression's
+    sums of the NumPy pass (judge/numba_sums.py). When numba is installed and $BNBWD_CORE is not "numpy", and either
+    $BNBWD_CORE is "numba" (so BNBWD_CORE=numba / numpy force it on / off), the numba core has run in this process
+    (numba's start-up is paid), or there are AUTO_NUMBA_MIN_ELEMENTS elements or more;
     and numba can start here (its own settings may keep it from it: then the NumPy sums, and NUMBA_FALLBACK's note,
     where the compiled sums' import failed as an internal error)."""
     choice = os.environ.get("BNBWD_CORE", "").lower()

@@ -9,8 +9,14 @@ run; the test process then loads the kernels from the disk cache (`cache=True`) 
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
+
+from bnbwd_cli.app.judge import reference_outputs
+from bnbwd_cli.judge.sets import compare_sets
+from bnbwd_cli.judge.tolerance import Judging
 
 from bnbwd_cli.core import Op, Settings, backward
 from bnbwd_cli.layout import view3
@@ -52,6 +58,9 @@ def warm_up_judging() -> None:
                     epsilon=1e-5, data_format=data_format)
             blocks = list(model.blocks(view3(diff_dst, data_format).shape))
             numba_facts.facts_sums(op, blocks, model.channel_constants(op)[:2])
+            outputs = reference_outputs(op, ("diff_src",), threads=1)
+            os.environ["BNBWD_CORE"] = "numba"  # (this process only: the compiled judging pass, judge/numba_pass.py)
+            compare_sets(outputs, outputs, Judging(threads=1), inputs=op)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def test_an_error_on_the_regression_thread_reaches_the_caller(monkeypatch: pytes
 def test_leaving_early_stops_the_regression_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """An error in the facts' pass (or Ctrl-C there) sets the regression's stop flag and waits for its thread: no
     thread is left running, and the regression returns at its next block."""
+    monkeypatch.setenv("BNBWD_CORE", "numpy")  # (the compiled judging runs no thread)
     monkeypatch.setattr(diff_src, "BLOCK", 100)
     inputs, actual, reference = _outputs("NCX", 33)
     started, finished = threading.Event(), []

@@ -386,3 +386,67 @@ def test_distinct_is_numpys_unique_of_integers(seed):
             found = distinct(values)
             assert found.dtype == np.unique(values).dtype and np.array_equal(found, np.unique(values))
     assert np.array_equal(distinct([[3, 1], [3, 2]]), [1, 2, 3])  # any shape, flattened as np.unique does
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_failures_inside_a_box_counts_what_a_fancy_index_counts(seed):
+    """Failures.inside (dense: a take along one axis at a time, full axes skipped; sparse: the positions' own
+    coordinates) counts the failures of the product of the index sets, as mask[np.ix_(*sets)] does."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(1, 9, 4))
+    for density in (0.005, 0.5):  # sparse and dense
+        mask = rng.random(shape) < density
+        failures = Failures(mask)
+        for _ in range(5):
+            sets = [np.flatnonzero(rng.random(size) < rng.choice([0.3, 1.0])) for size in shape]
+            assert failures.inside(sets) == int(np.count_nonzero(mask[np.ix_(*sets)])), (shape, sets)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_failures_dense_lanes_folded_from_a_wider_count_are_each_periods_own(seed):
+    """Failures.per_lane, dense: counted modulo a multiple of the period near LANE_ROW, kept, and folded for every
+    period that divides it: the failures at each residue of the flat index, over the whole mask and over a prefix,
+    for sizes that are not a multiple of any of them."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(100, 20000))
+    mask = rng.random(size) < 0.4
+    failures = Failures(mask)
+    assert failures.positions is None  # dense
+    positions = np.flatnonzero(mask)
+    for period in (2, 3, 32, 64, 7, 96, 1024, 1500):
+        for prefix in (None, int(rng.integers(1, size))):
+            kept = positions if prefix is None else positions[positions < prefix]
+            assert np.array_equal(failures.per_lane(period, prefix), np.bincount(kept % period, minlength=period))
+
+
+@pytest.mark.parametrize("shape", [(3, 13, 5, 7), (2, 16, 9, 11), (4, 7, 3, 130)])
+def test_heat_map_of_a_dense_mask_counts_each_cell(shape):
+    """The dense heat map (channel groups then position blocks, block by block): each cell's count is its own,
+    with unequal channel groups (13, 7: prime) and equal ones (16)."""
+    mask = np.random.default_rng(sum(shape)).random(shape) < 0.5
+    picture = heat_map(mask, 1, rows=4, columns=9)
+    assert Failures(mask).positions is None
+    by_channel = np.moveaxis(mask, 1, 0).reshape(shape[1], -1)
+    for r, (c0, c1) in enumerate(picture.channels):
+        for k, (p0, p1) in enumerate(picture.positions):
+            assert picture.failing[r][k] == by_channel[c0:c1 + 1, p0:p1 + 1].sum()
+
+
+@pytest.mark.parametrize("kinds", [("f32", "f32"), ("bf16", "bf16"), ("f16", "f32"), ("f64", "f64")])
+def test_the_failures_sign_counts_are_the_same_gathered_or_in_pieces(kinds):
+    """compare._above: how many failing elements lie above the reference and how many are larger in magnitude, by
+    gathering the few (at most 1/SPARSE of them) or in pieces over the mask: each equals the plain float64 count."""
+    from bnbwd_cli.dtypes import dtype_from_name, to_float64
+    from bnbwd_cli.judge.compare import SIGN_PIECE, _above
+    from bnbwd_cli.judge.failures import SPARSE
+
+    rng = np.random.default_rng(len(kinds[0]) + len(kinds[1]))
+    size = 3 * SIGN_PIECE + 11
+    reference = rng.standard_normal(size).astype(dtype_from_name(kinds[1]))
+    actual = (rng.standard_normal(size) * 0.5).astype(dtype_from_name(kinds[0]))
+    actual[::7] = reference[::7].astype(actual.dtype)  # ties: neither above nor larger
+    a64, r64 = to_float64(actual), to_float64(reference)
+    for share in (0.5 / SPARSE, 0.3):  # gathered, and in pieces
+        mask = rng.random(size) < share
+        expected = (int(np.count_nonzero((a64 > r64) & mask)), int(np.count_nonzero((np.abs(a64) > np.abs(r64)) & mask)))
+        assert _above(actual, reference, mask) == expected

@@ -91,3 +91,89 @@ def test_blocks_of_one_channel_are_left_to_numpy(monkeypatch: pytest.MonkeyPatch
     assert len(calls) == 2 and calls[-1] is not None
     _facts(two, "numpy", monkeypatch)
     assert len(calls) == 2
+
+
+KERNELS = ("exact", "ulps", "scaled", "non-finite", "zeros", "failing")
+
+
+def _kernel_output(reference: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """diff_src as a kernel wrote it: bnbwd's own, a few ULPs off in half the elements, scaled by 1 + 3e-6, with
+    NaN, with zeros (some flushed subnormals among them: the FTZ rule), or failing (every third 1% off)."""
+    a = reference.copy()
+    flat = a.reshape(-1)
+    if kind == "ulps":
+        bits = flat.view(f"i{a.itemsize}")
+        bits += (rng.integers(-3, 4, bits.size) * (rng.random(bits.size) < 0.5)).astype(bits.dtype)
+    elif kind == "scaled":
+        flat *= a.dtype.type(1 + 3e-6)
+    elif kind == "non-finite":
+        flat[::17] = np.nan
+    elif kind == "zeros":
+        flat[::5] = 0
+    elif kind == "failing":
+        flat[::3] *= a.dtype.type(1.01)
+    return a
+
+
+def _judged(op: Op, outputs: dict, reference: dict, core: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every number the judge reports on diff_src and the sums (their repr, the details too), one thread and two."""
+    from bnbwd_cli.judge import sets
+    from bnbwd_cli.judge.tolerance import Judging
+
+    monkeypatch.setenv("BNBWD_CORE", core)
+    rows = []
+    for threads in (1, 2):
+        with np.errstate(all="ignore"):
+            result = sets.compare_sets(outputs, reference, Judging(threads=threads), inputs=op)
+        rows.append(repr(result.outputs) + repr([output.comparison.details for output in result.outputs]))
+    return rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,data_format", [((2, 3, 5, 7), "NCX"), ((30, 20, 4), "NXC"), ((2, 1, 3), "NXC")])
+def test_compiled_judging_pass_reports_the_numpy_numbers_bit_for_bit(dtype, shape, data_format: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """judge/numba_pass.py (the judging pass without details and the regression's sums in one loop) against the
+    NumPy pass: every kernel kind, the details formed afterwards (a failing output) included. The kernel judges
+    every block but the non-finite output's (left to NumPy) and float64's (its ULP grid: not compiled); an output
+    equal to its reference takes the NumPy pass's cheaper shortcut (diff_src._unmoved_pass)."""
+    from bnbwd_cli.app.judge import reference_outputs
+    from bnbwd_cli.judge import numba_pass
+
+    rng = np.random.default_rng(34)
+    op = _op(rng, shape, data_format, dtype)
+    names = ("diff_src", "diff_gamma", "diff_beta")
+    reference = reference_outputs(op, names, threads=1)
+    judged = []
+    kernel = numba_pass.judge_block
+    monkeypatch.setattr(numba_pass, "judge_block", lambda *args: judged.append(kernel(*args)) or judged[-1])
+    for kind in KERNELS:
+        outputs = {**reference, "diff_src": _kernel_output(reference["diff_src"], kind, rng)}
+        judged.clear()
+        compiled = _judged(op, outputs, reference, "numba", monkeypatch)
+        unmoved = outputs["diff_src"].tobytes() == reference["diff_src"].tobytes()  # (scaled by 1 + 3e-6: bf16's too)
+        assert judged == ([] if dtype == np.float64 or unmoved else [kind != "non-finite"] * 2), kind
+        assert compiled == _judged(op, outputs, reference, "numpy", monkeypatch), kind
+
+
+def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of several einsum buffers (the relative L2's parts of 8192) and many pieces, some ending inside a
+    channel's run (a piece of 1000 elements against runs of 3000): the same numbers. A failing output leaves the
+    compiled pass at its first failing block for the NumPy pass."""
+    from bnbwd_cli.app.judge import reference_outputs
+    from bnbwd_cli.judge import diff_src
+
+    rng = np.random.default_rng(35)
+    op = _op(rng, (3, 4, 3000), "NCX", np.float32)
+    names = ("diff_src", "diff_gamma", "diff_beta")
+    reference = reference_outputs(op, names, threads=1)
+    monkeypatch.setattr(diff_src, "PIECE", 1000)
+    passes = []
+    compiled_pass = diff_src._compiled_pass
+    monkeypatch.setattr(diff_src, "_compiled_pass", lambda *args: passes.append(compiled_pass(*args)) or passes[-1])
+    for kind in ("ulps", "failing"):
+        outputs = {**reference, "diff_src": _kernel_output(reference["diff_src"], kind, rng)}
+        assert _judged(op, outputs, reference, "numba", monkeypatch) == _judged(op, outputs, reference, "numpy",
+                                                                               monkeypatch)
+    # ulps: compiled, with one thread and two; failing: handed to the NumPy pass (it gathers the details as it fails)
+    assert [outcome is not None for outcome in passes] == [True, True, False, False]

@@ -26,6 +26,7 @@ import numpy as np
 from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import Channels, Largest, Masks, MaxLocated, NonFiniteCounts, Worst, ZeroCounts, count_zeros
 from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
+from bnbwd_cli.judge.failures import SPARSE
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
 from bnbwd_cli.judge.histogram import Decades, log_histogram
@@ -147,6 +148,12 @@ def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> tuple
     pieces in storage order: no gather of a mostly failing output's elements."""
     a_flat, r_flat, m_flat = actual.reshape(-1), reference.reshape(-1), mask.reshape(-1)
     native = actual.dtype == reference.dtype and actual.dtype in (np.float16, np.float32, np.float64)
+    if np.count_nonzero(m_flat) * SPARSE <= m_flat.size:  # few: gathered (a lost block, a channel: ~4x cheaper)
+        where = np.flatnonzero(m_flat)
+        a, r = a_flat[where], r_flat[where]
+        if not native:
+            a, r = to_float64(a), to_float64(r)
+        return int(np.count_nonzero(a > r)), int(np.count_nonzero(np.abs(a) > np.abs(r)))
     above = larger = 0
     for start in range(0, m_flat.size, SIGN_PIECE):
         piece = slice(start, start + SIGN_PIECE)

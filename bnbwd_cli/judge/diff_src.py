@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnbwd_cli import layout
+from bnbwd_cli import layout, runtime
 from bnbwd_cli.dtypes import SMALLEST_NORMAL, is_bfloat16, to_float64
 from bnbwd_cli.judge.bias import BlockSums, ChannelRegression, PieceValues, pooled_bias
 from bnbwd_cli.judge.compare import CHUNK as STATS_CHUNK, Accumulator
@@ -159,6 +159,21 @@ class _Pass:
         if sums is not None:
             _regress_piece(sums, piece, values)
         return finite
+
+
+def _compiled_pass(case: _DiffSrc, dtype: str, flushed_below: float) -> tuple[Accumulator, ChannelRegression] | None:
+    """The judging pass without details and the regression's sums, compiled (judge/numba_pass.py, blocks it cannot
+    judge by _Pass.block); None where it does not apply."""
+    from bnbwd_cli.judge import numba_pass
+
+    inputs = case.inputs
+    state = case.job.accumulator(case.a, case.r, inputs, "diff_src", False)
+    judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
+    regression = ChannelRegression(judged.views[0].shape[1], dtype, elements=case.a.size, flushed_below=flushed_below)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if numba_pass.judge(judged, regression, (BLOCK, PIECE), case.advance):
+            return state, regression
+    return None
 
 
 # A piece's channels are found run by run (a search per run, not an integer division per element) when a channel's
@@ -335,7 +350,14 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     flushed_below = SMALLEST_NORMAL[dtype] if job.judging.ftz else 0.0  # (flushed subnormals pass: Judging.ftz)
     # a kernel that reproduces bnbwd's diff_src bit for bit: the regression's cheaper unmoved sums (the same fit)
     unmoved = _unmoved(a, r)
-    if (job.judging.threads or 1) > 1:  # None (a plain compare_sets): one
+    compiled = None
+    if not (detailed or unmoved) and runtime.numba_judging(a.size):  # one compiled pass (judge/numba_pass.py): the same
+        # numbers (an unmoved output's shortcut costs less than the compiled pass's full regression sums)
+        case = _DiffSrc(a, r, job, inputs, facts(), advance)
+        compiled = _compiled_pass(case, dtype, flushed_below)
+    if compiled is not None:
+        state, regression = compiled
+    elif (job.judging.threads or 1) > 1:  # None (a plain compare_sets): one
         beside_pass = (_unmoved_pass, a, r, inputs, dtype) if unmoved else (_regression_pass, a, r, inputs, dtype,
                                                                             flushed_below)
         with _Beside(*beside_pass) as beside:
