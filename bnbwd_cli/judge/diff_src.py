@@ -351,7 +351,8 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     # a kernel that reproduces bnbwd's diff_src bit for bit: the regression's cheaper unmoved sums (the same fit)
     unmoved = _unmoved(a, r)
     compiled = None
-    if not detailed and runtime.numba_judging(a.size):  # one compiled pass (judge/numba_pass.py): the same numbers
+    if not (detailed or unmoved) and runtime.numba_judging(a.size):  # one compiled pass (judge/numba_pass.py): the same
+        # numbers (an unmoved output's shortcut costs less than the compiled pass's full regression sums)
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
         compiled = _compiled_pass(case, dtype, flushed_below)
     if compiled is not None:
