@@ -156,15 +156,17 @@ def test_compiled_judging_pass_reports_the_numpy_numbers_bit_for_bit(dtype, shap
         assert compiled == _judged(op, outputs, reference, "numpy", monkeypatch), kind
 
 
-def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shape,data_format", [((3, 4, 3000), "NCX"), ((200, 30, 5), "NXC")])
+def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(shape: tuple[int, ...], data_format: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of several einsum buffers (the relative L2's parts of 8192) and many pieces, some ending inside a
-    channel's run (a piece of 1000 elements against runs of 3000): the same numbers. A failing output leaves the
-    compiled pass at its first failing block for the NumPy pass."""
+    channel's run (a piece of 1000 elements against runs of 3000; NXC: 33 rows of 30 channels a piece): the same
+    numbers. A failing output leaves the compiled pass at its first failing block for the NumPy pass."""
     from bnbwd_cli.app.judge import reference_outputs
     from bnbwd_cli.judge import diff_src
 
     rng = np.random.default_rng(35)
-    op = _op(rng, (3, 4, 3000), "NCX", np.float32)
+    op = _op(rng, shape, data_format, np.float32)
     names = ("diff_src", "diff_gamma", "diff_beta")
     reference = reference_outputs(op, names, threads=1)
     monkeypatch.setattr(diff_src, "PIECE", 1000)

@@ -101,8 +101,11 @@ def judge_block(values, first, coefficients, rule, pieces, out):  # pragma: no c
     out: (stats (P, 3) float64, counts (P, 8) int64, norms (2,) float64 = the relative L2's einsum of d and r,
     table (c * CLUSTERS, 18), dd (c,), ulp_squares (c,), parts (2, EINSUM_BUFFER), rows (2, s)): False where
     a - r is not finite (the block's outputs then hold nothing the caller reads)."""
+    rows_of_one = values[0].shape[2] == 1  # NXC: every run one element
     for piece in range(pieces.size - 1):
-        if not _judge_piece(values, (first, piece, pieces[piece], pieces[piece + 1]), coefficients, rule, out):
+        where = (first, piece, pieces[piece], pieces[piece + 1])
+        if not (_judge_rows(values, where, coefficients, rule, out) if rows_of_one else
+                _judge_piece(values, where, coefficients, rule, out)):
             return False
     norms, parts, size = out[2], out[6], pieces[-1]
     if size % EINSUM_BUFFER:  # the last part of the relative L2's einsums
@@ -169,6 +172,61 @@ def _judge_piece(values, where, coefficients, rule, out):  # pragma: no cover - 
             q, j = 0, j + 1
             if j == c:
                 j, i = 0, i + 1
+    _end_piece(stats[piece], counts[piece], (top_abs, top_ulp, top_units), (at_abs, at_ulp, at_units),
+               (zeros_a, zeros_r, mismatches, flushed, outside))
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _judge_rows(values, where, coefficients, rule, out):  # pragma: no cover - compiled
+    """_judge_piece for a block whose runs are one element (NXC): element after element in storage order, each
+    its channel's constants, its squares straight into dd and ulp_squares (a run's einsum dot); the same numbers
+    as _judge_piece forms, without its per-run bookkeeping (here once an element)."""
+    a3, r3, dy3, src3 = values
+    first, piece, start, stop = where
+    stats, counts, norms, table, dd, ulp_squares, parts, _ = out
+    c = a3.shape[1]
+    limits, flush = (rule[0], rule[1], rule[2]), rule[3]
+    grids = (np.int64(rule[4]), np.int64(rule[5]), np.int64(rule[6]), np.int64(rule[7]))
+    golden, shift, clusters = _GOLDEN, np.uint64(64 - CLUSTER_BITS), table.shape[0] // c
+    top_abs = top_ulp = top_units = -1.0
+    at_abs = at_ulp = at_units = zeros_a = zeros_r = mismatches = flushed = outside = 0
+    i, j = start // c, start % c
+    for p in range(start, stop):
+        channel = first + j
+        a, r = np.float64(load(a3, (i, j, 0))), np.float64(load(r3, (i, j, 0)))
+        d = a - r
+        if not np.isfinite(d):
+            return False
+        error, spacing = abs(d), _spacing(r, grids[0], grids[1])
+        ulps = error / spacing
+        if error > top_abs:
+            top_abs, at_abs = error, p
+        if ulps > top_ulp:
+            top_ulp, at_ulp = ulps, p
+        zeros_a, zeros_r = zeros_a + (a == 0.0), zeros_r + (r == 0.0)
+        g = np.float64(load(dy3, (i, j, 0)))
+        xhat = (np.float64(load(src3, (i, j, 0))) - coefficients[0, channel]) * coefficients[1, channel]
+        scale_terms = (coefficients[2, channel], coefficients[3, channel], coefficients[4, channel])
+        past, fails, units, flush_zero = _rule((a, r, g, xhat), (error, spacing), scale_terms, limits)
+        flushed, outside, mismatches = flushed + flush_zero, outside + past, mismatches + fails
+        if past and units > top_units:
+            top_units, at_units = units, p
+        part = p & (EINSUM_BUFFER - 1)
+        parts[0, part], parts[1, part] = d, r
+        if part == EINSUM_BUFFER - 1:
+            norms[0], norms[1] = norms[0] + _dot(parts[0], EINSUM_BUFFER), norms[1] + _dot(parts[1], EINSUM_BUFFER)
+        if np.isfinite(xhat) and not (a == 0.0 and 0.0 < abs(r) < flush):
+            w, x, rr, dd_value, spacing_a = 1.0, xhat, r, d, _spacing(a, grids[2], grids[3])
+        else:
+            w, x, rr, dd_value, spacing_a = 0.0, 0.0, 0.0, 0.0, 0.0
+        dd[j], ulp_squares[j] = dd[j] + dd_value * dd_value, ulp_squares[j] + spacing_a * spacing_a
+        by_dy = j * clusters + np.int64((np.uint64(_f64_bits(g)) * golden) >> shift)
+        by_reference = j * clusters + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
+        _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
+        j += 1
+        if j == c:
+            j, i = 0, i + 1
     _end_piece(stats[piece], counts[piece], (top_abs, top_ulp, top_units), (at_abs, at_ulp, at_units),
                (zeros_a, zeros_r, mismatches, flushed, outside))
     return True
