@@ -289,7 +289,7 @@ def problem(n):
         bits += rng.integers(-3, 4, bits.size).astype(np.int32) * (rng.random(bits.size) < 0.5)
     return op, actual
 
-if route == "bnbwd":
+if route.startswith("bnbwd"):  # bnbwd-numba: the same, with $BNBWD_CORE=numba (the compiled judging)
     def judge(op, actual):
         reference = reference_outputs(op, NAMES, threads=threads)
         result = compare(TensorSets(actual, reference, inputs=op), Judging(threads=threads))
@@ -321,29 +321,36 @@ print((time.process_time() - cpu) * 1e3, (time.perf_counter() - wall) * 1e3)
 """
 
 
-def route_rows(data_format: str, threads: int, rounds: int) -> list[str]:
-    """Judging a passing kernel in one process: bnbwd's route against PyTorch's, interleaved round by round."""
+def route_rows(data_format: str, threads: int, rounds: int, numba: bool = False) -> list[str]:
+    """Judging a passing kernel in one process: bnbwd's route against PyTorch's, interleaved round by round; with
+    ``numba``, bnbwd's route with the compiled judging too ($BNBWD_CORE=numba: judge/numba_facts.py, numba_pass.py;
+    the NumPy core still computes the reference, as core=auto does at this size)."""
     rows = []
+    routes = ("bnbwd", "torch", "bnbwd-numba") if numba else ("bnbwd", "torch")
     for kernel in ("exact", "ulps"):
-        seen: dict[str, dict[str, list[float]]] = {route: {"cpu": [], "wall": []} for route in ("bnbwd", "torch")}
+        seen: dict[str, dict[str, list[float]]] = {route: {"cpu": [], "wall": []} for route in routes}
         for _ in range(rounds):
             for route, times in seen.items():
+                env = {**end_to_end.child_env(), **({"BNBWD_CORE": "numba"} if route == "bnbwd-numba" else {})}
                 done = subprocess.run([sys.executable, "-c", ROUTE_CHILD, route, data_format, kernel, str(threads)],
-                                      env=end_to_end.child_env(), cwd=ROOT, capture_output=True, text=True)
+                                      env=env, cwd=ROOT, capture_output=True, text=True)
                 if done.returncode:
                     raise RuntimeError(f"{route} route failed: {done.stderr[-400:]}")
                 cpu, wall = (float(v) for v in done.stdout.split()[-2:])
                 times["cpu"].append(cpu)
                 times["wall"].append(wall)
-        ratio = lambda clock: spread([a / b for a, b in zip(seen["bnbwd"][clock], seen["torch"][clock])], ".2f")
+        ratio = lambda route, clock: spread([a / b for a, b in zip(seen[route][clock], seen["torch"][clock])], ".2f")
+        compiled = (f" {spread(seen['bnbwd-numba']['cpu'])} / {spread(seen['bnbwd-numba']['wall'])} | "
+                    f"**{ratio('bnbwd-numba', 'cpu')}** |") if numba else " - | - |"
         rows.append(f"| {data_format} | {kernel} | {spread(seen['bnbwd']['cpu'])} / {spread(seen['bnbwd']['wall'])} | "
-                    f"{spread(seen['torch']['cpu'])} / {spread(seen['torch']['wall'])} | **{ratio('cpu')}** | "
-                    f"{ratio('wall')} |")
+                    f"{spread(seen['torch']['cpu'])} / {spread(seen['torch']['wall'])} | **{ratio('bnbwd', 'cpu')}** | "
+                    f"{ratio('bnbwd', 'wall')} |{compiled}")
     return rows
 
 
 ROUTE_HEADER = ["| layout | kernel | bnbwd: reference + judging ms (CPU / wall) | PyTorch: backward + assert_close x3 ms "
-                "(CPU / wall) | bnbwd/PyTorch CPU | bnbwd/PyTorch wall |", "|---|---|---|---|---|---|"]
+                "(CPU / wall) | bnbwd/PyTorch CPU | bnbwd/PyTorch wall | bnbwd, numba judging ms (CPU / wall) "
+                "| numba judging/PyTorch CPU |", "|---|---|---|---|---|---|---|---|"]
 
 
 # ---------------------------------------------------------------- the cores
@@ -514,7 +521,7 @@ def main() -> None:
                         judge_rows(work, data_format, threads, args.rounds))
             if "route" not in skip and has_torch:
                 section(f"Judging a passing kernel, f32 {E2E_SHAPE} {data_format}, in one process: bnbwd against the "
-                        "PyTorch route", ROUTE_HEADER, route_rows(data_format, threads, args.rounds))
+                        "PyTorch route", ROUTE_HEADER, route_rows(data_format, threads, args.rounds, has_numba))
             shutil.rmtree(work)
     if "cores" not in skip:
         contenders = [c for c in CORE_CONTENDERS if (c != "torch" or has_torch) and (c not in ("numba", "triad") or has_numba)]

@@ -79,8 +79,35 @@ def _counts(case, prediction, out, lean=False) -> int:
                     unsure.add(rows, positions, (p, off, xhat, dy))
             else:
                 p, extra = prediction.rows(rows)
-                total += assess_module._beyond(case, rows, (a, p, out.reference_at(rows)), extra)
+                total += _plain_beyond(case, rows, a, p, out.reference_at(rows), extra)
     return unsure.count() if lean else total
+
+
+def _plain_beyond(case, rows, a, p, r, extra) -> int:
+    """The elements of a block beyond their whole tolerance, every element's formed (no shortcut)."""
+    out = case.outputs["diff_src"]
+    tolerance = assess_module._tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
+    return int(np.count_nonzero(~(np.abs(a - p) <= tolerance) & out.kept(rows)))
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("hooks", PLANTED[:3], ids=[next(iter(h)) for h in PLANTED[:3]])
+def test_the_shortcut_count_of_a_block_is_the_whole_tolerances(hooks, fmt):
+    """assess._beyond's count (the scale, reference, xhat and dy formed only past K*u*|p|) is the count of the whole
+    tolerance formed at every element, for every hypothesis of the run, block by block."""
+    case = _case(fmt, hooks)
+    out = case.outputs["diff_src"]
+    assert assess_module._cheap(case)
+    for candidate in diagnosis._candidates(case):
+        prediction = candidate.prediction
+        if prediction.diff_src is None:
+            continue
+        for rows in assess_module.blocks(case.shape)[:40]:
+            p, extra = prediction.rows(rows)
+            a = out.actual_at(rows)
+            with np.errstate(invalid="ignore", over="ignore"):
+                plain = _plain_beyond(case, rows, a, p, out.reference_at(rows), extra)
+                assert assess_module._beyond(case, rows, (out.actual_operand(rows), p), extra, True) == plain
 
 
 def test_the_lean_noise_is_the_noise_at_those_positions():

@@ -111,10 +111,12 @@ def test_the_whole_run_count_is_the_full_tolerances(fmt):
                     e.reshape(-1)[::7] = planted
                 for noise in (None, e):
                     expected = _full_count(case, rows, a, p, r, noise)
-                    assert assess_module._beyond(case, rows, (a, p, r), noise) == expected, (spread, planted)
-        r_bad = r.copy()
-        r_bad.reshape(-1)[3] = np.nan  # a non-finite reference: the full tolerance everywhere
-        assert assess_module._beyond(case, rows, (a, a, r_bad), None) == _full_count(case, rows, a, a, r_bad, None)
+                    for cheap in (True, False):  # (False: the reference is not finite everywhere: no shortcut)
+                        assert assess_module._beyond(case, rows, (a, p), noise, cheap) == expected, (spread, planted)
+    assert assess_module._cheap(case)
+    r_bad = out.expected.copy()
+    r_bad.reshape(-1)[3] = np.nan  # a non-finite reference: no shortcut anywhere
+    assert not assess_module._finite(r_bad) and assess_module._finite(out.expected)
 
 
 @pytest.mark.parametrize("fmt, shape", [("NCX", (4, 3, 5, 6)), ("NXC", (4, 5, 6, 3)), ("NCX", (2, 3, 7))])

@@ -279,6 +279,12 @@ def _unmoved_pass(a: np.ndarray, r: np.ndarray, inputs: Op, dtype: str,
     scratch = Scratch()
     constants = channel_constants(inputs)[:2]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if runtime.numba_judging(a3.size):  # compiled (judge/numba_unmoved.py: sums that decide the same)
+            from bnbwd_cli.judge import numba_unmoved
+
+            compiled = numba_unmoved.add(regression, views, constants, BLOCK, stop)
+            if compiled is not False:
+                return None if compiled is None else regression
         for where in blocks(a3.shape, BLOCK):
             if stop is not None and stop.is_set():
                 return None
@@ -354,7 +360,8 @@ def judge_diff_src(a: np.ndarray, r: np.ndarray, job: Job, inputs: Op, facts: Ca
     # a kernel that reproduces bnbwd's diff_src bit for bit: the regression's cheaper unmoved sums (the same fit)
     unmoved = _unmoved(a, r)
     compiled = None
-    if not detailed and runtime.numba_judging(a.size):  # one compiled pass (judge/numba_pass.py): the same numbers
+    if not (detailed or unmoved) and runtime.numba_judging(a.size):  # one compiled pass (judge/numba_pass.py): the same
+        # numbers (an unmoved output's shortcut costs less than the compiled pass's full regression sums)
         case = _DiffSrc(a, r, job, inputs, facts(), advance)
         compiled = _compiled_pass(case, dtype, flushed_below)
     if compiled is not None:

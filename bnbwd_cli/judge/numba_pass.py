@@ -161,8 +161,11 @@ def _judge_piece(values, where, coefficients, rule, out):  # pragma: no cover - 
             by_reference = j * clusters + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
             _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
         p, q = p + end - q, end
-        if q == s:  # the end of a run: its einsum dots of d and the spacing
-            dd[j], ulp_squares[j] = dd[j] + _dot(rows[0], s), ulp_squares[j] + _dot(rows[1], s)
+        if q == s:  # the end of a run: its einsum dots of d and the spacing (of one element, NXC: its squares)
+            if s == 1:
+                dd[j], ulp_squares[j] = dd[j] + rows[0, 0] * rows[0, 0], ulp_squares[j] + rows[1, 0] * rows[1, 0]
+            else:
+                dd[j], ulp_squares[j] = dd[j] + _dot(rows[0], s), ulp_squares[j] + _dot(rows[1], s)
             q, j = 0, j + 1
             if j == c:
                 j, i = 0, i + 1

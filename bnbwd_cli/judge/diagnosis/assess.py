@@ -96,10 +96,11 @@ def confirmed(case: Case, at: Rows, share: bool, lean: Lean | None = None) -> fl
     out = case.outputs["diff_src"]
     dtype, allowed = out.comparison.dtype, out.comparison.allowed_mismatches
     count, squares = 0, 0.0
+    cheap = _cheap(case)
     for rows in blocks(case.shape):
         p, extra = at(rows)
-        a = out.actual_at(rows)
-        count += _beyond(case, rows, (a, p, out.reference_at(rows)), extra)
+        a = out.actual_operand(rows)
+        count += _beyond(case, rows, (a, p), extra, cheap)
         if count > allowed:
             return None
         if share:
@@ -210,22 +211,23 @@ def _finite(array: np.ndarray) -> bool:
     return all(bool(np.isfinite(array[part]).all()) for part in chunks(array.shape))
 
 
-def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.ndarray],
-            extra: np.ndarray | None) -> int:
-    """How many elements of a block of diff_src are beyond K units of the prediction p (values: a, p, r there).
-    The tolerance is K*(max(scale, extra) + u|p| + u*sqrt(M)*|p - r|) + ulp(p), a sum of non-negative terms, so
-    it is at least K*(u|p|) wherever it is not NaN: an element within that passes, and the scale, the costliest
-    term, is formed only at the others. Where the tolerance could be NaN (a non-finite reference, noise, or
-    ingredient of the scale) every element is tested in full. The same count either way. Flushed subnormals (the
-    judge let them pass) are not counted."""
-    a, p, r = values
+def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray], extra: np.ndarray | None,
+            cheap: bool) -> int:
+    """How many elements of a block of diff_src are beyond K units of the prediction p (values: a, possibly as
+    stored (case.operand), and p there). The tolerance is K*(max(scale, extra) + u|p| + u*sqrt(M)*|p - r|) + ulp(p),
+    a sum of non-negative terms, so it is at least K*(u|p|) wherever it is not NaN: an element within that passes,
+    and the scale, the costliest term, is formed only at the others, with the reference, xhat and dy gathered
+    there. Where the tolerance could be NaN (``cheap`` False: a non-finite reference or ingredient of the scale; or
+    a non-finite noise) every element is tested in full. The same count either way. Flushed subnormals (the judge
+    let them pass) are not counted."""
+    a, p = values
     out = case.outputs["diff_src"]
     k = out.comparison.scaled.max_units
     with np.errstate(invalid="ignore", over="ignore"):
         off = np.abs(a - p)
         elementwise = extra is None or np.shape(extra) == p.shape
-        if not (elementwise and _sound(case) and np.isfinite(r).all() and (extra is None or np.isfinite(extra).all())):
-            tolerance = _tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
+        if not (elementwise and cheap and (extra is None or np.isfinite(extra).all())):
+            tolerance = _tolerance(case, "diff_src", p, out.reference_at(rows), extra, case.scale_at(rows))
             return int(np.count_nonzero(~(off <= tolerance) & out.kept(rows)))
         outside = ~(off <= k * (case.unit * np.abs(p)))
         if out.flushed is not None:
@@ -235,8 +237,9 @@ def _beyond(case: Case, rows: tuple, values: tuple[np.ndarray, np.ndarray, np.nd
             return 0
         n, channels, s = p.shape
         channel = unsure // s % channels
-        xhat, dy = (v.reshape(-1)[unsure] for v in (case.xhat_at(rows), case.dy_at(rows)))
-        r_at, p_at = r.reshape(-1)[unsure], p.reshape(-1)[unsure]
+        index = np.unravel_index(unsure, p.shape)
+        xhat, dy = case.xhat_gathered(rows, index, channel), case.dy_gathered(rows, index)
+        r_at, p_at = out.reference_at_positions(rows, index), p.reshape(-1)[unsure]
         scale = case.model.at(channel, xhat, dy, r_at)
         tolerance = _tolerance(case, "diff_src", p_at, r_at, None if extra is None else extra.reshape(-1)[unsure], scale)
         return int(np.count_nonzero(~(off.reshape(-1)[unsure] <= tolerance)))
