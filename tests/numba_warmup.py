@@ -59,7 +59,10 @@ def warm_up_judging() -> None:
             blocks = list(model.blocks(view3(diff_dst, data_format).shape))
             numba_facts.facts_sums(op, blocks, model.channel_constants(op)[:2])
             outputs = reference_outputs(op, ("diff_src",), threads=1)
-            os.environ["BNBWD_CORE"] = "numba"  # (this process only: the compiled judging pass, judge/numba_pass.py)
+            moved = outputs["diff_src"].copy()
+            moved.reshape(-1).view(f"u{moved.itemsize}")[:] += 1  # one ULP off: the judging pass, not the unmoved sums
+            os.environ["BNBWD_CORE"] = "numba"  # (this process only: judge/numba_pass.py and numba_unmoved.py)
+            compare_sets({"diff_src": moved}, outputs, Judging(threads=1), inputs=op)
             compare_sets(outputs, outputs, Judging(threads=1), inputs=op)
 
 

@@ -177,3 +177,31 @@ def test_compiled_judging_pass_over_many_pieces_and_einsum_parts(monkeypatch: py
                                                                                monkeypatch)
     # ulps: compiled, with one thread and two; failing: handed to the NumPy pass (it gathers the details as it fails)
     assert [outcome is not None for outcome in passes] == [True, True, False, False]
+
+
+def test_compiled_unmoved_sums_judge_as_the_numpy_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output equal to its reference: the compiled unmoved sums (judge/numba_unmoved.py, not NumPy's order, which
+    fit() allows for) decide every channel's fit as NumPy's do (f32/bf16/f16, both layouts, coarse and constant
+    diff_dst, M of 6), and a non-finite xhat leaves the fit undecided (then the exact sums decide): every reported
+    number the same, with one thread and two."""
+    from bnbwd_cli.judge import bias, numba_unmoved
+    from tests.test_judge_pieces import _unmoved_problems
+
+    added = []
+    compiled_add = numba_unmoved.add
+    monkeypatch.setattr(numba_unmoved, "add", lambda *args: added.append(compiled_add(*args)) or added[-1])
+    fitted = 0
+    problems = list(_unmoved_problems())
+    infinite = problems[0][0]
+    infinite.src.reshape(-1)[7] = np.inf  # xhat not finite there: undecided
+    for op, reference in problems:
+        outputs = {"diff_src": reference}
+        compiled = _judged(op, outputs, outputs, "numba", monkeypatch)
+        assert compiled == _judged(op, outputs, outputs, "numpy", monkeypatch)
+        fitted += "scale=0.0" in compiled[0]
+    assert added and all(outcome is True for outcome in added)
+    undecided = bias.ChannelRegression(5, "f32", unmoved=True)
+    views = tuple(view3(x, "NCX") for x in (problems[0][1], problems[0][1], infinite.diff_dst, infinite.src))
+    assert numba_unmoved.add(undecided, views, model.channel_constants(infinite)[:2], 1 << 20) is True
+    assert undecided.undecided and undecided.fit() is None
+    assert fitted  # (some problems' channels are fitted: the decisions are exercised, not all refused)
