@@ -26,7 +26,7 @@ import numpy as np
 from bnbwd_cli.dtypes import SMALLEST_NORMAL, dtype_name, to_float64, ulp_spacing
 from bnbwd_cli.judge.accumulators import Channels, Largest, Masks, MaxLocated, NonFiniteCounts, Worst, ZeroCounts, count_zeros
 from bnbwd_cli.judge.comparison import Bias, Comparison, Details, ElementErrors, Once
-from bnbwd_cli.judge.failures import SPARSE
+from bnbwd_cli.judge.failures import Failures
 from bnbwd_cli.judge.rules import Chunk, FixedRule, ScaledRule, Verdicts, pass_flushed, safe_ratio
 from bnbwd_cli.judge.tolerance import MaxMismatch, Tolerance, comparison_dtype
 from bnbwd_cli.judge.histogram import Decades, log_histogram
@@ -122,11 +122,13 @@ class _DetailStats:
             nonfinite = masks.nonfinite.reshape(shape) if masks.nonfinite is not None else None
             finite_failing = failing if nonfinite is None else failing & ~nonfinite
             elevated = None if masks.elevated is None else masks.elevated.reshape(shape) | finite_failing
-            where = localize(finite_failing, coordinates, elevated)
+            # one reading of the failing mask for `where` and the heat map when they read the same one
+            failures = Failures(failing) if nonfinite is None else None
+            where = localize(finite_failing, coordinates, elevated, failures)
             if where is not None:  # the errors' sign (the finite failures', so a and r are comparable there)
-                where = with_sign(where, *_above(actual, reference, finite_failing))
+                where = with_sign(where, *_above(actual, reference, finite_failing, failures))
             nonfinite_where = localize(nonfinite, coordinates) if nonfinite is not None else None
-            picture = heat_map(failing, coordinates.channel_axis)
+            picture = heat_map(failing, coordinates.channel_axis, failures=failures)
         return Details(self.max_rel.finish(shape), self.worst.finish(actual, reference, dtype),
                        self.channels.finish() if self.channels is not None else None, self.decades.finish(),
                        where, nonfinite_where, picture, self._errors(shape),
@@ -142,15 +144,17 @@ class _DetailStats:
                              None if masks.units is None else masks.units.reshape(shape))
 
 
-def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+def _above(actual: np.ndarray, reference: np.ndarray, mask: np.ndarray,
+           failures: Failures | None = None) -> tuple[int, int]:
     """How many elements of ``mask`` have an actual value above the reference, and how many one larger in magnitude
-    (compared in float64: any dtype; two arrays of one NumPy float type as they are, which compares the same). In
-    pieces in storage order: no gather of a mostly failing output's elements."""
+    (compared in float64: any dtype; two arrays of one NumPy float type as they are, which compares the same). A few
+    failures (``failures``: Failures(mask), the caller's when it has one) are gathered by their positions; many are
+    read in pieces in storage order: no gather of a mostly failing output's elements."""
     a_flat, r_flat, m_flat = actual.reshape(-1), reference.reshape(-1), mask.reshape(-1)
     native = actual.dtype == reference.dtype and actual.dtype in (np.float16, np.float32, np.float64)
-    if np.count_nonzero(m_flat) * SPARSE <= m_flat.size:  # few: gathered (a lost block, a channel: ~4x cheaper)
-        where = np.flatnonzero(m_flat)
-        a, r = a_flat[where], r_flat[where]
+    failures = failures if failures is not None else Failures(mask)  # (the caller's, read for `where` already)
+    if failures.positions is not None:  # few: gathered (a lost block, a channel: ~4x cheaper)
+        a, r = a_flat[failures.positions], r_flat[failures.positions]
         if not native:
             a, r = to_float64(a), to_float64(r)
         return int(np.count_nonzero(a > r)), int(np.count_nonzero(np.abs(a) > np.abs(r)))

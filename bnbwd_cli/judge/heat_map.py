@@ -52,7 +52,7 @@ def heat_map(mask: np.ndarray, channel_axis: int | None, rows: int = MAP_ROWS, c
     if failures.count == mask.size:
         failing = elements
     elif failures.positions is not None:
-        channel = failures.positions // inner % count
+        channel = failures.coordinate(channel_axis)  # (computed once: `where` reads it too)
         row = np.searchsorted(row_edges, channel, side="right") - 1
         column = np.searchsorted(column_edges, failures.per_position_of(channel_axis), side="right") - 1
         cells = np.bincount(row * (column_edges.size - 1) + column,

@@ -295,11 +295,13 @@ def _most(failing: int, size: int) -> Where:
 _ORDER = ("elements", "axes", "range", "reduction", "period")
 
 
-def localize(mask: np.ndarray, where: Coordinates, elevated: np.ndarray | None = None) -> Where | None:
+def localize(mask: np.ndarray, where: Coordinates, elevated: np.ndarray | None = None,
+             failures: Failures | None = None) -> Where | None:
     """Where the True elements of ``mask`` (shape where.shape) sit; None when there are none. ``elevated`` (the same
     shape, a superset of ``mask``): the elements off by more than ELEVATED of their allowance, read when nothing
-    simple covers the failures (see _by_elevated)."""
-    failures = Failures(mask)
+    simple covers the failures (see _by_elevated). ``failures``: Failures(mask) when the caller has it (the heat map
+    reads the same one)."""
+    failures = failures or Failures(mask)
     failing, size = failures.count, mask.size
     if failing == 0:
         return None

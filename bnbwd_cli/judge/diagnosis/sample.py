@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnbwd_cli.judge.diagnosis.case import Case
+from bnbwd_cli.judge.index_words import distinct
 
 SAMPLE = 1 << 16  # diff_src elements of the first look
 SCREEN_POSITIONS = 512  # (n, s) positions of the screening sample, in every channel (fewer when C is large)
@@ -42,7 +43,7 @@ def _sample_positions(n: int, s: int, channels: int, failing: np.ndarray | None)
     if where.size == 0:
         where = np.arange(total)
     hit = where[np.linspace(0, where.size - 1, count - count // 2).astype(np.int64)]
-    return np.unique(np.concatenate([spread, hit]))
+    return distinct(np.concatenate([spread, hit]))  # (np.unique's plain form imports numpy.ma: index_words)
 
 
 def screening_sample(case: Case) -> Sample:
