@@ -149,30 +149,34 @@ def add_rows(src, dy, first, constants, state, rows):  # pragma: no cover - comp
     mean, invstd, mean32 = constants
     sums, sequential = state
     n, c = dy.shape
+    # (from +0.0, not from the first row's value: the same bits, since each is only ever added to +0.0 or to a
+    # total, which a -0.0 leaves as it is)
     before_beta, before_gamma, partial_beta, partial_gamma = rows[0], rows[1], rows[2], rows[3]
+    for k in range(4):
+        rows[k, :c] = 0.0
     squares_beta = np.zeros(c)
     squares_gamma = np.zeros(c)
+    seq_beta, seq_gamma, seq_centred = sequential[0, first:first + c], sequential[1, first:first + c], sequential[
+        2, first:first + c]
+    total_beta, total_gamma = sums[TOTAL_BETA, first:first + c], sums[TOTAL_GAMMA, first:first + c]
+    mean, invstd, mean32 = mean[first:first + c], invstd[first:first + c], mean32[first:first + c]
     for i in range(n):
         for j in range(c):
-            channel = first + j
             g = np.float64(load(dy, (i, j)))
             x = np.float64(load(src, (i, j)))
-            term = g * ((x - mean[channel]) * invstd[channel])
+            term = g * ((x - mean[j]) * invstd[j])
             g32 = np.float32(g)
-            sequential[0, channel] = sequential[0, channel] + g32
-            sequential[1, channel] = sequential[1, channel] + np.float32(term)
-            sequential[2, channel] = sequential[2, channel] + (np.float32(x) - mean32[channel]) * g32
-            if i == 0:
-                before_beta[j], before_gamma[j] = g, term
-            else:
-                before_beta[j] = before_beta[j] + g
-                before_gamma[j] = before_gamma[j] + term
-            a = g + ((sums[TOTAL_BETA, channel] + before_beta[j]) - g)
-            b = term + ((sums[TOTAL_GAMMA, channel] + before_gamma[j]) - term)
-            partial_beta[j] = a * a if i == 0 else partial_beta[j] + a * a
-            partial_gamma[j] = b * b if i == 0 else partial_gamma[j] + b * b
-            squares_beta[j] = g * g if i == 0 else squares_beta[j] + g * g
-            squares_gamma[j] = term * term if i == 0 else squares_gamma[j] + term * term
+            seq_beta[j] = seq_beta[j] + g32
+            seq_gamma[j] = seq_gamma[j] + np.float32(term)
+            seq_centred[j] = seq_centred[j] + (np.float32(x) - mean32[j]) * g32
+            before_beta[j] = before_beta[j] + g
+            before_gamma[j] = before_gamma[j] + term
+            a = g + ((total_beta[j] + before_beta[j]) - g)
+            b = term + ((total_gamma[j] + before_gamma[j]) - term)
+            partial_beta[j] = partial_beta[j] + a * a
+            partial_gamma[j] = partial_gamma[j] + b * b
+            squares_beta[j] = squares_beta[j] + g * g
+            squares_gamma[j] = squares_gamma[j] + term * term
     for j in range(c):
         channel = first + j
         sums[TOTAL_BETA, channel] = sums[TOTAL_BETA, channel] + before_beta[j]
