@@ -55,12 +55,15 @@ def _scaled_state(actual: np.ndarray, reference: np.ndarray, max_units: float):
 
 @pytest.mark.parametrize("dense_share", [2.0, 0.0])  # the elements past one ULP gathered; the whole chunk judged
 @pytest.mark.parametrize("max_units", [0.0, 5.0])
-def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: float, dense_share: float,
+@pytest.mark.parametrize("floor", [None, "exact", "below", "zero"])
+def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: float, dense_share: float, floor: str | None,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Accumulator.add_scaled (the scale only where |a - r| > 1 ULP, or the whole chunk judged when most elements
     are: compare.DENSE_SHARE) against add (the scale everywhere), chunk by chunk: an exact chunk, one within an
     ULP, ones past it with scales of 0, inf and ordinary ones, and one whose only errors past an ULP meet an
-    infinite scale; every number of the comparison the same."""
+    infinite scale; every number of the comparison the same. With a lower bound of the scale (``floor_at``: the
+    scale itself, a fraction of it, or 0), the scale formed only where an element may fail or reach the k largest
+    units kept (k = 4: three mismatches allowed): still the same numbers."""
     from bnbwd_cli.judge import compare
 
     monkeypatch.setattr(compare, "DENSE_SHARE", dense_share)
@@ -75,14 +78,22 @@ def test_scale_formed_only_past_one_ulp_gives_the_full_judgement(max_units: floa
     scale = rng.uniform(0, 4e-7, reference.size) * (rng.random(reference.size) < 0.9)  # some exactly 0
     scale[3 * size: 3 * size + 50] = np.inf
     scale[5 * size:] = np.inf
+    lower = {None: None, "exact": scale, "zero": np.zeros_like(scale),
+             "below": scale * rng.uniform(0.1, 1.0, scale.size)}[floor]  # (a product by <= 1 rounds to <= s)
+    formed = []
     full, shortcut = _scaled_state(actual, reference, max_units), _scaled_state(actual, reference, max_units)
     for start in range(0, reference.size, size):
         a, r, s = (v[start:start + size] for v in (actual, reference, scale))
+        floor_at = None if lower is None else (lambda positions, f=lower[start:start + size]: f[positions])
         with np.errstate(invalid="ignore"):  # K = 0 times an infinite scale
             full.add(a, r, start, s, norms=False)
-            shortcut.add_scaled(a, r, a - r, start, lambda positions, s=s: s if positions is None else s[positions])
+            shortcut.add_scaled(a, r, a - r, start,
+                                lambda positions, s=s: formed.append(size if positions is None else positions.size) or (
+                                    s if positions is None else s[positions]), floor_at)
     assert repr(shortcut.result()) == repr(full.result())
     assert full.result().mismatches > 0 and full.result().max_units.value > 0
+    if floor == "exact" and dense_share and max_units:  # the bound prunes: fewer scales formed than elements past one ULP
+        assert sum(formed) < 0.8 * int(np.count_nonzero(np.abs(actual - reference) > 2.0**-23 * np.abs(reference)))
     a, r, s = (v[5 * size:] for v in (actual, reference, scale))  # alone: the largest unit is 0, at its first element
     full, shortcut = _scaled_state(a, r, max_units), _scaled_state(a, r, max_units)
     with np.errstate(invalid="ignore"):
@@ -264,3 +275,18 @@ def test_unmoved_sums_decide_only_far_from_each_threshold() -> None:
     overflowing[0, 1, 2] = overflowing[0, 2, 1] = np.inf
     assert not bias._decided(overflowing, norms, far, ulp_squares, checked)
     assert bias._decided(gram, norms, far, ulp_squares, np.zeros(3, bool))
+
+
+def test_the_scale_floor_is_never_above_the_scale() -> None:
+    """DiffSrcScale.floor_at (base + unit*|r|) against at() (two more terms >= 0, the sums rounded): never above,
+    with coefficients and values from 0 to huge, subnormal ones included."""
+    from bnbwd_cli.judge.model import DiffSrcScale
+
+    rng = np.random.default_rng(31)
+    spread = lambda size: rng.choice([0.0, 5e-324, 1e-300, 1.0, 1e300], size) * rng.uniform(0.5, 2, size)
+    model = DiffSrcScale(spread(8), spread(8), spread(8), 2.0**-24)
+    channel = rng.integers(0, 8, 20000)
+    xhat, dy, reference = (spread(20000) * rng.choice([-1, 1], 20000) for _ in range(3))
+    with np.errstate(over="ignore"):
+        exact, floor = model.at(channel, xhat, dy, reference), model.floor_at(channel, reference)
+    assert (floor <= exact).all() and (floor < exact).any() and (floor == exact).any()

@@ -123,10 +123,18 @@ class Largest:
         self.k, self.kept = k, np.zeros(0)
 
     def update(self, values: np.ndarray) -> None:
-        """``values``: any subset of the chunk's values that holds all its non-zero ones (all are >= 0)."""
+        """``values``: any subset of the chunk's values that holds all its non-zero ones at or above ``floor()``
+        (all are >= 0): a smaller one can never be among the k largest."""
         self.kept = np.concatenate([self.kept, values[top(values, self.k)]])
         if self.kept.size > 4 * self.k:
             self.kept = self.kept[top(self.kept, self.k)]
+
+    def floor(self) -> float:
+        """The k-th largest value kept so far (-inf while fewer than k are, or when one is NaN: a scale that is not
+        sound somewhere, whose NaN units rank above any number): what a value must reach to count."""
+        if self.kept.size < self.k or self.k <= 0 or np.isnan(self.kept).any():
+            return -math.inf
+        return float(np.partition(self.kept, self.kept.size - self.k)[self.kept.size - self.k])
 
     def finish(self) -> float:
         """The k-th largest value; 0 when fewer than k non-zero values were seen."""

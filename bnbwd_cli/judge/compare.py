@@ -232,12 +232,15 @@ class Accumulator:
             self.details.update(chunk, _Judged(verdicts, fails, finite, bad, offset))
 
     def add_scaled(self, a: np.ndarray, r: np.ndarray, d: np.ndarray, offset: int,
-                   scale_at: Callable[[np.ndarray | None], np.ndarray]) -> None:
+                   scale_at: Callable[[np.ndarray | None], np.ndarray],
+                   floor_at: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """add(..., norms=False) under the scaled rule for a flat chunk whose d = a - r is given and finite, forming
         the scale only where |a - r| is more than one ULP of r: elsewhere an element passes with 0 units, whatever
         its scale, as long as that scale is >= 0 and not NaN and K >= 0 (the caller's promise). ``scale_at``:
-        the scale at these flat positions of the chunk, ascending (None: at every one). Without details only (they need every
-        element's ratio): with them, add() is used."""
+        the scale at these flat positions of the chunk, ascending (None: at every one). ``floor_at``: a lower bound of
+        the scale as scale_at computes it at these positions (the caller's promise), so the exact scale is formed
+        only where an element may fail or reach the largest units so far (_may_count). Without details only (they
+        need every element's ratio): with them, add() is used."""
         if self.details is not None:
             self.add(a, r, offset, scale_at(None), norms=False)
             return
@@ -260,31 +263,65 @@ class Accumulator:
                 self.max_ulp.offer(ulp_err[top], offset + top)
                 self.max_units.offer(0.0, offset)
                 return
+        self._add_past_one_ulp((a, r, abs_err, spacing), outside, offset, scale_at, floor_at)
+
+    def _add_past_one_ulp(self, values: tuple[np.ndarray, ...], outside: np.ndarray, offset: int,
+                          scale_at: Callable[[np.ndarray | None], np.ndarray],
+                          floor_at: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        """add_scaled's chunk where some elements are past one ULP (``outside``, ascending); ``values``: its a, r,
+        |a - r| and ULP spacing."""
+        a, r, abs_err, spacing = values
+        with np.errstate(over="ignore"):  # f64 subnormal spacing: huge ULP counts are honest
             # Past one ULP, as ScaledRule.judge forms them. ULP errors there are > 1 (|a - r| over a power of two),
             # within one ULP <= 1: the largest is here.
-            if outside.size > d.size * DENSE_SHARE:
+            if outside.size > abs_err.size * DENSE_SHARE:
                 # Most elements are past one ULP: the rule judges the whole chunk (gathering the rest would cost
                 # more). Those within one ULP add nothing: they pass with 0 units and an ULP error <= 1, so every
                 # count, maximum and first position below is the one the elements past one ULP give.
                 verdicts = self.rule.judge(Chunk(abs_err, r, spacing, scale_at(None),
-                                                 self.scratch.take(("rule0", "rule1", "rule2"), d.size)), False)
+                                                 self.scratch.take(("rule0", "rule1", "rule2"), abs_err.size)), False)
                 outside = None
                 if self.smallest_normal:
                     self.flushed += pass_flushed(verdicts, a, r, self.smallest_normal)
             else:  # the rule's own judgement of the elements past one ULP
-                verdicts = self.rule.judge(Chunk(abs_err[outside], r[outside], spacing[outside], scale_at(outside)), False)
+                err, space = abs_err[outside], spacing[outside]
+                if floor_at is not None:
+                    # every one's ULP error, then the scale only where the rule's verdict or units can count
+                    ulp_err = np.divide(err, space)
+                    top = int(np.argmax(ulp_err))
+                    self.max_ulp.offer(ulp_err[top], offset + int(outside[top]))
+                    keep = self._may_count(err, space, floor_at(outside))
+                    outside, err, space = outside[keep], err[keep], space[keep]
+                    if not outside.size:  # none can fail nor reach the units kept: nothing else changes
+                        return
+                verdicts = self.rule.judge(Chunk(err, r[outside], space, scale_at(outside)), False)
                 if self.smallest_normal:
                     self.flushed += pass_flushed(verdicts, a[outside], r[outside], self.smallest_normal)
         self.mismatches += int(np.count_nonzero(verdicts.fails))
         units, ulp_err = verdicts.units, verdicts.ulp_err
-        self.need[0].update(units)  # (it takes any subset holding every non-zero value)
-        top = int(np.argmax(ulp_err))
-        self.max_ulp.offer(ulp_err[top], offset + (top if outside is None else int(outside[top])))
+        self.need[0].update(units)  # (it takes any subset holding every non-zero value it could keep)
+        if floor_at is None or outside is None:  # (else offered above, over every element past one ULP)
+            top = int(np.argmax(ulp_err))
+            self.max_ulp.offer(ulp_err[top], offset + (top if outside is None else int(outside[top])))
         top = int(np.argmax(units))
         if units[top] > 0:
             self.max_units.offer(units[top], offset + (top if outside is None else int(outside[top])))
         else:  # (a scale of inf) every unit is 0: the chunk's first element holds the maximum
             self.max_units.offer(0.0, offset)
+
+    def _may_count(self, abs_err: np.ndarray, spacing: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """Which elements past one ULP (their |a - r|, spacing and a lower bound of their scale, as judged by
+        ScaledRule) may fail or have units the statistics keep: |a - r| past K*floor + spacing, or (|a - r| - spacing)
+        / floor at or above the k-th largest units kept so far (need: the largest is max_units'). Rounding keeps
+        both bounds: fl(K*s) + spacing and (|a - r| - spacing) / s are monotone in s, and K >= 0 (add_scaled's
+        caller's promise), so the others pass with units below every one kept: nothing they hold is reported."""
+        excess = abs_err - spacing
+        with np.errstate(divide="ignore", over="ignore"):  # a floor of 0: every such element may count
+            allowance = np.multiply(self.rule.scaled.max_units, floor)
+            allowance += spacing
+            keep = abs_err > allowance
+            keep |= np.divide(excess, floor) >= self.need[0].floor()
+        return keep
 
     def continue_details(self, earlier: Accumulator) -> None:
         """Gather the details from the next chunk on, continuing ``earlier``'s: a detailed judgement of every chunk

@@ -151,9 +151,12 @@ class _Pass:
                 dy, xhat = _dy_xhat_at(self.views, where, piece, constants, positions, channel)
             return model.at(channel, xhat, dy, r.reshape(-1)[positions])
 
+        def floor_at(positions: np.ndarray) -> np.ndarray:
+            return model.floor_at(channels_at(positions, shape, channels.start), r.reshape(-1)[positions])
+
         flat = (a.reshape(-1), r.reshape(-1))
         if finite and self.scale_sound[channels].all():
-            self.state.add_scaled(*flat, d.reshape(-1), offset, scale_at)
+            self.state.add_scaled(*flat, d.reshape(-1), offset, scale_at, floor_at)
         else:
             self.state.add(*flat, offset, scale_at(None), norms=False)
         if sums is not None:

@@ -341,6 +341,14 @@ class DiffSrcScale:
         return _scale(coefficients, (xhat, dy, reference), (None, None), _elementwise)
 
 
+    def floor_at(self, channel: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """A lower bound of at()'s s_src at scattered elements, from their channel and reference alone: base +
+        unit*|reference|, each term as _scale forms it. _scale adds the same terms and two more >= 0 (of |xhat| and
+        |dy|, coefficients >= 0), and a rounded sum never falls when a term >= 0 is added: at() >= this, even where
+        it rounds."""
+        return np.add(self.base[channel], np.multiply(self.unit, np.abs(reference)))
+
+
 def _elementwise(ufunc: np.ufunc, values: np.ndarray, coefficients: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """ufunc(values, coefficients), one coefficient an element (layout.per_channel's signature)."""
     return ufunc(values, coefficients, out=out)
