@@ -207,3 +207,24 @@ def test_compiled_unmoved_sums_judge_as_the_numpy_ones(monkeypatch: pytest.Monke
     assert numba_unmoved.add(undecided, views, model.channel_constants(infinite)[:2], 1 << 20) is True
     assert undecided.undecided and undecided.fit() is None
     assert fitted  # (some problems' channels are fitted: the decisions are exercised, not all refused)
+
+
+def test_a_numpy_whose_einsum_sums_otherwise_keeps_the_numpy_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled sums reproduce this NumPy's einsum order (checked once a process: numba_facts.einsum_order_matches,
+    True here); a NumPy built otherwise would sum in another order, and then neither the compiled facts nor the
+    compiled judging pass runs: the NumPy passes give their own numbers."""
+    from bnbwd_cli.app.judge import reference_outputs
+    from bnbwd_cli.judge import diff_src
+
+    assert numba_facts.einsum_order_matches()
+    monkeypatch.setattr(numba_facts, "einsum_order_matches", lambda: False)
+    monkeypatch.setattr("bnbwd_cli.judge.numba_pass.einsum_order_matches", lambda: False)
+    op = _op(np.random.default_rng(37), (2, 3, 40), "NCX", np.float32)
+    assert numba_facts.facts_sums(op, list(model.blocks((2, 3, 40))), model.channel_constants(op)[:2]) is None
+    passes = []
+    compiled_pass = diff_src._compiled_pass
+    monkeypatch.setattr(diff_src, "_compiled_pass", lambda *args: passes.append(compiled_pass(*args)) or passes[-1])
+    reference = reference_outputs(op, ("diff_src",), threads=1)
+    outputs = {"diff_src": _kernel_output(reference["diff_src"], "ulps", np.random.default_rng(38))}
+    assert _judged(op, outputs, reference, "numba", monkeypatch) == _judged(op, outputs, reference, "numpy", monkeypatch)
+    assert passes == [None, None]

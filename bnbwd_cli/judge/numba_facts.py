@@ -16,6 +16,7 @@ Imported only when the judging runs compiled (runtime.numba_judging).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -37,7 +38,7 @@ def facts_sums(inputs: Op, blocks: list[tuple[slice, slice, slice]], constants: 
     float32 sequential sums (3, C) of dy, dy*xhat and dy*(x - mean) as PyTorch's CPU kernel forms it. None where
     this loop cannot promise NumPy's bits: a block of one channel, a dtype without compiled loads, no element."""
     src3, dy3 = (view3(x, inputs.data_format) for x in (inputs.src, inputs.diff_dst))
-    if dy3.size == 0 or not (supports(src3.dtype) and supports(dy3.dtype)):
+    if dy3.size == 0 or not (supports(src3.dtype) and supports(dy3.dtype)) or not einsum_order_matches():
         return None
     if any(where[1].stop - where[1].start < 2 for where in blocks):
         return None
@@ -185,3 +186,29 @@ def add_rows(src, dy, first, constants, state, rows):  # pragma: no cover - comp
         sums[PARTIAL_GAMMA, channel] += partial_gamma[j]
         sums[SQUARES_BETA, channel] += squares_beta[j]
         sums[SQUARES_GAMMA, channel] += squares_gamma[j]
+
+
+@functools.cache
+def einsum_order_matches() -> bool:
+    """Whether this NumPy's einsum sums squares in the order _row_dot (and numba_pass's parts of EINSUM_BUFFER)
+    reproduce: its SSE baseline build's two lanes, no fused multiply-add, buffers of 8192. Another build (another
+    SIMD baseline, another buffer size) would sum in another order: then nothing here is used (the NumPy passes
+    run). Checked once a process on fixed data, rows of several lengths and a flat run of several buffers."""
+    rng = np.random.default_rng(36)
+    rows = rng.standard_normal((3, 4, 37)) * 1e3
+    flat = rng.standard_normal(20000) * 1e3
+    expected = np.einsum("ncs,ncs->c", rows, rows)
+    by_rows = np.zeros(4)
+    for i in range(3):
+        for j in range(4):
+            by_rows[j] = by_rows[j] + _dots(rows[i, j], 37, 37)
+    return bool(expected.tobytes() == by_rows.tobytes() and float(np.einsum("i,i->", flat, flat)) == _dots(flat, flat.size, 8192))
+
+
+@njit(cache=True, nogil=True)
+def _dots(values, count, part):  # pragma: no cover - compiled
+    """sum of values[:count]**2 as einsum forms it in parts of ``part`` elements, each part's _row_dot added to 0."""
+    total = 0.0
+    for start in range(0, count, part):
+        total = total + _row_dot(values[start:], 0.0, min(part, count - start))
+    return total

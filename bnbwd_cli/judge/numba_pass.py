@@ -33,6 +33,7 @@ from bnbwd_cli.dtypes import FLOAT_FORMAT, to_float64
 from bnbwd_cli.judge import norms
 from bnbwd_cli.judge.bias import CLUSTER_BITS, CLUSTERS, ChannelRegression
 from bnbwd_cli.judge.model import blocks, flat_offset
+from bnbwd_cli.judge.numba_facts import einsum_order_matches
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # bias.cluster_of's multiplier
 _EXPONENT = np.int64(0x7FF << 52)
@@ -338,7 +339,7 @@ def applies(judged, regression: ChannelRegression, block: int) -> bool:
     if any(FLOAT_FORMAT[dtype][1] - FLOAT_FORMAT[dtype][0] < -1022 for dtype in (state.dtype, regression.dtype)):
         return False
     a3 = judged.views[0]
-    if a3.size == 0 or not all(supports(view.dtype) for view in judged.views):
+    if a3.size == 0 or not all(supports(view.dtype) for view in judged.views) or not einsum_order_matches():
         return False
     return all(where[1].stop - where[1].start >= 2 for where in blocks(a3.shape, block))
 
