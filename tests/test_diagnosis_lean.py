@@ -13,12 +13,12 @@ import pytest
 from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge import diagnosis
 from bnbwd_cli.judge.diagnosis import kernels, reductions
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.model import channel_facts
 from tools import bugs, zoo
 
 assess_module = importlib.import_module("bnbwd_cli.judge.diagnosis.assess")  # (the package's `assess` is the function)
-case_module = importlib.import_module("bnbwd_cli.judge.diagnosis.case")
+build_module = importlib.import_module("bnbwd_cli.judge.diagnosis.build")
 
 PLANTED = [{"block": 64, "lost": {1: 3}}, {"epsilon": 1e-2}, {"gamma": "next"}, {"no_mean_dy": (0, 3)},
            {"skip_tail": 19}]
@@ -171,15 +171,15 @@ def test_a_tail_from_the_end_of_the_row_sums_as_from_the_whole():
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 @pytest.mark.parametrize("hooks", PLANTED, ids=[next(iter(h)) for h in PLANTED])
 def test_the_judges_failing_elements_are_the_ones_the_case_finds(hooks, fmt):
-    """A failed diff_src's case takes the judge's failing mask (case._judged_failing) instead of judging every
+    """A failed diff_src's case takes the judge's failing mask (build._judged_failing) instead of judging every
     element again: the same elements beyond, deviation norm and per-channel sums, bit for bit."""
     case = _case(fmt, hooks)
     out = case.outputs["diff_src"]
     comparison = out.comparison
-    failing = case_module._judged_failing(comparison, case.inputs.data_format)
+    failing = build_module._judged_failing(comparison, case.inputs.data_format)
     assert failing is not None and out.failed
-    given, given_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison, failing)
-    judged, judged_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison)
+    given, given_sums = build_module._diff_src_pass(case, out.given, out.expected, comparison, failing)
+    judged, judged_sums = build_module._diff_src_pass(case, out.given, out.expected, comparison)
     assert np.array_equal(given.beyond, judged.beyond) and given.deviation_norm == judged.deviation_norm
     for name in ("count", "x", "xx", "d", "xd", "ar", "rr"):
         assert np.array_equal(getattr(given_sums, name), getattr(judged_sums, name)), name
@@ -193,10 +193,10 @@ def test_no_failing_mask_is_taken_where_it_could_differ():
         spoiled.reshape(-1)[::97] = np.nan
         outputs["diff_src"] = spoiled
     case = _case("NCX", {"epsilon": 1e-2}, spoil=spoil)
-    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is None
+    assert build_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is None
     case = _case("NCX", {"epsilon": 1e-2})
-    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is not None
-    assert case_module._judged_failing(case.outputs["diff_beta"].comparison, "NCX") is None  # (C,): it passed
+    assert build_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is not None
+    assert build_module._judged_failing(case.outputs["diff_beta"].comparison, "NCX") is None  # (C,): it passed
 
 
 def test_the_sums_of_a_block_with_non_finite_values_are_the_checked_ones():
@@ -208,7 +208,7 @@ def test_the_sums_of_a_block_with_non_finite_values_are_the_checked_ones():
     blocks[2][1, 1, 2, 3] = np.inf  # an Inf in r
     blocks[3][:2, :, :, 3] = 1e300  # finite a and r whose products overflow
     blocks[4][2, 0, 1, 0] = -np.inf  # an Inf in xhat
-    sums = [case_module.DiffSrcSums(*(np.zeros(3) for _ in range(7))) for _ in range(2)]
+    sums = [build_module.DiffSrcSums(*(np.zeros(3) for _ in range(7))) for _ in range(2)]
     for a, r, x in blocks:
         with np.errstate(invalid="ignore", over="ignore"):
             d = a - r

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge import Judging, compare_sets
-from bnbwd_cli.judge.diagnosis import case as case_module
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis import build as build_module
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.diagnosis.prediction import blocks
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.judge.model import channel_facts
@@ -71,7 +71,7 @@ def test_blocks_cover_the_view_once_with_every_channel():
                                           ({"skip_tail": 19}, "missing-tail")], ids=lambda v: str(v)[:12])
 def test_a_failing_run_forms_no_whole_float64_tensor(fmt, hooks, cause, monkeypatch):
     built = []
-    original = case_module.build_case
+    original = build_module.build_case
 
     def keeping(*args):
         built.append(original(*args))

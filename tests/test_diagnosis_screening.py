@@ -13,7 +13,7 @@ from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge import diagnosis
 from bnbwd_cli.judge.diagnosis import sample as sample_module
 from bnbwd_cli.judge.diagnosis.assess import screened, within
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.judge.model import channel_facts
