@@ -1,5 +1,5 @@
 """The diagnosis' cheaper whole-run walks give the numbers of the plain ones: a hypothesis confirmed with its noise
-formed only where the test needs it (Prediction.lean, assess.confirmed) counts and shares as with its noise formed
+formed only where the test needs it (Prediction.lean, whole_run.confirmed) counts and shares as with its noise formed
 everywhere; a tail's sums from the end of a channel's row are the sums from the whole row (reductions._tail_sums)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.model import channel_facts
 from tools import bugs, zoo
 
-assess_module = importlib.import_module("bnbwd_cli.judge.diagnosis.assess")  # (the package's `assess` is the function)
+whole_run = importlib.import_module("bnbwd_cli.judge.diagnosis.whole_run")
+measures = importlib.import_module("bnbwd_cli.judge.diagnosis.measures")
 build_module = importlib.import_module("bnbwd_cli.judge.diagnosis.build")
 
 PLANTED = [{"block": 64, "lost": {1: 3}}, {"epsilon": 1e-2}, {"gamma": "next"}, {"no_mean_dy": (0, 3)},
@@ -55,21 +56,21 @@ def test_a_lean_walk_counts_and_shares_as_the_plain_one(hooks, fmt):
             continue
         offered += 1
         for share in (True, False):
-            plain = assess_module.confirmed(case, prediction.rows, share)
-            lean = assess_module.confirmed(case, prediction.rows, share, prediction.lean)
+            plain = whole_run.confirmed(case, prediction.rows, share)
+            lean = whole_run.confirmed(case, prediction.rows, share, prediction.lean)
             assert _same(plain, lean), (candidate.cause, plain, lean)
         assert _counts(case, prediction, out) == _counts(case, prediction, out, lean=True), candidate.cause
     assert offered >= 5
 
 
 def _counts(case, prediction, out, lean=False) -> int:
-    """The elements beyond K units of the prediction over the whole run: assess._beyond block by block, or the
-    lean walk's (elements past K*u*|p| gathered into assess._Unsure, counted at the end)."""
+    """The elements beyond K units of the prediction over the whole run: whole_run._beyond block by block, or the
+    lean walk's (elements past K*u*|p| gathered into whole_run._Unsure, counted at the end)."""
     total = 0
-    unsure = assess_module._Unsure(case, prediction.lean) if lean else None
+    unsure = whole_run._Unsure(case, prediction.lean) if lean else None
     k = out.comparison.scaled.max_units
     with np.errstate(invalid="ignore", over="ignore"):
-        for rows in assess_module.blocks(case.shape):
+        for rows in whole_run.blocks(case.shape):
             a = out.actual_at(rows)
             if lean:
                 p, xhat, dy = prediction.lean.at(rows)
@@ -86,28 +87,28 @@ def _counts(case, prediction, out, lean=False) -> int:
 def _plain_beyond(case, rows, a, p, r, extra) -> int:
     """The elements of a block beyond their whole tolerance, every element's formed (no shortcut)."""
     out = case.outputs["diff_src"]
-    tolerance = assess_module._tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
+    tolerance = measures.prediction_tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
     return int(np.count_nonzero(~(np.abs(a - p) <= tolerance) & out.kept(rows)))
 
 
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 @pytest.mark.parametrize("hooks", PLANTED[:3], ids=[next(iter(h)) for h in PLANTED[:3]])
 def test_the_shortcut_count_of_a_block_is_the_whole_tolerances(hooks, fmt):
-    """assess._beyond's count (the scale, reference, xhat and dy formed only past K*u*|p|) is the count of the whole
+    """whole_run._beyond's count (the scale, reference, xhat and dy formed only past K*u*|p|) is the count of the whole
     tolerance formed at every element, for every hypothesis of the run, block by block."""
     case = _case(fmt, hooks)
     out = case.outputs["diff_src"]
-    assert assess_module._cheap(case)
+    assert whole_run._cheap(case)
     for candidate in diagnosis._candidates(case):
         prediction = candidate.prediction
         if prediction.diff_src is None:
             continue
-        for rows in assess_module.blocks(case.shape)[:40]:
+        for rows in whole_run.blocks(case.shape)[:40]:
             p, extra = prediction.rows(rows)
             a = out.actual_at(rows)
             with np.errstate(invalid="ignore", over="ignore"):
                 plain = _plain_beyond(case, rows, a, p, out.reference_at(rows), extra)
-                assert assess_module._beyond(case, rows, (out.actual_operand(rows), p), extra, True) == plain
+                assert whole_run._beyond(case, rows, (out.actual_operand(rows), p), extra, True) == plain
 
 
 def test_the_lean_noise_is_the_noise_at_those_positions():
