@@ -1,5 +1,5 @@
 """The diagnosis' cheaper whole-run walks give the numbers of the plain ones: a hypothesis confirmed with its noise
-formed only where the test needs it (Prediction.lean, assess.confirmed) counts and shares as with its noise formed
+formed only where the test needs it (Prediction.lean, whole_run.confirmed) counts and shares as with its noise formed
 everywhere; a tail's sums from the end of a channel's row are the sums from the whole row (reductions._tail_sums)."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import pytest
 from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge import diagnosis
 from bnbwd_cli.judge.diagnosis import kernels, reductions
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.model import channel_facts
 from tools import bugs, zoo
 
-assess_module = importlib.import_module("bnbwd_cli.judge.diagnosis.assess")  # (the package's `assess` is the function)
-case_module = importlib.import_module("bnbwd_cli.judge.diagnosis.case")
+whole_run = importlib.import_module("bnbwd_cli.judge.diagnosis.whole_run")
+measures = importlib.import_module("bnbwd_cli.judge.diagnosis.measures")
+build_module = importlib.import_module("bnbwd_cli.judge.diagnosis.build")
 
 PLANTED = [{"block": 64, "lost": {1: 3}}, {"epsilon": 1e-2}, {"gamma": "next"}, {"no_mean_dy": (0, 3)},
            {"skip_tail": 19}]
@@ -55,21 +56,21 @@ def test_a_lean_walk_counts_and_shares_as_the_plain_one(hooks, fmt):
             continue
         offered += 1
         for share in (True, False):
-            plain = assess_module.confirmed(case, prediction.rows, share)
-            lean = assess_module.confirmed(case, prediction.rows, share, prediction.lean)
+            plain = whole_run.confirmed(case, prediction.rows, share)
+            lean = whole_run.confirmed(case, prediction.rows, share, prediction.lean)
             assert _same(plain, lean), (candidate.cause, plain, lean)
         assert _counts(case, prediction, out) == _counts(case, prediction, out, lean=True), candidate.cause
     assert offered >= 5
 
 
 def _counts(case, prediction, out, lean=False) -> int:
-    """The elements beyond K units of the prediction over the whole run: assess._beyond block by block, or the
-    lean walk's (elements past K*u*|p| gathered into assess._Unsure, counted at the end)."""
+    """The elements beyond K units of the prediction over the whole run: whole_run._beyond block by block, or the
+    lean walk's (elements past K*u*|p| gathered into whole_run._Unsure, counted at the end)."""
     total = 0
-    unsure = assess_module._Unsure(case, prediction.lean) if lean else None
+    unsure = whole_run._Unsure(case, prediction.lean) if lean else None
     k = out.comparison.scaled.max_units
     with np.errstate(invalid="ignore", over="ignore"):
-        for rows in assess_module.blocks(case.shape):
+        for rows in whole_run.blocks(case.shape):
             a = out.actual_at(rows)
             if lean:
                 p, xhat, dy = prediction.lean.at(rows)
@@ -86,28 +87,28 @@ def _counts(case, prediction, out, lean=False) -> int:
 def _plain_beyond(case, rows, a, p, r, extra) -> int:
     """The elements of a block beyond their whole tolerance, every element's formed (no shortcut)."""
     out = case.outputs["diff_src"]
-    tolerance = assess_module._tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
+    tolerance = measures.prediction_tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
     return int(np.count_nonzero(~(np.abs(a - p) <= tolerance) & out.kept(rows)))
 
 
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 @pytest.mark.parametrize("hooks", PLANTED[:3], ids=[next(iter(h)) for h in PLANTED[:3]])
 def test_the_shortcut_count_of_a_block_is_the_whole_tolerances(hooks, fmt):
-    """assess._beyond's count (the scale, reference, xhat and dy formed only past K*u*|p|) is the count of the whole
+    """whole_run._beyond's count (the scale, reference, xhat and dy formed only past K*u*|p|) is the count of the whole
     tolerance formed at every element, for every hypothesis of the run, block by block."""
     case = _case(fmt, hooks)
     out = case.outputs["diff_src"]
-    assert assess_module._cheap(case)
+    assert whole_run._cheap(case)
     for candidate in diagnosis._candidates(case):
         prediction = candidate.prediction
         if prediction.diff_src is None:
             continue
-        for rows in assess_module.blocks(case.shape)[:40]:
+        for rows in whole_run.blocks(case.shape)[:40]:
             p, extra = prediction.rows(rows)
             a = out.actual_at(rows)
             with np.errstate(invalid="ignore", over="ignore"):
                 plain = _plain_beyond(case, rows, a, p, out.reference_at(rows), extra)
-                assert assess_module._beyond(case, rows, (out.actual_operand(rows), p), extra, True) == plain
+                assert whole_run._beyond(case, rows, (out.actual_operand(rows), p), extra, True) == plain
 
 
 def test_the_lean_noise_is_the_noise_at_those_positions():
@@ -171,15 +172,15 @@ def test_a_tail_from_the_end_of_the_row_sums_as_from_the_whole():
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 @pytest.mark.parametrize("hooks", PLANTED, ids=[next(iter(h)) for h in PLANTED])
 def test_the_judges_failing_elements_are_the_ones_the_case_finds(hooks, fmt):
-    """A failed diff_src's case takes the judge's failing mask (case._judged_failing) instead of judging every
+    """A failed diff_src's case takes the judge's failing mask (build._judged_failing) instead of judging every
     element again: the same elements beyond, deviation norm and per-channel sums, bit for bit."""
     case = _case(fmt, hooks)
     out = case.outputs["diff_src"]
     comparison = out.comparison
-    failing = case_module._judged_failing(comparison, case.inputs.data_format)
+    failing = build_module._judged_failing(comparison, case.inputs.data_format)
     assert failing is not None and out.failed
-    given, given_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison, failing)
-    judged, judged_sums = case_module._diff_src_pass(case, out.given, out.expected, comparison)
+    given, given_sums = build_module._diff_src_pass(case, out.given, out.expected, comparison, failing)
+    judged, judged_sums = build_module._diff_src_pass(case, out.given, out.expected, comparison)
     assert np.array_equal(given.beyond, judged.beyond) and given.deviation_norm == judged.deviation_norm
     for name in ("count", "x", "xx", "d", "xd", "ar", "rr"):
         assert np.array_equal(getattr(given_sums, name), getattr(judged_sums, name)), name
@@ -193,10 +194,10 @@ def test_no_failing_mask_is_taken_where_it_could_differ():
         spoiled.reshape(-1)[::97] = np.nan
         outputs["diff_src"] = spoiled
     case = _case("NCX", {"epsilon": 1e-2}, spoil=spoil)
-    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is None
+    assert build_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is None
     case = _case("NCX", {"epsilon": 1e-2})
-    assert case_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is not None
-    assert case_module._judged_failing(case.outputs["diff_beta"].comparison, "NCX") is None  # (C,): it passed
+    assert build_module._judged_failing(case.outputs["diff_src"].comparison, "NCX") is not None
+    assert build_module._judged_failing(case.outputs["diff_beta"].comparison, "NCX") is None  # (C,): it passed
 
 
 def test_the_sums_of_a_block_with_non_finite_values_are_the_checked_ones():
@@ -208,7 +209,7 @@ def test_the_sums_of_a_block_with_non_finite_values_are_the_checked_ones():
     blocks[2][1, 1, 2, 3] = np.inf  # an Inf in r
     blocks[3][:2, :, :, 3] = 1e300  # finite a and r whose products overflow
     blocks[4][2, 0, 1, 0] = -np.inf  # an Inf in xhat
-    sums = [case_module.DiffSrcSums(*(np.zeros(3) for _ in range(7))) for _ in range(2)]
+    sums = [build_module.DiffSrcSums(*(np.zeros(3) for _ in range(7))) for _ in range(2)]
     for a, r, x in blocks:
         with np.errstate(invalid="ignore", over="ignore"):
             d = a - r

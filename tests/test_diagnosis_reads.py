@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from bnbwd_cli.judge import Judging, compare_sets
-from bnbwd_cli.judge.diagnosis import case as case_module
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis import build as build_module
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.diagnosis.prediction import blocks
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.judge.model import channel_facts
 from bnbwd_cli.layout import PER_CHANNEL_RUN
 from tools import bugs, zoo
 
-assess_module = importlib.import_module("bnbwd_cli.judge.diagnosis.assess")  # (the package's `assess` is the function)
+whole_run = importlib.import_module("bnbwd_cli.judge.diagnosis.whole_run")
+measures = importlib.import_module("bnbwd_cli.judge.diagnosis.measures")
 WHOLE = ("x", "dy", "xhat", "src_scale")
 
 
@@ -71,7 +72,7 @@ def test_blocks_cover_the_view_once_with_every_channel():
                                           ({"skip_tail": 19}, "missing-tail")], ids=lambda v: str(v)[:12])
 def test_a_failing_run_forms_no_whole_float64_tensor(fmt, hooks, cause, monkeypatch):
     built = []
-    original = case_module.build_case
+    original = build_module.build_case
 
     def keeping(*args):
         built.append(original(*args))
@@ -91,7 +92,7 @@ def test_a_failing_run_forms_no_whole_float64_tensor(fmt, hooks, cause, monkeypa
 
 def _full_count(case, rows, a, p, r, extra) -> int:
     with np.errstate(invalid="ignore", over="ignore"):
-        tolerance = assess_module._tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
+        tolerance = measures.prediction_tolerance(case, "diff_src", p, r, extra, case.scale_at(rows))
         return int(np.count_nonzero(~(np.abs(a - p) <= tolerance)))
 
 
@@ -112,11 +113,11 @@ def test_the_whole_run_count_is_the_full_tolerances(fmt):
                 for noise in (None, e):
                     expected = _full_count(case, rows, a, p, r, noise)
                     for cheap in (True, False):  # (False: the reference is not finite everywhere: no shortcut)
-                        assert assess_module._beyond(case, rows, (a, p), noise, cheap) == expected, (spread, planted)
-    assert assess_module._cheap(case)
+                        assert whole_run._beyond(case, rows, (a, p), noise, cheap) == expected, (spread, planted)
+    assert whole_run._cheap(case)
     r_bad = out.expected.copy()
     r_bad.reshape(-1)[3] = np.nan  # a non-finite reference: no shortcut anywhere
-    assert not assess_module._finite(r_bad) and assess_module._finite(out.expected)
+    assert not whole_run._finite(r_bad) and whole_run._finite(out.expected)
 
 
 @pytest.mark.parametrize("fmt, shape", [("NCX", (4, 3, 5, 6)), ("NXC", (4, 5, 6, 3)), ("NCX", (2, 3, 7))])

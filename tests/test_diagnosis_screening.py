@@ -13,7 +13,7 @@ from bnbwd_cli.judge import Judging, compare_sets
 from bnbwd_cli.judge import diagnosis
 from bnbwd_cli.judge.diagnosis import sample as sample_module
 from bnbwd_cli.judge.diagnosis.assess import screened, within
-from bnbwd_cli.judge.diagnosis.case import build_case
+from bnbwd_cli.judge.diagnosis.build import build_case
 from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.sample import screening_sample
 from bnbwd_cli.judge.model import channel_facts
@@ -64,7 +64,7 @@ def test_the_screen_rejects_only_what_the_whole_rejects(hooks, cause, fmt):
 @pytest.mark.parametrize("hooks, cause", PLANTED[:3], ids=[c for _, c in PLANTED[:3]])
 def test_few_hypotheses_are_computed_in_full(hooks, cause, monkeypatch):
     """The named cause is unchanged, at most two hypotheses' diff_src is computed on the whole run (chunk by
-    chunk: assess.confirmed), and none is held whole."""
+    chunk: whole_run.confirmed), and none is held whole."""
     problem = _problem("NCX", 4)
     outputs = bugs.kernel(problem, hooks)
     confirmed, whole = [], []

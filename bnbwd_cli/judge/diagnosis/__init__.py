@@ -28,7 +28,8 @@ from bnbwd_cli.judge.diagnosis import (fitted_statistics, groups, own_outputs, p
                                        subsets, terms, writes)
 from bnbwd_cli.judge.diagnosis.candidate import Candidate, channel_list, deviating_channels
 from bnbwd_cli.judge.diagnosis.assess import assess
-from bnbwd_cli.judge.diagnosis.case import Case, build_case
+from bnbwd_cli.judge.diagnosis.build import build_case
+from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import Assessment
 from bnbwd_cli.judge.model import ChannelFacts
 from bnbwd_cli.judge.comparison import Comparison, Hint

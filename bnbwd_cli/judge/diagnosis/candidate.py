@@ -42,7 +42,7 @@ def channel_list(channels: Sequence[int]) -> str:
 
 def channel_line(case: Case) -> tuple[np.ndarray, np.ndarray]:
     """Per channel, diff_src's deviation d = a - r fitted as offset + slope*xhat (least squares); NaN where a
-    channel has fewer than 3 finite elements (from the sums of the case's pass: case.DiffSrcSums)."""
+    channel has fewer than 3 finite elements (from the sums of the case's pass: build.DiffSrcSums)."""
     sums = case.shared["diff_src_sums"]
     n = sums.count
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -76,7 +76,7 @@ def _channel_fit(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def channel_ratio(case: Case) -> np.ndarray:
     """Per channel, the least-squares ratio <a, r> / <r, r> of diff_src (NaN where r is zero; from the sums of the
-    case's pass: case.DiffSrcSums)."""
+    case's pass: build.DiffSrcSums)."""
     sums = case.shared["diff_src_sums"]
     with np.errstate(invalid="ignore", divide="ignore"):
         return sums.ar / sums.rr

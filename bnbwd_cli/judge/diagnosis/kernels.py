@@ -169,7 +169,7 @@ def _noise_never_nan(coefficients: _Coefficients, u: float) -> bool:
     """Is the noise a number wherever diff_src is (its NaN only where dy or xhat is NaN, which makes diff_src NaN
     too)? Finite coefficients, a factor |k| (|k|*u) > 0 and a gamma term > 0 (so an infinite dy or xhat makes it
     inf, never 0*inf), a beta term >= 0 (no inf - inf): then Prediction.lean may leave it unformed where the test
-    needs no noise (assess.confirmed)."""
+    needs no noise (whole_run.confirmed)."""
     k = np.abs(coefficients.k)
     with np.errstate(invalid="ignore", over="ignore"):
         if coefficients.mean_dy is None:

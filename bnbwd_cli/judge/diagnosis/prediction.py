@@ -44,7 +44,7 @@ def blocks(shape: tuple[int, int, int], size: int = BLOCK) -> list[tuple[slice, 
 
 @dataclass(frozen=True)
 class Lean:
-    """A hypothesis' diff_src for a test that needs its error scale (noise) at few elements (assess.confirmed):
+    """A hypothesis' diff_src for a test that needs its error scale (noise) at few elements (whole_run.confirmed):
     ``at(rows)``: diff_src at a block's rows and the xhat and dy it was computed from there (dy possibly as stored,
     float16/float32: case.operand); ``noise(channel, xhat,
     dy)``: the noise at scattered elements from their channels, xhat and dy (the numbers the whole formula gives
@@ -63,7 +63,7 @@ class Prediction:
     diff_src from sums not divided by M); the larger of the two applies. ``diff_src`` may be a function
     of an index into the (N, C, S) view returning (diff_src, its error scale) there. ``lean`` (optional, with such a
     function): the same diff_src at rows of blocks, and its error scale at scattered elements, for a test that needs
-    the scale at few elements (assess.confirmed); offered only where that scale is a number wherever diff_src is
+    the scale at few elements (whole_run.confirmed); offered only where that scale is a number wherever diff_src is
     (the scale's NaN only where diff_src's)."""
 
     diff_src: np.ndarray | Callable[[tuple], tuple[np.ndarray, np.ndarray | None]] | None = None

@@ -18,7 +18,7 @@ import numpy as np
 from bnbwd_cli.dtypes import exact_narrower, ulp_spacing
 from bnbwd_cli.judge.diagnosis.candidate import (Candidate, channel_fit, channel_line, channel_list, percent,
                                                  sixteen_bit_types)
-from bnbwd_cli.judge.diagnosis.assess import share_explained
+from bnbwd_cli.judge.diagnosis.measures import share_explained
 from bnbwd_cli.judge.diagnosis.case import Case
 from bnbwd_cli.judge.diagnosis.prediction import Prediction
 from bnbwd_cli.judge.diagnosis.kernels import Ingredients, backward_with
