@@ -100,6 +100,14 @@ def _f64_to_bits(typingctx, value):
     return types.int64(types.float64), codegen
 
 
+@intrinsic
+def _bits_to_f64(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
 @njit
 def track(lo, hi, value):
     """Running (min, max) of float64 values as order keys (see order_key): integer min/max vectorise, and a

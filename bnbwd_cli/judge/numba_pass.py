@@ -23,11 +23,9 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
-from bnbwd_cli.core.numba_bits import load
+from bnbwd_cli.core.numba_bits import _bits_to_f64, _f64_to_bits, load
 from bnbwd_cli.core.numba_core import _bits_view, supports
 from bnbwd_cli.dtypes import FLOAT_FORMAT, to_float64
 from bnbwd_cli.judge import norms
@@ -44,28 +42,12 @@ MAX_ABS, MAX_ULP, MAX_UNITS = 0, 1, 2
 AT_ABS, AT_ULP, AT_UNITS, ZEROS_A, ZEROS_R, MISMATCHES, FLUSHED, OUTSIDE = range(8)
 
 
-@intrinsic
-def _f64_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.int64(types.float64), codegen
-
-
-@intrinsic
-def _bits_f64(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
 @njit(inline="always")
 def _spacing(value, smallest, mantissa):  # pragma: no cover - compiled
     """dtypes.ulp_spacing of one finite float64 (a dtype coarser than float64): its exponent field, raised to the
     dtype's smallest normal one, less the mantissa bits, read back as a float64."""
-    field = _f64_bits(value) & _EXPONENT
-    return _bits_f64(max(field, smallest) - mantissa)
+    field = _f64_to_bits(value) & _EXPONENT
+    return _bits_to_f64(max(field, smallest) - mantissa)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -161,8 +143,8 @@ def _judge_piece(values, where, coefficients, rule, out):  # pragma: no cover - 
             else:
                 w, x, rr, dd_value, rows[1, at] = 0.0, 0.0, 0.0, 0.0, 0.0
             rows[0, at] = dd_value
-            by_dy = j * clusters + np.int64((np.uint64(_f64_bits(g)) * golden) >> shift)
-            by_reference = j * clusters + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
+            by_dy = j * clusters + np.int64((np.uint64(_f64_to_bits(g)) * golden) >> shift)
+            by_reference = j * clusters + np.int64((np.uint64(_f64_to_bits(r)) * golden) >> shift)
             _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
         p, q = p + end - q, end
         if q == s:  # the end of a run: its einsum dots of d and the spacing (of one element, NXC: its squares)
@@ -222,8 +204,8 @@ def _judge_rows(values, where, coefficients, rule, out):  # pragma: no cover - c
         else:
             w, x, rr, dd_value, spacing_a = 0.0, 0.0, 0.0, 0.0, 0.0
         dd[j], ulp_squares[j] = dd[j] + dd_value * dd_value, ulp_squares[j] + spacing_a * spacing_a
-        by_dy = j * clusters + np.int64((np.uint64(_f64_bits(g)) * golden) >> shift)
-        by_reference = j * clusters + np.int64((np.uint64(_f64_bits(r)) * golden) >> shift)
+        by_dy = j * clusters + np.int64((np.uint64(_f64_to_bits(g)) * golden) >> shift)
+        by_reference = j * clusters + np.int64((np.uint64(_f64_to_bits(r)) * golden) >> shift)
         _scatter(table, by_dy, by_reference, (w, x, rr, dd_value))
         j += 1
         if j == c:

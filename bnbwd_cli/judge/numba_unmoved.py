@@ -16,12 +16,12 @@ import threading
 import numpy as np
 from numba import njit
 
-from bnbwd_cli.core.numba_bits import load
+from bnbwd_cli.core.numba_bits import _f64_to_bits, load
 from bnbwd_cli.core.numba_core import _bits_view, supports
 from bnbwd_cli.dtypes import FLOAT_FORMAT
 from bnbwd_cli.judge.bias import CLUSTER_BITS, ChannelRegression
 from bnbwd_cli.judge.model import blocks
-from bnbwd_cli.judge.numba_pass import _GOLDEN, _f64_bits, _grid, _spacing
+from bnbwd_cli.judge.numba_pass import _GOLDEN, _grid, _spacing
 
 
 def add(regression: ChannelRegression, views: tuple[np.ndarray, ...], constants: tuple[np.ndarray, np.ndarray],
@@ -83,7 +83,7 @@ def unmoved_block(values, constants, grid, totals, clusters):  # pragma: no cove
                     if spread[clustering, j]:
                         continue
                     key = np.float64(load(dy3, (i, j, q))) if clustering == 0 else r
-                    cluster = np.int64((np.uint64(_f64_bits(key)) * golden) >> shift)
+                    cluster = np.int64((np.uint64(_f64_to_bits(key)) * golden) >> shift)
                     if first[clustering, j] < 0:
                         first[clustering, j] = cluster
                     elif cluster != first[clustering, j]:
