@@ -91,7 +91,7 @@ MUTANTS = (
     Mutant("float64 unit for float32 outputs of float64 inputs", MODEL,
            'return U64 if names == {"f64"} and output_dtype == "f64" else U32', 'return U64 if names == {"f64"} else U32',
            f"{EDGES} -k float32"),
-    Mutant("M from one axis only", MODEL, "count = dy3.shape[0] * dy3.shape[2]", "count = dy3.shape[0]",
+    Mutant("M from one axis only", MODEL, "count=shape3[0] * shape3[2],", "count=shape3[0],",
            f"{EDGES} -k pinned"),
     Mutant("a single channel's sequential float32 sum taken pairwise", MODEL,
            "self.total[channels] = np.cumsum(rows[:, 0], dtype=np.float32)[-1]",
