@@ -36,8 +36,8 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     # diff_src's bias regression: with two threads a pass on a thread of its own, beside the channel facts and the
     # judging pass (its CPU there is that thread's, taken out of whatever the main thread did meanwhile)
     "regression sums": (("bnbwd_cli.judge.diff_src", "_regression_pass"), ("bnbwd_cli.judge.diff_src", "_unmoved_pass")),
-    "where, heat map": (("bnbwd_cli.judge.compare", "localize"), ("bnbwd_cli.judge.compare", "heat_map"),
-                        ("bnbwd_cli.judge.compare", "_above")),
+    "where, heat map": (("bnbwd_cli.judge.detail_stats", "localize"), ("bnbwd_cli.judge.detail_stats", "heat_map"),
+                        ("bnbwd_cli.judge.detail_stats", "_above")),
     "diagnosis": (("bnbwd_cli.judge.diagnosis", "diagnose"),),
     "precision hints": (("bnbwd_cli.judge.hints", "precision_hints"),),
     "DAZ scan": (("bnbwd_cli.judge.daz", "inputs_read_as_zero"),),

@@ -434,10 +434,10 @@ def test_heat_map_of_a_dense_mask_counts_each_cell(shape):
 
 @pytest.mark.parametrize("kinds", [("f32", "f32"), ("bf16", "bf16"), ("f16", "f32"), ("f64", "f64")])
 def test_the_failures_sign_counts_are_the_same_gathered_or_in_pieces(kinds):
-    """compare._above: how many failing elements lie above the reference and how many are larger in magnitude, by
+    """detail_stats._above: how many failing elements lie above the reference and how many are larger in magnitude, by
     gathering the few (at most 1/SPARSE of them) or in pieces over the mask: each equals the plain float64 count."""
     from bnbwd_cli.dtypes import dtype_from_name, to_float64
-    from bnbwd_cli.judge.compare import SIGN_PIECE, _above
+    from bnbwd_cli.judge.detail_stats import SIGN_PIECE, _above
     from bnbwd_cli.judge.failures import SPARSE
 
     rng = np.random.default_rng(len(kinds[0]) + len(kinds[1]))
