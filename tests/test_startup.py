@@ -24,6 +24,8 @@ NEVER_ON_PLAIN_RUN = {
     "bnbwd_cli.core.numba_core": "loads numba",
     "bnbwd_cli.judge.sets": "the comparison: only run --reference and verify",
     "bnbwd_cli.judge.compare": "comparison statistics: only run --reference and verify",
+    "bnbwd_cli.judge.detail_stats": "a failing output's details: only run --reference and verify",
+    "bnbwd_cli.judge.numba_pass": "the compiled judging: only a judged run, and only with numba",
     "bnbwd_cli.judge.model": "the error model: only run --reference and verify --inputs",
     "bnbwd_cli.judge.bias": "systematic-deviation check: only with the error model",
     "bnbwd_cli.judge.hints": "explanations of failures: only with the error model",
