@@ -9,7 +9,10 @@ run; the test process then loads the kernels from the disk cache (`cache=True`) 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -66,5 +69,14 @@ def warm_up_judging() -> None:
             compare_sets(outputs, outputs, Judging(threads=1), inputs=op)
 
 
+def warm_up_once() -> None:
+    """warm_up, one process at a time: pytest-xdist starts this warm-up in every worker, and the first to take the
+    lock compiles while the others wait, then load its disk cache (~2 s). Two compiling side by side on a 2-core
+    machine doubled the JIT's CPU (~60 s each, cold) and left the tests one core."""
+    with open(Path(tempfile.gettempdir()) / "bnbwd-numba-warmup.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends, killed or not
+        warm_up()
+
+
 if __name__ == "__main__":
-    warm_up()
+    warm_up_once()
