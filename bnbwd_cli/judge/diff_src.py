@@ -51,16 +51,14 @@ def _diff_src_pass(case: _DiffSrc, detailed: bool, regression: ChannelRegression
     pass when asked for up front, else a second pass on first use) or once the output is seen to fail (_Pass.block:
     its report reads them, so a failing output pays one pass); with ``regression``, its sums too, from the same
     upcast pieces (one thread: _regression_pass's sums without a pass of their own)."""
-    inputs = case.inputs
-    state = case.job.accumulator(case.a, case.r, inputs, "diff_src", detailed)
-    judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
+    judged = _Pass.start(case, detailed)
     a3 = judged.views[0]
     with np.errstate(invalid="ignore", over="ignore"):
         for where in blocks(a3.shape, BLOCK):
             judged.block(where, regression)
             if case.advance is not None:
                 case.advance(a3[where].size)
-    return state
+    return judged.state
 
 
 class _Pass:
@@ -78,6 +76,12 @@ class _Pass:
         coefficients = (model.base, model.per_xhat, model.per_dy, facts.norm_beta)
         self.scale_sound = xhat_finite & np.logical_and.reduce([np.isfinite(v) for v in coefficients])
         self.scale_sound &= state.rule.scaled.max_units >= 0
+
+    @classmethod
+    def start(cls, case: _DiffSrc, detailed: bool) -> _Pass:
+        """A pass with a fresh accumulator (details from the start when ``detailed``) and diff_src's error scale."""
+        state = case.job.accumulator(case.a, case.r, case.inputs, "diff_src", detailed)
+        return cls(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, case.inputs.training), Scratch())
 
     def block(self, where: tuple[slice, slice, slice], regression: ChannelRegression | None = None) -> None:
         a3 = self.views[0]
@@ -165,17 +169,14 @@ class _Pass:
 
 
 def _compiled_pass(case: _DiffSrc, dtype: str, flushed_below: float) -> tuple[Accumulator, ChannelRegression] | None:
-    """The judging pass without details and the regression's sums, compiled (judge/numba_pass.py, blocks it cannot
-    judge by _Pass.block); None where it does not apply."""
+    """The judging pass without details and the regression's sums, compiled (judge/numba_pass.py); None if not."""
     from bnbwd_cli.judge import numba_pass
 
-    inputs = case.inputs
-    state = case.job.accumulator(case.a, case.r, inputs, "diff_src", False)
-    judged = _Pass(case, state, diff_src_scale(case.facts, state.rule.scaled.unit, inputs.training), Scratch())
+    judged = _Pass.start(case, detailed=False)
     regression = ChannelRegression(judged.views[0].shape[1], dtype, elements=case.a.size, flushed_below=flushed_below)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if numba_pass.judge(judged, regression, (BLOCK, PIECE), case.advance):
-            return state, regression
+            return judged.state, regression
     return None
 
 
